@@ -1,0 +1,93 @@
+"""cuda_library: compile .cu files with /usr/local/cuda/bin/nvcc into a cc_library.
+
+nvcc only compiles (no GPU is needed), for sm_90a machine code plus compute_90a
+PTX, so the objects run on Hopper and JIT on later parts. Headers of `deps`
+(their CcInfo) are visible to nvcc, so .cu files include the same
+__host__ __device__ headers as host code.
+"""
+
+_NVCC = "/usr/local/cuda/bin/nvcc"
+
+_NVCC_FLAGS = [
+    "-std=c++17",
+    "-O3",
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-gencode=arch=compute_90a,code=compute_90a",
+    "--expt-relaxed-constexpr",
+    "-Xcompiler=-fPIC",
+    "-Xcompiler=-Wall",
+    "-Werror=all-warnings",
+]
+
+def _cuda_objects_impl(ctx):
+    cc_infos = [d[CcInfo] for d in ctx.attr.deps if CcInfo in d]
+    headers = depset(
+        ctx.files.hdrs,
+        transitive = [c.compilation_context.headers for c in cc_infos],
+    )
+    include_flags = ["-I.", "-I" + ctx.bin_dir.path, "-I" + ctx.genfiles_dir.path]
+    for c in cc_infos:
+        cx = c.compilation_context
+        for inc in cx.includes.to_list() + cx.quote_includes.to_list():
+            include_flags.append("-I" + inc)
+        for inc in cx.system_includes.to_list():
+            include_flags.append("-isystem" + inc)
+        for d in cx.defines.to_list():
+            include_flags.append("-D" + d)
+    objects = []
+    for src in ctx.files.srcs:
+        obj = ctx.actions.declare_file(ctx.label.name + "/" + src.basename.replace(".cu", ".o"))
+        args = ctx.actions.args()
+        args.add_all(_NVCC_FLAGS + ctx.attr.copts + include_flags)
+        args.add("-c", src.path)
+        args.add("-o", obj.path)
+        ctx.actions.run(
+            executable = _NVCC,
+            arguments = [args],
+            inputs = depset([src], transitive = [headers]),
+            outputs = [obj],
+            mnemonic = "NvccCompile",
+            progress_message = "nvcc %s" % src.short_path,
+            use_default_shell_env = True,
+        )
+        objects.append(obj)
+    return [DefaultInfo(files = depset(objects))]
+
+_cuda_objects = rule(
+    implementation = _cuda_objects_impl,
+    attrs = {
+        "srcs": attr.label_list(allow_files = [".cu"]),
+        "hdrs": attr.label_list(allow_files = [".h", ".cuh"]),
+        "deps": attr.label_list(),
+        "copts": attr.string_list(),
+    },
+)
+
+def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None, **kwargs):
+    """A cc_library whose objects come from nvcc.
+
+    Args:
+      name: target name; link it like any cc_library.
+      srcs: .cu files.
+      hdrs: public headers (host-includable: no CUDA types unless guarded).
+      deps: cc_library deps whose headers the .cu files include.
+      copts: extra nvcc flags.
+      visibility: as for cc_library.
+      **kwargs: passed to the cc_library.
+    """
+    _cuda_objects(
+        name = name + "_nvcc",
+        srcs = srcs,
+        hdrs = hdrs,
+        deps = deps,
+        copts = copts,
+    )
+    native.cc_library(
+        name = name,
+        srcs = [":" + name + "_nvcc"],
+        hdrs = hdrs,
+        deps = deps + ["@local_cuda//:cudart_static"],
+        linkstatic = 1,
+        visibility = visibility,
+        **kwargs
+    )
