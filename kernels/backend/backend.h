@@ -1,0 +1,136 @@
+// Backend: the one interface that hides CUDA vs CPU.
+//
+// A backend owns memory in its own space (device memory for CUDA, aligned
+// host memory for CPU) and runs the state operations on packed pools:
+// the fused decode update, prefill, pack / unpack of FP32 states, slot copies
+// (snapshot / restore) and zeroing. Every pointer passed to a backend call
+// points into that backend's memory space (use Allocate + CopyIn / CopyOut to
+// stage host data). Calls are synchronous: when a call returns, its outputs
+// are written. A backend is thread-safe; concurrent calls must not touch the
+// same slots (the pool above guarantees that).
+//
+// Every compute call is a "binding" in the FlashInfer sense: it checks shapes,
+// ranges and inputs and returns kInvalidArgument naming the field before
+// anything is written.
+//
+//   ASSIGN_OR_RETURN(auto backend, CreateBackend("auto"));
+//   ASSIGN_OR_RETURN(auto model, backend->Prepare(layout));
+//   RETURN_IF_ERROR(backend->DecodeUpdate(*model, pool, layer, inputs));
+#ifndef STATECACHE_KERNELS_BACKEND_BACKEND_H_
+#define STATECACHE_KERNELS_BACKEND_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/backend/pool_view.h"
+#include "kernels/layout/state_layout.h"
+
+namespace statecache {
+
+// Element type of q, k, v inputs. g, beta are always FP32 (decay precision);
+// outputs o are FP32.
+enum class DType : uint8_t { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
+inline int DTypeSize(DType t) { return t == DType::kFp32 ? 4 : 2; }
+const char* DTypeName(DType t);
+
+// One decode step of one layer for a batch of slots. All pointers are in
+// backend memory; tensors are dense, row-major.
+struct DecodeInputs {
+  int batch = 0;
+  const int32_t* slots = nullptr;  // [batch]; -1 = skip (its o is zeroed)
+  DType dtype = DType::kFp32;      // of q, k, v
+  const void* q = nullptr;         // [batch, h_qk, d_k], natural key order
+  const void* k = nullptr;         // [batch, h_qk, d_k]
+  const void* v = nullptr;         // [batch, h_v, d_v]
+  const float* g = nullptr;        // GDN [batch, h_v]; KDA [batch, h_v, d_k] (log decay <= 0)
+  const float* beta = nullptr;     // [batch, h_v], in (0, 1)
+  float* o = nullptr;              // [batch, h_v, d_v] output, value order
+};
+
+// T tokens of one layer for a batch of slots: the recurrence runs in FP32 from
+// the stored state and the result is quantized once at the end.
+struct PrefillInputs {
+  int batch = 0;
+  int tokens = 0;
+  const int32_t* slots = nullptr;  // [batch]; -1 = skip
+  DType dtype = DType::kFp32;
+  const void* q = nullptr;         // [batch, tokens, h_qk, d_k]
+  const void* k = nullptr;         // [batch, tokens, h_qk, d_k]
+  const void* v = nullptr;         // [batch, tokens, h_v, d_v]
+  const float* g = nullptr;        // [batch, tokens, h_v] or [batch, tokens, h_v, d_k]
+  const float* beta = nullptr;     // [batch, tokens, h_v]
+  float* o = nullptr;              // [batch, tokens, h_v, d_v] or nullptr (no readout)
+};
+
+// Backend-resident constants of one StateLayout (permutations, value maps).
+class PreparedModel {
+ public:
+  virtual ~PreparedModel() = default;
+  virtual const StateLayout& layout() const = 0;
+};
+
+// Memory owned by a backend; freed on destruction.
+class BackendBuffer {
+ public:
+  virtual ~BackendBuffer() = default;
+  virtual uint8_t* data() const = 0;
+  virtual int64_t size() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda".
+  virtual const char* name() const = 0;
+  // One line: device name, memory, threads.
+  virtual std::string Describe() const = 0;
+
+  // Zero-filled memory of `bytes`, 256-byte aligned. kResourceExhausted when
+  // the allocation fails.
+  virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> Allocate(int64_t bytes) = 0;
+  // Bytes the backend could still allocate (free device memory / host RAM).
+  virtual absl::StatusOr<int64_t> AvailableBytes() const = 0;
+  // Host -> backend and backend -> host copies.
+  virtual absl::Status CopyIn(void* backend_dst, const void* host_src, int64_t bytes) = 0;
+  virtual absl::Status CopyOut(void* host_dst, const void* backend_src, int64_t bytes) = 0;
+
+  // Uploads a layout's maps. The result stays valid while the backend lives.
+  virtual absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) = 0;
+
+  // The fused decode step (DESIGN.md section 2) for one layer: for each slot
+  // in the batch, dequantize, update in FP32, write o from the FP32 state,
+  // requantize in place. Slots not in the batch are untouched. Duplicate
+  // slots in one batch are kInvalidArgument.
+  virtual absl::Status DecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
+                                    const DecodeInputs& in) = 0;
+
+  virtual absl::Status Prefill(const PreparedModel& model, const PoolView& pool, int layer,
+                               const PrefillInputs& in) = 0;
+
+  // FP32 states in natural order [n, layers, h_v, d_k, d_v] -> packed slots
+  // (each slot fully overwritten), and back.
+  virtual absl::Status PackStates(const PreparedModel& model, const PoolView& pool,
+                                  const int32_t* slots, int n, const float* states) = 0;
+  virtual absl::Status UnpackStates(const PreparedModel& model, const PoolView& pool,
+                                    const int32_t* slots, int n, float* states) = 0;
+
+  // Copies whole slots: dst.slot(dst_slots[i]) <- src.slot(src_slots[i]).
+  // Pools must have equal slot_bytes. Used for snapshot and restore.
+  virtual absl::Status CopySlots(const PoolView& src, const int32_t* src_slots,
+                                 const PoolView& dst, const int32_t* dst_slots, int n) = 0;
+  // Sets slots to the zero state (all-zero bytes decode to S = 0 in every format).
+  virtual absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) = 0;
+};
+
+// "cpu", "cuda" or "auto" (CUDA when a GPU is usable, else CPU).
+// kInvalidArgument for other names; kUnavailable for "cuda" without a GPU.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name);
+
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_BACKEND_BACKEND_H_

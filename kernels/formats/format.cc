@@ -1,0 +1,81 @@
+#include "kernels/formats/format.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace statecache {
+
+const char* FormatName(StateFormat format) {
+  switch (format) {
+    case StateFormat::kFp32: return "fp32";
+    case StateFormat::kFp16: return "fp16";
+    case StateFormat::kBf16: return "bf16";
+    case StateFormat::kInt8: return "int8";
+    case StateFormat::kInt8Hadamard: return "int8-hadamard";
+    case StateFormat::kInt4: return "int4";
+    case StateFormat::kInt4Hadamard: return "int4-hadamard";
+    case StateFormat::kFp8E4m3: return "fp8-e4m3";
+    case StateFormat::kNvfp4: return "nvfp4";
+    case StateFormat::kDamp: return "damp";
+    case StateFormat::kDampSr: return "damp-sr";
+  }
+  return "unknown";
+}
+
+std::string FormatSpecName(const FormatSpec& spec) {
+  if (IsMixedFormat(spec.format)) {
+    return absl::StrCat(FormatName(spec.format), ":", spec.k_hi);
+  }
+  return FormatName(spec.format);
+}
+
+std::vector<StateFormat> AllStateFormats() {
+  std::vector<StateFormat> all;
+  for (int i = 0; i < kNumStateFormats; ++i) all.push_back(static_cast<StateFormat>(i));
+  return all;
+}
+
+absl::StatusOr<FormatSpec> ParseFormatSpec(absl::string_view text) {
+  std::pair<absl::string_view, absl::string_view> parts =
+      absl::StrSplit(text, absl::MaxSplits(':', 1));
+  for (StateFormat f : AllStateFormats()) {
+    if (parts.first != FormatName(f)) continue;
+    FormatSpec spec{f, IsMixedFormat(f) ? kDefaultKHi : 0};
+    if (text.find(':') == absl::string_view::npos) return spec;
+    if (!IsMixedFormat(f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "format: '", text, "': only damp and damp-sr take a ':<k_hi>' suffix"));
+    }
+    if (!absl::SimpleAtoi(parts.second, &spec.k_hi) || spec.k_hi < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "format: '", text, "': k_hi must be a non-negative integer"));
+    }
+    return spec;
+  }
+  std::string known;
+  for (StateFormat f : AllStateFormats()) absl::StrAppend(&known, known.empty() ? "" : ", ", FormatName(f));
+  return absl::InvalidArgumentError(
+      absl::StrCat("format: unknown state format '", text, "' (known: ", known, ")"));
+}
+
+absl::Status ValidateFormatSpec(const FormatSpec& spec, int d_k) {
+  if (static_cast<int>(spec.format) < 0 || static_cast<int>(spec.format) >= kNumStateFormats) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("format: unknown format code ", static_cast<int>(spec.format)));
+  }
+  if (!IsMixedFormat(spec.format)) {
+    if (spec.k_hi != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "k_hi: ", spec.k_hi, " given for uniform format ", FormatName(spec.format)));
+    }
+    return absl::OkStatus();
+  }
+  if (spec.k_hi < 0 || spec.k_hi > d_k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("k_hi: ", spec.k_hi, " is outside 0..d_k=", d_k));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace statecache

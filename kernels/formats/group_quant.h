@@ -1,0 +1,116 @@
+// Per-group quantizers of DESIGN.md section 3, written once for host and
+// device. Each works on one group of contiguous values along the value axis.
+//
+// The parameter derivation (Affine*Params, SymParams, Fp8Params, Nvfp4*) is
+// separated from the per-element code functions so a CUDA kernel can compute
+// the group's min/max/absmax with a warp reduction (order does not change a
+// min or max) and then call the same element functions as the CPU reference:
+// both sides produce identical bytes for identical FP32 inputs.
+//
+// Conventions (fixed here, relied on by the CUDA kernels):
+//  - Affine (uint8 / uint4): the range is widened to include 0, so the zero
+//    point z is an integer in [0, 2^b - 1] (exact in FP16). s is rounded to
+//    FP16 (saturating at 65504) *before* encoding, and codes use the FP32
+//    reciprocal of that rounded s: q = clamp(rint(x * (1/s)) + z, 0, 2^b - 1).
+//    A group whose FP16 s is 0 (all zero, or a range below FP16 resolution)
+//    stores s = z = 0 and all-zero codes; it decodes to exact zeros.
+//  - Symmetric int8 (damp-sr) and FP8: s = max(absmax, 1e-10) / qmax in FP32.
+//  - NVFP4: one FP32 global scale per head, s_g = absmax(head) / (448 * 6);
+//    E4M3 block scales of absmax(block) / (6 s_g); E2M1 codes of x / (s_b s_g).
+#ifndef STATECACHE_KERNELS_FORMATS_GROUP_QUANT_H_
+#define STATECACHE_KERNELS_FORMATS_GROUP_QUANT_H_
+
+#include <cstdint>
+
+#include "kernels/common/host_device.h"
+#include "kernels/formats/numeric.h"
+
+namespace statecache {
+
+SC_HD float Clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// ---- Asymmetric affine (uint8 / uint4), FP16 s and z -----------------------
+
+struct AffineParams {
+  uint16_t s_bits;  // FP16 scale
+  uint16_t z_bits;  // FP16 zero point (an integer in [0, qmax])
+  float inv_s;      // 1 / s, or 0 when s == 0
+  float z;          // zero point as float
+};
+
+// From the group's min and max (any order of reduction gives the same values).
+SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) {
+  const float mn = group_min < 0.0f ? group_min : 0.0f;
+  const float mx = group_max > 0.0f ? group_max : 0.0f;
+  AffineParams p;
+  p.s_bits = FloatToHalfBits((mx - mn) / static_cast<float>(qmax));
+  const float s = HalfBitsToFloat(p.s_bits);
+  if (!(s > 0.0f)) {
+    p.s_bits = 0;
+    p.z_bits = 0;
+    p.inv_s = 0.0f;
+    p.z = 0.0f;
+    return p;
+  }
+  p.inv_s = 1.0f / s;
+  p.z = Clamp(RoundEven(-mn * p.inv_s), 0.0f, static_cast<float>(qmax));
+  p.z_bits = FloatToHalfBits(p.z);
+  return p;
+}
+
+SC_HD uint8_t AffineEncode(float x, const AffineParams& p, int qmax) {
+  return static_cast<uint8_t>(Clamp(RoundEven(x * p.inv_s) + p.z, 0.0f, static_cast<float>(qmax)));
+}
+
+// x_hat = s (q - z); s and z as stored (FP16 bits).
+SC_HD float AffineDecode(uint8_t q, float s, float z) { return s * (static_cast<float>(q) - z); }
+
+// ---- Symmetric int8 (damp-sr), FP32 s ---------------------------------------
+
+inline constexpr float kSymI8Max = 127.0f;
+inline constexpr float kMinGroupAbsMax = 1e-10f;
+
+SC_HD float MakeSymScale(float group_absmax) {
+  return (group_absmax > kMinGroupAbsMax ? group_absmax : kMinGroupAbsMax) / kSymI8Max;
+}
+SC_HD int8_t SymEncode(float x, float inv_s) {
+  return static_cast<int8_t>(Clamp(RoundEven(x * inv_s), -kSymI8Max, kSymI8Max));
+}
+SC_HD float SymDecode(int8_t q, float s) { return s * static_cast<float>(q); }
+
+// ---- FP8 E4M3, FP32 s per group ---------------------------------------------
+
+SC_HD float MakeFp8Scale(float group_absmax) {
+  return (group_absmax > kMinGroupAbsMax ? group_absmax : kMinGroupAbsMax) / kE4m3Max;
+}
+SC_HD uint8_t Fp8Encode(float x, float inv_s) {
+  return FloatToE4m3(Clamp(x * inv_s, -kE4m3Max, kE4m3Max));
+}
+SC_HD float Fp8Decode(uint8_t q, float s) { return s * E4m3ToFloat(q); }
+
+// ---- NVFP4: E2M1 codes, E4M3 block scale, FP32 global scale -----------------
+
+// Global scale of a head from its absmax; 0 for an all-zero head.
+SC_HD float MakeNvfp4GlobalScale(float head_absmax) {
+  return head_absmax / (kE4m3Max * kE2m1Max);
+}
+// E4M3 block scale code for a block with the given absmax.
+SC_HD uint8_t MakeNvfp4BlockScale(float block_absmax, float global_scale) {
+  if (!(global_scale > 0.0f)) return 0;
+  return FloatToE4m3(block_absmax / (kE2m1Max * global_scale));
+}
+// The multiplier of an E2M1 code in a block: s_b * s_g (0 for empty blocks).
+SC_HD float Nvfp4BlockMultiplier(uint8_t block_scale, float global_scale) {
+  return E4m3ToFloat(block_scale) * global_scale;
+}
+SC_HD uint8_t Nvfp4Encode(float x, float block_multiplier) {
+  if (!(block_multiplier > 0.0f)) return 0;
+  return FloatToE2m1(x / block_multiplier);
+}
+SC_HD float Nvfp4Decode(uint8_t q, float block_multiplier) {
+  return E2m1ToFloat(q) * block_multiplier;
+}
+
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_FORMATS_GROUP_QUANT_H_

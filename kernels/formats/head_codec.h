@@ -1,0 +1,225 @@
+// Encode / decode a whole packed head <-> an FP32 working state.
+//
+// The working state w is d_k x d_v, row-major, rows in stored order (the
+// layout's key permutation already applied) and values in the format's
+// transformed domain (DESIGN.md section 7: for Hadamard formats w = S H,
+// for damp-sr w = S D^-1 P^T). These are the serial reference
+// implementations, used by the CPU backend and as the specification the CUDA
+// kernels must match byte for byte; they are __host__ __device__ so a GPU
+// test can run them too.
+#ifndef STATECACHE_KERNELS_FORMATS_HEAD_CODEC_H_
+#define STATECACHE_KERNELS_FORMATS_HEAD_CODEC_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/common/host_device.h"
+#include "kernels/formats/group_quant.h"
+#include "kernels/formats/head_layout.h"
+#include "kernels/formats/numeric.h"
+
+namespace statecache {
+
+// Aligned little-endian loads/stores of metadata words inside a packed head.
+SC_HD uint16_t LoadU16(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint16_t*>(p);
+#else
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+#endif
+}
+SC_HD void StoreU16(uint8_t* p, uint16_t v) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint16_t*>(p) = v;
+#else
+  std::memcpy(p, &v, 2);
+#endif
+}
+SC_HD float LoadF32(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const float*>(p);
+#else
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+#endif
+}
+SC_HD void StoreF32(uint8_t* p, float v) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<float*>(p) = v;
+#else
+  std::memcpy(p, &v, 4);
+#endif
+}
+
+SC_HD float AbsMax(const float* x, int n) {
+  float m = 0.0f;
+  for (int i = 0; i < n; ++i) m = fmaxf(m, fabsf(x[i]));
+  return m;
+}
+
+// Encodes one row x[0..d_v) with codec c. `meta` may be null for meta-less
+// codecs; `global_scale` is used by nvfp4 only.
+SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_t* meta,
+                     float global_scale) {
+  switch (c) {
+    case RowCodec::kFp32:
+      for (int j = 0; j < d_v; ++j) StoreF32(codes + 4 * j, x[j]);
+      return;
+    case RowCodec::kFp16:
+      for (int j = 0; j < d_v; ++j) StoreU16(codes + 2 * j, FloatToHalfBits(x[j]));
+      return;
+    case RowCodec::kBf16:
+      for (int j = 0; j < d_v; ++j) StoreU16(codes + 2 * j, FloatToBf16Bits(x[j]));
+      return;
+    case RowCodec::kAffineU8:
+    case RowCodec::kAffineU4: {
+      const bool u4 = c == RowCodec::kAffineU4;
+      const int qmax = u4 ? 15 : 255;
+      for (int g = 0; g < d_v / kGroupSize; ++g) {
+        const float* xg = x + g * kGroupSize;
+        float mn = xg[0], mx = xg[0];
+        for (int j = 1; j < kGroupSize; ++j) {
+          mn = fminf(mn, xg[j]);
+          mx = fmaxf(mx, xg[j]);
+        }
+        const AffineParams p = MakeAffineParams(mn, mx, qmax);
+        StoreU16(meta + 4 * g, p.s_bits);
+        StoreU16(meta + 4 * g + 2, p.z_bits);
+        for (int j = 0; j < kGroupSize; ++j) {
+          const uint8_t q = AffineEncode(xg[j], p, qmax);
+          const int idx = g * kGroupSize + j;
+          if (!u4) {
+            codes[idx] = q;
+          } else if ((idx & 1) == 0) {
+            codes[idx / 2] = q;
+          } else {
+            codes[idx / 2] |= static_cast<uint8_t>(q << 4);
+          }
+        }
+      }
+      return;
+    }
+    case RowCodec::kSymI8:
+    case RowCodec::kFp8E4m3: {
+      const bool sym = c == RowCodec::kSymI8;
+      for (int g = 0; g < d_v / kGroupSize; ++g) {
+        const float* xg = x + g * kGroupSize;
+        const float amax = AbsMax(xg, kGroupSize);
+        const float s = sym ? MakeSymScale(amax) : MakeFp8Scale(amax);
+        const float inv_s = 1.0f / s;
+        StoreF32(meta + 4 * g, s);
+        for (int j = 0; j < kGroupSize; ++j) {
+          codes[g * kGroupSize + j] = sym ? static_cast<uint8_t>(SymEncode(xg[j], inv_s))
+                                          : Fp8Encode(xg[j], inv_s);
+        }
+      }
+      return;
+    }
+    case RowCodec::kNvfp4: {
+      for (int b = 0; b < d_v / kNvfp4BlockSize; ++b) {
+        const float* xb = x + b * kNvfp4BlockSize;
+        const uint8_t sb = MakeNvfp4BlockScale(AbsMax(xb, kNvfp4BlockSize), global_scale);
+        meta[b] = sb;
+        const float mult = Nvfp4BlockMultiplier(sb, global_scale);
+        for (int j = 0; j < kNvfp4BlockSize; j += 2) {
+          codes[(b * kNvfp4BlockSize + j) / 2] = static_cast<uint8_t>(
+              Nvfp4Encode(xb[j], mult) | (Nvfp4Encode(xb[j + 1], mult) << 4));
+        }
+      }
+      return;
+    }
+  }
+}
+
+// Decodes one row into x[0..d_v).
+SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int d_v,
+                     float global_scale, float* x) {
+  switch (c) {
+    case RowCodec::kFp32:
+      for (int j = 0; j < d_v; ++j) x[j] = LoadF32(codes + 4 * j);
+      return;
+    case RowCodec::kFp16:
+      for (int j = 0; j < d_v; ++j) x[j] = HalfBitsToFloat(LoadU16(codes + 2 * j));
+      return;
+    case RowCodec::kBf16:
+      for (int j = 0; j < d_v; ++j) x[j] = Bf16BitsToFloat(LoadU16(codes + 2 * j));
+      return;
+    case RowCodec::kAffineU8:
+    case RowCodec::kAffineU4: {
+      const bool u4 = c == RowCodec::kAffineU4;
+      for (int g = 0; g < d_v / kGroupSize; ++g) {
+        const float s = HalfBitsToFloat(LoadU16(meta + 4 * g));
+        const float z = HalfBitsToFloat(LoadU16(meta + 4 * g + 2));
+        for (int j = 0; j < kGroupSize; ++j) {
+          const int idx = g * kGroupSize + j;
+          const uint8_t q = u4 ? static_cast<uint8_t>((codes[idx / 2] >> (4 * (idx & 1))) & 0xf)
+                               : codes[idx];
+          x[idx] = AffineDecode(q, s, z);
+        }
+      }
+      return;
+    }
+    case RowCodec::kSymI8:
+    case RowCodec::kFp8E4m3: {
+      const bool sym = c == RowCodec::kSymI8;
+      for (int g = 0; g < d_v / kGroupSize; ++g) {
+        const float s = LoadF32(meta + 4 * g);
+        for (int j = 0; j < kGroupSize; ++j) {
+          const uint8_t q = codes[g * kGroupSize + j];
+          x[g * kGroupSize + j] = sym ? SymDecode(static_cast<int8_t>(q), s) : Fp8Decode(q, s);
+        }
+      }
+      return;
+    }
+    case RowCodec::kNvfp4: {
+      for (int b = 0; b < d_v / kNvfp4BlockSize; ++b) {
+        const float mult = Nvfp4BlockMultiplier(meta[b], global_scale);
+        for (int j = 0; j < kNvfp4BlockSize; ++j) {
+          const int idx = b * kNvfp4BlockSize + j;
+          x[idx] = Nvfp4Decode(static_cast<uint8_t>((codes[idx / 2] >> (4 * (idx & 1))) & 0xf), mult);
+        }
+      }
+      return;
+    }
+  }
+}
+
+// Encodes the working state w[d_k][d_v] into `head` (head_bytes, 16-aligned).
+// Padding bytes are written as zero so equal states give equal bytes.
+SC_HD void EncodeHead(const PackedHeadLayout& l, const float* w, uint8_t* head) {
+  for (int64_t i = 0; i < l.head_bytes; ++i) head[i] = 0;
+  float global_scale = 0.0f;
+  if (l.has_global_scale) {
+    global_scale = MakeNvfp4GlobalScale(AbsMax(w + l.k_hi * l.d_v, l.lo_rows() * l.d_v));
+    StoreF32(head + l.global_offset, global_scale);
+  }
+  for (int r = 0; r < l.k_hi; ++r) {
+    EncodeRow(l.hi, w + r * l.d_v, l.d_v, head + l.hi_offset + r * l.hi_row_bytes, nullptr, 0.0f);
+  }
+  for (int r = 0; r < l.lo_rows(); ++r) {
+    EncodeRow(l.lo, w + (l.k_hi + r) * l.d_v, l.d_v,
+              head + l.lo_codes_offset + r * l.lo_code_row_bytes,
+              head + l.lo_meta_offset + r * l.lo_meta_row_bytes, global_scale);
+  }
+}
+
+// Decodes `head` into the working state w[d_k][d_v].
+SC_HD void DecodeHead(const PackedHeadLayout& l, const uint8_t* head, float* w) {
+  const float global_scale = l.has_global_scale ? LoadF32(head + l.global_offset) : 0.0f;
+  for (int r = 0; r < l.k_hi; ++r) {
+    DecodeRow(l.hi, head + l.hi_offset + r * l.hi_row_bytes, nullptr, l.d_v, 0.0f, w + r * l.d_v);
+  }
+  for (int r = 0; r < l.lo_rows(); ++r) {
+    DecodeRow(l.lo, head + l.lo_codes_offset + r * l.lo_code_row_bytes,
+              head + l.lo_meta_offset + r * l.lo_meta_row_bytes, l.d_v, global_scale,
+              w + (l.k_hi + r) * l.d_v);
+  }
+}
+
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_FORMATS_HEAD_CODEC_H_

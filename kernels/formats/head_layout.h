@@ -1,0 +1,125 @@
+// PackedHeadLayout: byte layout of one packed d_k x d_v recurrent state.
+//
+// A head is laid out as (each section starts 16-byte aligned, and the head
+// size is a multiple of kHeadAlignment so consecutive heads stay aligned):
+//
+//   hi rows   [k_hi][d_v]            hi codec (fp16 for damp / damp-sr)
+//   lo codes  [d_k - k_hi][code bytes per row]
+//   lo meta   [d_k - k_hi][meta bytes per row]   (s, z / scales per group)
+//   global    fp32 global scale (nvfp4 only)
+//
+// Rows are in stored order: row r holds key channel key_perm[r] of the
+// model's layout, so the k_hi protected rows come first. For DAMP at
+// d_k = d_v = 128, k_hi = 16 this is 4096 + 14336 + 1792 = 20224 bytes
+// (seed 000, appendix A.5). Everything here is constexpr / __host__ __device__.
+#ifndef STATECACHE_KERNELS_FORMATS_HEAD_LAYOUT_H_
+#define STATECACHE_KERNELS_FORMATS_HEAD_LAYOUT_H_
+
+#include <cstdint>
+
+#include "kernels/common/host_device.h"
+#include "kernels/formats/format.h"
+
+namespace statecache {
+
+// Every section and every head starts on this boundary (16-byte vector loads).
+inline constexpr int64_t kHeadAlignment = 16;
+// Values per quantization group (integer and fp8 codecs).
+inline constexpr int kGroupSize = 32;
+// Values per NVFP4 block.
+inline constexpr int kNvfp4BlockSize = 16;
+
+SC_HD_CONSTEXPR int64_t AlignUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+// Bytes of codes for one row of d_v values.
+SC_HD_CONSTEXPR int64_t RowCodeBytes(RowCodec c, int d_v) {
+  switch (c) {
+    case RowCodec::kFp32: return 4LL * d_v;
+    case RowCodec::kFp16:
+    case RowCodec::kBf16: return 2LL * d_v;
+    case RowCodec::kAffineU8:
+    case RowCodec::kSymI8:
+    case RowCodec::kFp8E4m3: return d_v;
+    case RowCodec::kAffineU4:
+    case RowCodec::kNvfp4: return d_v / 2;
+  }
+  return 0;
+}
+
+// Bytes of per-group metadata for one row of d_v values.
+SC_HD_CONSTEXPR int64_t RowMetaBytes(RowCodec c, int d_v) {
+  switch (c) {
+    case RowCodec::kAffineU8:
+    case RowCodec::kAffineU4: return (d_v / kGroupSize) * 4;  // fp16 s, z
+    case RowCodec::kSymI8:
+    case RowCodec::kFp8E4m3: return (d_v / kGroupSize) * 4;   // fp32 s
+    case RowCodec::kNvfp4: return d_v / kNvfp4BlockSize;      // e4m3 s_b
+    default: return 0;
+  }
+}
+
+struct PackedHeadLayout {
+  int d_k = 0;
+  int d_v = 0;
+  int k_hi = 0;
+  RowCodec hi = RowCodec::kFp32;
+  RowCodec lo = RowCodec::kFp32;
+  ValueTransform transform = ValueTransform::kNone;
+
+  int64_t hi_offset = 0;        // [k_hi][d_v] hi codec
+  int64_t lo_codes_offset = 0;  // [d_k - k_hi][lo_code_row_bytes]
+  int64_t lo_meta_offset = 0;   // [d_k - k_hi][lo_meta_row_bytes]
+  int64_t global_offset = 0;    // fp32 (nvfp4 only)
+  int64_t head_bytes = 0;       // multiple of kHeadAlignment
+
+  int64_t hi_row_bytes = 0;
+  int64_t lo_code_row_bytes = 0;
+  int64_t lo_meta_row_bytes = 0;
+  bool has_global_scale = false;
+
+  SC_HD int lo_rows() const { return d_k - k_hi; }
+
+  // Bits per state value counting codes and per-group metadata, as the seeds
+  // report them (seed 000 table 3): excludes alignment padding and nvfp4's
+  // one fp32 per head.
+  double PayloadBitsPerValue() const {
+    const double bytes = static_cast<double>(k_hi) * hi_row_bytes +
+                         static_cast<double>(lo_rows()) * (lo_code_row_bytes + lo_meta_row_bytes);
+    return bytes * 8.0 / (static_cast<double>(d_k) * d_v);
+  }
+  // Bits per value actually allocated (head_bytes * 8 / values).
+  double StorageBitsPerValue() const {
+    return static_cast<double>(head_bytes) * 8.0 / (static_cast<double>(d_k) * d_v);
+  }
+};
+
+// Layout of one head in `spec` for a d_k x d_v state. The spec must already be
+// valid (ValidateFormatSpec) and d_v a multiple of 32.
+SC_HD PackedHeadLayout MakeHeadLayout(const FormatSpec& spec, int d_k, int d_v) {
+  PackedHeadLayout l;
+  l.d_k = d_k;
+  l.d_v = d_v;
+  l.k_hi = IsMixedFormat(spec.format) ? spec.k_hi : 0;
+  l.hi = HiRowCodec(spec.format);
+  l.lo = LoRowCodec(spec.format);
+  l.transform = ValueTransformOf(spec.format);
+  l.hi_row_bytes = RowCodeBytes(l.hi, d_v);
+  l.lo_code_row_bytes = RowCodeBytes(l.lo, d_v);
+  l.lo_meta_row_bytes = RowMetaBytes(l.lo, d_v);
+  l.has_global_scale = l.lo == RowCodec::kNvfp4;
+  int64_t off = 0;
+  l.hi_offset = off;
+  off = AlignUp(off + l.k_hi * l.hi_row_bytes, kHeadAlignment);
+  l.lo_codes_offset = off;
+  off = AlignUp(off + l.lo_rows() * l.lo_code_row_bytes, kHeadAlignment);
+  l.lo_meta_offset = off;
+  off = AlignUp(off + l.lo_rows() * l.lo_meta_row_bytes, kHeadAlignment);
+  l.global_offset = off;
+  if (l.has_global_scale) off = AlignUp(off + 4, kHeadAlignment);
+  l.head_bytes = off;
+  return l;
+}
+
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_FORMATS_HEAD_LAYOUT_H_

@@ -1,0 +1,127 @@
+#include "kernels/layout/state_layout.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/status_macros.h"
+
+namespace statecache {
+namespace {
+
+absl::Status CheckPermutation(const int32_t* p, int n, const char* field, int layer, int head) {
+  std::vector<bool> seen(n, false);
+  for (int i = 0; i < n; ++i) {
+    if (p[i] < 0 || p[i] >= n || seen[p[i]]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": layer ", layer, " head ", head, " is not a permutation of 0..", n - 1,
+          " (entry ", i, " = ", p[i], ")"));
+    }
+    seen[p[i]] = true;
+  }
+  return absl::OkStatus();
+}
+
+class Fnv1a {
+ public:
+  void Add(const void* data, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < n; ++i) h_ = (h_ ^ b[i]) * 1099511628211ULL;
+  }
+  template <typename T>
+  void AddValue(T v) { Add(&v, sizeof(v)); }
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 1469598103934665603ULL;
+};
+
+}  // namespace
+
+absl::StatusOr<StateLayout> StateLayout::Identity(const ModelGeometry& geometry,
+                                                  const FormatSpec& format) {
+  RETURN_IF_ERROR(geometry.Validate());
+  const int64_t heads = geometry.HeadsPerSlot();
+  std::vector<int32_t> key_perm(heads * geometry.d_k);
+  for (int64_t h = 0; h < heads; ++h) {
+    std::iota(key_perm.begin() + h * geometry.d_k, key_perm.begin() + (h + 1) * geometry.d_k, 0);
+  }
+  std::vector<int32_t> order;
+  std::vector<float> scale;
+  if (format.format == StateFormat::kDampSr) {
+    order.resize(heads * geometry.d_v);
+    for (int64_t h = 0; h < heads; ++h) {
+      std::iota(order.begin() + h * geometry.d_v, order.begin() + (h + 1) * geometry.d_v, 0);
+    }
+    scale.assign(heads * geometry.d_v, 1.0f);
+  }
+  return Create(geometry, format, std::move(key_perm), std::move(order), std::move(scale));
+}
+
+absl::StatusOr<StateLayout> StateLayout::Create(const ModelGeometry& geometry,
+                                                const FormatSpec& format,
+                                                std::vector<int32_t> key_perm,
+                                                std::vector<int32_t> value_order,
+                                                std::vector<float> value_scale) {
+  RETURN_IF_ERROR(geometry.Validate());
+  RETURN_IF_ERROR(ValidateFormatSpec(format, geometry.d_k));
+  const int64_t heads = geometry.HeadsPerSlot();
+  if (static_cast<int64_t>(key_perm.size()) != heads * geometry.d_k) {
+    return absl::InvalidArgumentError(absl::StrCat("key_perm: has ", key_perm.size(),
+                                                   " entries, want layers*h_v*d_k = ",
+                                                   heads * geometry.d_k));
+  }
+  const bool sr = format.format == StateFormat::kDampSr;
+  const int64_t want_v = sr ? heads * geometry.d_v : 0;
+  if (static_cast<int64_t>(value_order.size()) != want_v) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "value_order: has ", value_order.size(), " entries, want ", want_v,
+        sr ? " (layers*h_v*d_v)" : " (only damp-sr has a value order)"));
+  }
+  if (static_cast<int64_t>(value_scale.size()) != want_v) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "value_scale: has ", value_scale.size(), " entries, want ", want_v,
+        sr ? " (layers*h_v*d_v)" : " (only damp-sr has value scales)"));
+  }
+  StateLayout l;
+  l.geometry_ = geometry;
+  l.format_ = format;
+  l.head_layout_ = MakeHeadLayout(format, geometry.d_k, geometry.d_v);
+  for (int layer = 0; layer < geometry.layers; ++layer) {
+    for (int head = 0; head < geometry.h_v; ++head) {
+      const int64_t hi = int64_t{layer} * geometry.h_v + head;
+      const int32_t* kp = key_perm.data() + hi * geometry.d_k;
+      RETURN_IF_ERROR(CheckPermutation(kp, geometry.d_k, "key_perm", layer, head));
+      for (int i = 0; i < geometry.d_k; ++i) l.identity_key_perm_ &= kp[i] == i;
+      if (!sr) continue;
+      RETURN_IF_ERROR(CheckPermutation(value_order.data() + hi * geometry.d_v, geometry.d_v,
+                                       "value_order", layer, head));
+      for (int j = 0; j < geometry.d_v; ++j) {
+        const float c = value_scale[hi * geometry.d_v + j];
+        if (!(c > 0.0f) || !std::isfinite(c)) {
+          return absl::InvalidArgumentError(absl::StrCat("value_scale: layer ", layer, " head ",
+                                                         head, " entry ", j, " = ", c,
+                                                         " (must be finite and > 0)"));
+        }
+      }
+    }
+  }
+  l.key_perm_ = std::move(key_perm);
+  l.value_order_ = std::move(value_order);
+  l.value_scale_ = std::move(value_scale);
+  Fnv1a h;
+  h.AddValue(static_cast<int>(geometry.arch));
+  for (int v : {geometry.layers, geometry.h_qk, geometry.h_v, geometry.d_k, geometry.d_v,
+                static_cast<int>(format.format), format.k_hi}) {
+    h.AddValue(v);
+  }
+  h.AddValue(geometry.EffectiveScale());
+  h.Add(l.key_perm_.data(), l.key_perm_.size() * sizeof(int32_t));
+  h.Add(l.value_order_.data(), l.value_order_.size() * sizeof(int32_t));
+  h.Add(l.value_scale_.data(), l.value_scale_.size() * sizeof(float));
+  l.fingerprint_ = h.value();
+  return l;
+}
+
+}  // namespace statecache
