@@ -1,0 +1,56 @@
+// CpuBackend: the CPU reference implementation of Backend, and the CPU
+// serving backend.
+//
+// Memory is 256-byte-aligned host memory. Each (slot, head) item of a batch
+// is decoded with DecodeHead, updated in FP32 by HeadStep and re-encoded with
+// EncodeHead (kernels/formats/head_codec.h), on a thread pool. Inputs are
+// validated on the host before anything is written (batch_validation.h).
+//
+//   auto backend = CpuBackend::Create({.threads = 4});
+#ifndef STATECACHE_KERNELS_CPU_CPU_BACKEND_H_
+#define STATECACHE_KERNELS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "kernels/backend/backend.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace statecache {
+
+class CpuBackend : public Backend {
+ public:
+  struct Options {
+    // Worker threads; 0 = hardware concurrency.
+    int threads = 0;
+  };
+  static std::unique_ptr<CpuBackend> Create(const Options& options);
+
+  const char* name() const override { return "cpu"; }
+  std::string Describe() const override;
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> Allocate(int64_t bytes) override;
+  absl::StatusOr<int64_t> AvailableBytes() const override;
+  absl::Status CopyIn(void* backend_dst, const void* host_src, int64_t bytes) override;
+  absl::Status CopyOut(void* host_dst, const void* backend_src, int64_t bytes) override;
+  absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override;
+  absl::Status DecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
+                            const DecodeInputs& in) override;
+  absl::Status Prefill(const PreparedModel& model, const PoolView& pool, int layer,
+                       const PrefillInputs& in) override;
+  absl::Status PackStates(const PreparedModel& model, const PoolView& pool, const int32_t* slots,
+                          int n, const float* states) override;
+  absl::Status UnpackStates(const PreparedModel& model, const PoolView& pool,
+                            const int32_t* slots, int n, float* states) override;
+  absl::Status CopySlots(const PoolView& src, const int32_t* src_slots, const PoolView& dst,
+                         const int32_t* dst_slots, int n) override;
+  absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) override;
+
+ private:
+  explicit CpuBackend(int threads) : threads_(threads) {}
+
+  ThreadPool threads_;
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_CPU_CPU_BACKEND_H_

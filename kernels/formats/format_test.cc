@@ -1,0 +1,48 @@
+#include "kernels/formats/format.h"
+
+#include "gtest/gtest.h"
+
+namespace statecache {
+namespace {
+
+TEST(FormatTest, NamesRoundTrip) {
+  for (StateFormat f : AllStateFormats()) {
+    absl::StatusOr<FormatSpec> spec = ParseFormatSpec(FormatName(f));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->format, f);
+    EXPECT_EQ(spec->k_hi, IsMixedFormat(f) ? kDefaultKHi : 0);
+    absl::StatusOr<FormatSpec> again = ParseFormatSpec(FormatSpecName(*spec));
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(*again, *spec);
+  }
+  EXPECT_EQ(AllStateFormats().size(), 11u);
+}
+
+TEST(FormatTest, KHiSuffix) {
+  absl::StatusOr<FormatSpec> spec = ParseFormatSpec("damp:32");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->k_hi, 32);
+  EXPECT_EQ(FormatSpecName(*spec), "damp:32");
+}
+
+TEST(FormatTest, BadNamesAreInvalidArgument) {
+  for (const char* bad : {"", "int3", "DAMP", "damp:", "damp:x", "damp:-1", "fp16:4", "damp:1:2"}) {
+    absl::StatusOr<FormatSpec> spec = ParseFormatSpec(bad);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseFormatSpec("int3").status().message().find("int3"), absl::string_view::npos);
+}
+
+TEST(FormatTest, ValidateKHiAgainstDk) {
+  EXPECT_TRUE(ValidateFormatSpec({StateFormat::kDamp, 128}, 128).ok());
+  const absl::Status too_big = ValidateFormatSpec({StateFormat::kDamp, 129}, 128);
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.message().find("k_hi"), absl::string_view::npos);
+  EXPECT_EQ(ValidateFormatSpec({StateFormat::kInt8, 4}, 128).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateFormatSpec({static_cast<StateFormat>(42), 0}, 128).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace statecache

@@ -1,0 +1,74 @@
+#include "kernels/formats/head_layout.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+#include "kernels/formats/format.h"
+
+namespace statecache {
+namespace {
+
+PackedHeadLayout Layout(const char* name) {
+  absl::StatusOr<FormatSpec> spec = ParseFormatSpec(name);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return MakeHeadLayout(*spec, 128, 128);
+}
+
+TEST(HeadLayoutTest, BitsPerValueMatchSeeds) {
+  // Seed 000 table 3 and eq. 12; DESIGN.md section 3.
+  const std::map<std::string, double> want = {
+      {"fp32", 32.0},  {"fp16", 16.0},          {"bf16", 16.0},
+      {"int8", 9.0},   {"int8-hadamard", 9.0},  {"int4", 5.0},
+      {"int4-hadamard", 5.0}, {"fp8-e4m3", 9.0}, {"nvfp4", 4.5},
+      {"damp", 9.875}, {"damp-sr", 9.875}};
+  for (const auto& [name, bits] : want) {
+    EXPECT_DOUBLE_EQ(Layout(name.c_str()).PayloadBitsPerValue(), bits) << name;
+  }
+  // nvfp4's per-head fp32 global scale (padded to 16 bytes) is the only overhead.
+  EXPECT_NEAR(Layout("nvfp4").StorageBitsPerValue(), 4.5 + 16 * 8.0 / 16384, 1e-12);
+  EXPECT_DOUBLE_EQ(Layout("damp").StorageBitsPerValue(), 9.875);
+  // 69.1% smaller than fp32.
+  EXPECT_NEAR(1.0 - 9.875 / 32.0, 0.691, 0.0005);
+}
+
+TEST(HeadLayoutTest, DampSectionsMatchAppendixA5) {
+  const PackedHeadLayout l = Layout("damp");
+  EXPECT_EQ(l.k_hi, 16);
+  EXPECT_EQ(l.hi, RowCodec::kFp16);
+  EXPECT_EQ(l.lo, RowCodec::kAffineU8);
+  EXPECT_EQ(l.transform, ValueTransform::kHadamard32);
+  EXPECT_EQ(l.hi_offset, 0);
+  EXPECT_EQ(l.lo_codes_offset, 4096);   // S_hi fp16[16][128]
+  EXPECT_EQ(l.lo_meta_offset, 4096 + 14336);  // Q_lo uint8[112][128]
+  EXPECT_EQ(l.head_bytes, 20224);       // + M_lo fp16[112][4][2] = 1792
+}
+
+TEST(HeadLayoutTest, EverySectionIsSixteenByteAligned) {
+  for (StateFormat f : AllStateFormats()) {
+    for (int k_hi : {0, 1, 7, 16, 33, 128}) {
+      if (!IsMixedFormat(f) && k_hi != 0) continue;
+      for (int d_k : {128, 129, 64, 200}) {
+        if (k_hi > d_k) continue;
+        for (int d_v : {32, 96, 128, 256}) {
+          const PackedHeadLayout l = MakeHeadLayout(FormatSpec{f, k_hi}, d_k, d_v);
+          EXPECT_EQ(l.head_bytes % kHeadAlignment, 0);
+          EXPECT_EQ(l.lo_codes_offset % kHeadAlignment, 0);
+          EXPECT_EQ(l.lo_meta_offset % kHeadAlignment, 0);
+          EXPECT_EQ(l.global_offset % kHeadAlignment, 0);
+          EXPECT_GE(l.lo_codes_offset, k_hi * l.hi_row_bytes);
+          EXPECT_GE(l.head_bytes * 8.0, l.PayloadBitsPerValue() * d_k * d_v);
+        }
+      }
+    }
+  }
+}
+
+TEST(HeadLayoutTest, KHiSweepInterpolatesBetweenInt8AndFp16) {
+  for (int k_hi : {0, 4, 8, 16, 32, 64, 128}) {
+    const PackedHeadLayout l = MakeHeadLayout(FormatSpec{StateFormat::kDamp, k_hi}, 128, 128);
+    EXPECT_DOUBLE_EQ(l.PayloadBitsPerValue(), k_hi / 128.0 * 16 + (1 - k_hi / 128.0) * 9) << k_hi;
+  }
+}
+
+}  // namespace
+}  // namespace statecache
