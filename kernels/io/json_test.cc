@@ -31,9 +31,9 @@ TEST(JsonTest, DecodesEscapesAndSurrogates) {
   EXPECT_EQ(v->string_value(), want);
   auto cps = DecodeUtf8ToCodePoints(v->string_value());
   ASSERT_TRUE(cps.ok());
-  EXPECT_EQ((*cps)[7], 0xE9u);
-  EXPECT_EQ((*cps)[8], 0x1F600u);
-  EXPECT_EQ((*cps)[9], 0u);
+  EXPECT_EQ((*cps)[8], 0xE9u);
+  EXPECT_EQ((*cps)[9], 0x1F600u);
+  EXPECT_EQ((*cps)[10], 0u);
 }
 
 TEST(JsonTest, IntegerAccessors) {
