@@ -1,0 +1,372 @@
+#include "server/pool/checkpoint_store.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/status_macros.h"
+#include "server/pool/staging.h"
+
+namespace statecache {
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Create(
+    Backend* backend, const StateLayout& layout, Options options) {
+  if (options.capacity < 1 || options.capacity > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoints: capacity ", options.capacity, " is out of range 1..2^31-1"));
+  }
+  if (options.default_lease <= absl::ZeroDuration() || options.max_lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("lease durations must be positive");
+  }
+  const ModelGeometry& g = layout.geometry();
+  PoolView view;
+  view.num_slots = options.capacity;
+  view.layers = g.layers;
+  view.heads = g.h_v;
+  view.head_bytes = layout.head_layout().head_bytes;
+  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> arena,
+                   backend->Allocate(view.slot_bytes() * options.capacity));
+  view.base = arena->data();
+  return std::unique_ptr<CheckpointStore>(
+      new CheckpointStore(backend, std::move(arena), view,
+                          TierBytes::OfHead(layout.head_layout()).Times(g.HeadsPerSlot()),
+                          std::move(options)));
+}
+
+CheckpointStore::CheckpointStore(Backend* backend, std::unique_ptr<BackendBuffer> arena,
+                                 PoolView view, TierBytes slot_tiers, Options options)
+    : backend_(backend),
+      arena_(std::move(arena)),
+      view_(view),
+      slot_tiers_(slot_tiers),
+      options_(std::move(options)) {
+  absl::MutexLock lock(&mu_);
+  entries_.resize(view_.num_slots);
+  for (int64_t i = view_.num_slots - 1; i >= 0; --i) free_list_.push_back(static_cast<int32_t>(i));
+}
+
+void CheckpointStore::SweepExpiredLocked(absl::Time now) {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.expiry <= now) {
+      const int32_t e = it->second.entry;
+      leases_.erase(it++);
+      --entries_[e].leases;
+      ++counters_.leases_expired;
+      UnrefLocked(e);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CheckpointStore::UnrefLocked(int32_t e) {
+  Entry& entry = entries_[e];
+  if (--entry.refs > 0) return;
+  entry = Entry();
+  free_list_.push_back(e);
+}
+
+void CheckpointStore::UnindexLocked(int32_t e) {
+  Entry& entry = entries_[e];
+  index_.erase(entry.key);
+  lru_.erase(entry.lru_pos);
+  entry.indexed = false;
+  UnrefLocked(e);
+}
+
+void CheckpointStore::TouchLocked(int32_t e) {
+  Entry& entry = entries_[e];
+  if (!entry.indexed) return;
+  lru_.splice(lru_.begin(), lru_, entry.lru_pos);
+}
+
+int32_t CheckpointStore::TakeFreeEntryLocked(int* evicted) {
+  while (free_list_.empty()) {
+    int32_t victim = -1;
+    for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+      if (entries_[*it].refs == 1) {  // only the index holds it
+        victim = *it;
+        break;
+      }
+    }
+    if (victim < 0) return -1;
+    UnindexLocked(victim);
+    ++*evicted;
+    ++counters_.evictions;
+  }
+  const int32_t e = free_list_.back();
+  free_list_.pop_back();
+  return e;
+}
+
+absl::Status CheckpointStore::Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
+                                   int32_t dst_slot) {
+  if (src.slot_bytes() != dst.slot_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("slot_bytes: ", src.slot_bytes(), " != ",
+                                                   dst.slot_bytes()));
+  }
+  const int32_t idx[2] = {src_slot, dst_slot};
+  ASSIGN_OR_RETURN(auto staged, StageInts(*backend_, idx));
+  const int32_t* p = StagedData<int32_t>(*staged);
+  return backend_->CopySlots(src, p, dst, p + 1, 1);
+}
+
+absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey& key,
+                                                                const PoolView& src,
+                                                                int32_t src_slot,
+                                                                std::vector<std::string> aux) {
+  if (key.num_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key.num_tokens: ", key.num_tokens, " must be >= 1"));
+  }
+  if (src.slot_bytes() != view_.slot_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("slot: slot_bytes ", src.slot_bytes(),
+                                                   " differs from the store's ",
+                                                   view_.slot_bytes()));
+  }
+  if (src_slot < 0 || src_slot >= src.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("slot: index ", src_slot, " out of range"));
+  }
+  PutResult result;
+  int32_t e;
+  {
+    absl::MutexLock lock(&mu_);
+    SweepExpiredLocked(Now());
+    e = TakeFreeEntryLocked(&result.evicted);
+    if (e < 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "checkpoints: all ", view_.num_slots,
+          " checkpoints are leased or being copied; none can be evicted"));
+    }
+    Entry& entry = entries_[e];
+    entry.state = EntryState::kWriting;
+    entry.key = key;
+    entry.refs = 1;
+    entry.copies = 1;
+  }
+  absl::Status copied = Copy(src, src_slot, view_, e);
+  absl::MutexLock lock(&mu_);
+  Entry& entry = entries_[e];
+  entry.copies = 0;
+  if (!copied.ok()) {
+    UnrefLocked(e);
+    return copied;
+  }
+  auto it = index_.find(key);
+  if (it != index_.end()) UnindexLocked(it->second);
+  entry.state = EntryState::kReady;
+  entry.aux = std::move(aux);
+  entry.aux_bytes = 0;
+  for (const std::string& a : entry.aux) entry.aux_bytes += static_cast<int64_t>(a.size());
+  entry.indexed = true;  // the writer's reference becomes the index reference
+  lru_.push_front(e);
+  entry.lru_pos = lru_.begin();
+  index_[key] = e;
+  ++counters_.snapshots;
+  counters_.bytes_snapshotted += view_.slot_bytes();
+  return result;
+}
+
+absl::StatusOr<CheckpointStore::LookupResult> CheckpointStore::Lookup(
+    absl::Span<const PrefixKey> candidates, absl::Duration lease) {
+  if (lease < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("lease_ms: must be >= 0");
+  }
+  if (lease == absl::ZeroDuration()) lease = options_.default_lease;
+  if (lease > options_.max_lease) lease = options_.max_lease;
+  LookupResult result;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  SweepExpiredLocked(now);
+  int32_t best = -1;
+  for (const PrefixKey& key : candidates) {
+    result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
+    auto it = index_.find(key);
+    if (it == index_.end()) continue;
+    if (best < 0 || key.num_tokens > result.key.num_tokens) {
+      best = it->second;
+      result.key = key;
+    }
+  }
+  if (best < 0) {
+    ++counters_.lookups_miss;
+    counters_.lookup_tokens_miss += result.candidate_tokens;
+    return result;
+  }
+  result.hit = true;
+  ++counters_.lookups_hit;
+  counters_.lookup_tokens_hit += result.key.num_tokens;
+  counters_.lookup_tokens_miss += result.candidate_tokens - result.key.num_tokens;
+  do {
+    result.lease_id = absl::Uniform<uint64_t>(bitgen_);
+  } while (result.lease_id == 0 || leases_.contains(result.lease_id));
+  result.lease_expiry = now + lease;
+  leases_[result.lease_id] = Lease{best, result.key, result.lease_expiry};
+  Entry& entry = entries_[best];
+  ++entry.leases;
+  ++entry.refs;
+  TouchLocked(best);
+  return result;
+}
+
+absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const PrefixKey& key,
+                                                                        uint64_t lease_id,
+                                                                        const PoolView& dst,
+                                                                        int32_t dst_slot) {
+  if (dst.slot_bytes() != view_.slot_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("slot: slot_bytes ", dst.slot_bytes(),
+                                                   " differs from the store's ",
+                                                   view_.slot_bytes()));
+  }
+  if (dst_slot < 0 || dst_slot >= dst.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("slot: index ", dst_slot, " out of range"));
+  }
+  RestoreResult result;
+  int32_t e = -1;
+  bool leased = false;
+  {
+    absl::MutexLock lock(&mu_);
+    SweepExpiredLocked(Now());
+    if (lease_id != 0) {
+      auto it = leases_.find(lease_id);
+      if (it != leases_.end()) {
+        if (it->second.key != key) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "lease_id: the lease is for key ", it->second.key.DebugString(), ", not ",
+              key.DebugString()));
+        }
+        e = it->second.entry;
+        leased = true;
+      }
+    }
+    if (e < 0) {
+      auto it = index_.find(key);
+      if (it == index_.end()) {
+        return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ",
+                                                key.DebugString(),
+                                                lease_id != 0 ? " (lease unknown or expired)" : ""));
+      }
+      e = it->second;
+    }
+    Entry& entry = entries_[e];
+    ++entry.refs;
+    ++entry.copies;
+    result.aux = entry.aux;  // immutable once ready
+    result.num_tokens = entry.key.num_tokens;
+    TouchLocked(e);
+  }
+  absl::Status copied = Copy(view_, e, dst, dst_slot);
+  absl::MutexLock lock(&mu_);
+  --entries_[e].copies;
+  if (copied.ok() && leased) {
+    auto it = leases_.find(lease_id);
+    if (it != leases_.end()) {  // may have expired during the copy
+      leases_.erase(it);
+      --entries_[e].leases;
+      UnrefLocked(e);
+    }
+  }
+  UnrefLocked(e);
+  if (!copied.ok()) return copied;
+  ++counters_.restores;
+  counters_.bytes_restored += view_.slot_bytes();
+  return result;
+}
+
+absl::Status CheckpointStore::ReleaseLease(uint64_t lease_id) {
+  absl::MutexLock lock(&mu_);
+  SweepExpiredLocked(Now());
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(absl::StrCat("lease_id: unknown or expired lease ", lease_id));
+  }
+  const int32_t e = it->second.entry;
+  leases_.erase(it);
+  --entries_[e].leases;
+  UnrefLocked(e);
+  return absl::OkStatus();
+}
+
+bool CheckpointStore::Contains(const PrefixKey& key) const {
+  absl::MutexLock lock(&mu_);
+  return index_.contains(key);
+}
+
+CheckpointStats CheckpointStore::stats() const {
+  absl::MutexLock lock(&mu_);
+  CheckpointStats s = counters_;
+  s.capacity = view_.num_slots;
+  s.capacity_bytes = view_.num_slots * view_.slot_bytes();
+  s.checkpoints = view_.num_slots - static_cast<int64_t>(free_list_.size());
+  s.used_bytes = slot_tiers_.Times(s.checkpoints);
+  s.aux_bytes = 0;
+  s.leased = 0;
+  for (const Entry& entry : entries_) {
+    s.aux_bytes += entry.aux_bytes;
+    if (entry.leases > 0) ++s.leased;
+  }
+  s.leases_active = static_cast<int64_t>(leases_.size());
+  return s;
+}
+
+absl::Status CheckpointStore::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  auto fail = [](auto... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  std::vector<int> lease_count(entries_.size(), 0);
+  for (const auto& [id, lease] : leases_) {
+    if (lease.entry < 0 || lease.entry >= static_cast<int32_t>(entries_.size())) {
+      return fail("lease ", id, " names entry ", lease.entry);
+    }
+    if (entries_[lease.entry].state != EntryState::kReady) {
+      return fail("lease ", id, " names a non-ready entry ", lease.entry);
+    }
+    if (entries_[lease.entry].key != lease.key) return fail("lease ", id, " key mismatch");
+    ++lease_count[lease.entry];
+  }
+  std::vector<bool> on_free_list(entries_.size(), false);
+  for (int32_t e : free_list_) {
+    if (e < 0 || e >= static_cast<int32_t>(entries_.size())) return fail("bad free entry ", e);
+    if (on_free_list[e]) return fail("entry ", e, " on the free list twice");
+    on_free_list[e] = true;
+  }
+  std::vector<int> in_lru(entries_.size(), 0);
+  for (int32_t e : lru_) ++in_lru[e];
+  int64_t held = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& entry = entries_[i];
+    const bool free = entry.state == EntryState::kFree;
+    if (free != on_free_list[i]) return fail("entry ", i, " free state disagrees with free list");
+    if (free) {
+      if (entry.refs != 0 || entry.indexed || lease_count[i] != 0) {
+        return fail("free entry ", i, " is referenced");
+      }
+      continue;
+    }
+    ++held;
+    if (entry.leases != lease_count[i]) {
+      return fail("entry ", i, " counts ", entry.leases, " leases, found ", lease_count[i]);
+    }
+    const int want = (entry.indexed ? 1 : 0) + entry.leases + entry.copies;
+    if (entry.refs != want) {
+      return fail("entry ", i, " refcount ", entry.refs, " != index+leases+copies ", want);
+    }
+    if (entry.refs <= 0) return fail("held entry ", i, " has no references");
+    if (entry.indexed) {
+      if (entry.state != EntryState::kReady) return fail("indexed entry ", i, " is not ready");
+      auto it = index_.find(entry.key);
+      if (it == index_.end() || it->second != static_cast<int32_t>(i)) {
+        return fail("indexed entry ", i, " is not in the index under its key");
+      }
+      if (in_lru[i] != 1) return fail("indexed entry ", i, " is in the LRU list ", in_lru[i], "x");
+    } else if (in_lru[i] != 0) {
+      return fail("unindexed entry ", i, " is in the LRU list");
+    }
+  }
+  if (held + static_cast<int64_t>(free_list_.size()) != view_.num_slots) {
+    return fail("held ", held, " + free ", free_list_.size(), " != capacity ", view_.num_slots);
+  }
+  if (index_.size() != lru_.size()) return fail("index and LRU sizes differ");
+  return absl::OkStatus();
+}
+
+}  // namespace statecache

@@ -1,0 +1,228 @@
+// CheckpointStore: prefix-cache checkpoints of one model.
+//
+// A checkpoint is a copy of one slot (all packed states of a request at a
+// token boundary) plus the worker's per-layer auxiliary bytes (e.g. its
+// short-convolution window), indexed by PrefixKey (prefix_key.h). Checkpoints
+// live in their own arena on the backend, separate from the live slots, with a
+// fixed number of entries (the checkpoint byte budget / slot_bytes); aux bytes
+// are kept in host memory.
+//
+// Lifetime: every entry is reference counted. References are: the prefix
+// index (1 while the entry is the one its key names), each lease taken by
+// Lookup, and each in-flight copy (a snapshot being written, a restore being
+// read). An entry is freed when its count drops to 0. When the arena is full,
+// Put evicts the least recently used entry whose only reference is the index
+// (not leased, not being copied); if there is none, kResourceExhausted.
+// Restore copies the checkpoint into a slot (Backend::CopySlots), so later
+// updates of the slot never change the checkpoint. Copies run outside the
+// store's lock.
+//
+// Leases pin an entry until Restore consumes them or they expire (clock from
+// Options; no background thread: expired leases are swept on every call).
+//
+// Thread-safe. Slots passed in must be held exclusively by the caller
+// (SlotPool::Acquire).
+//
+//   ASSIGN_OR_RETURN(auto store, CheckpointStore::Create(backend, layout, options));
+//   RETURN_IF_ERROR(store->Put(key, pool.view(), slot, aux).status());
+//   ASSIGN_OR_RETURN(auto hit, store->Lookup(candidates, absl::Seconds(30)));
+//   ASSIGN_OR_RETURN(auto restored, store->Restore(hit.key, hit.lease_id, pool.view(), slot2));
+#ifndef STATECACHE_SERVER_POOL_CHECKPOINT_STORE_H_
+#define STATECACHE_SERVER_POOL_CHECKPOINT_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/backend/backend.h"
+#include "kernels/backend/pool_view.h"
+#include "kernels/layout/state_layout.h"
+#include "server/pool/prefix_key.h"
+#include "server/pool/tier_bytes.h"
+
+namespace statecache {
+
+// Current use and cumulative counts of a CheckpointStore. Every field maps 1:1
+// onto a metric (server/metrics.h) and onto statecache.v1.ModelStats.
+struct CheckpointStats {
+  // Entries in the arena (statecache_checkpoint_capacity).
+  int64_t capacity = 0;
+  // Entries holding a checkpoint (indexed, or still referenced after being
+  // replaced) (statecache_checkpoints).
+  int64_t checkpoints = 0;
+  // Arena bytes = capacity * slot_bytes (statecache_checkpoint_capacity_bytes).
+  int64_t capacity_bytes = 0;
+  // Packed bytes of the held checkpoints by tier (statecache_checkpoint_bytes{tier}).
+  TierBytes used_bytes;
+  // Aux bytes held in host memory (statecache_checkpoint_aux_bytes).
+  int64_t aux_bytes = 0;
+  // Entries pinned by at least one lease (statecache_checkpoints_leased).
+  int64_t leased = 0;
+  // Leases not yet consumed or expired (statecache_leases_active).
+  int64_t leases_active = 0;
+  // Lookup calls that found / did not find a cached prefix
+  // (statecache_prefix_lookups_total{result="hit"|"miss"}). hit rate =
+  // lookups_hit / (lookups_hit + lookups_miss).
+  int64_t lookups_hit = 0;
+  int64_t lookups_miss = 0;
+  // Tokens covered by the hit prefix, and candidate tokens not covered
+  // (longest candidate - hit length; all of it on a miss)
+  // (statecache_prefix_lookup_tokens_total{result}). Token hit rate =
+  // tokens_hit / (tokens_hit + tokens_miss).
+  int64_t lookup_tokens_hit = 0;
+  int64_t lookup_tokens_miss = 0;
+  // Entries evicted (LRU) to make room (statecache_checkpoint_evictions_total).
+  int64_t evictions = 0;
+  // Leases that expired unused (statecache_leases_expired_total).
+  int64_t leases_expired = 0;
+  // Successful Put / Restore calls (statecache_snapshots_total,
+  // statecache_restores_total) and the packed bytes they copied
+  // (statecache_snapshot_bytes_total, statecache_restore_bytes_total).
+  int64_t snapshots = 0;
+  int64_t restores = 0;
+  int64_t bytes_snapshotted = 0;
+  int64_t bytes_restored = 0;
+};
+
+class CheckpointStore {
+ public:
+  struct Options {
+    // Checkpoints the arena holds (>= 1).
+    int64_t capacity = 0;
+    // Lease duration when Lookup is given a zero duration, and the cap.
+    absl::Duration default_lease = absl::Seconds(30);
+    absl::Duration max_lease = absl::Minutes(10);
+    // Time source (tests inject a fake clock); absl::Now when empty.
+    std::function<absl::Time()> clock;
+  };
+
+  struct PutResult {
+    int evicted = 0;  // entries evicted to make room
+  };
+
+  struct LookupResult {
+    bool hit = false;
+    PrefixKey key;           // the longest cached candidate (when hit)
+    uint64_t lease_id = 0;   // when hit
+    absl::Time lease_expiry; // when hit
+    int64_t candidate_tokens = 0;  // longest candidate length
+  };
+
+  struct RestoreResult {
+    std::vector<std::string> aux;
+    int64_t num_tokens = 0;
+  };
+
+  // kInvalidArgument when options.capacity < 1 or > 2^31 - 1 or a lease
+  // duration is not positive; kResourceExhausted when the backend cannot
+  // allocate the arena. `backend` must outlive the store.
+  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Create(Backend* backend,
+                                                                 const StateLayout& layout,
+                                                                 Options options);
+
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
+
+  // Copies slot `src_slot` of `src` (slot_bytes must equal this store's) into
+  // a checkpoint under `key`, replacing an entry with the same key (a leased
+  // old entry stays readable through its lease until released). Evicts LRU
+  // entries when full; kResourceExhausted when every entry is pinned.
+  // kInvalidArgument when key.num_tokens < 1 or slot sizes differ.
+  absl::StatusOr<PutResult> Put(const PrefixKey& key, const PoolView& src, int32_t src_slot,
+                                std::vector<std::string> aux) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The longest candidate that is cached (keys compared by hash and length);
+  // on a hit, leases it for `lease` (zero: default; capped at max_lease) and
+  // marks it recently used. Never fails on a miss (hit = false, no lease).
+  absl::StatusOr<LookupResult> Lookup(absl::Span<const PrefixKey> candidates,
+                                      absl::Duration lease) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Copies the checkpoint of `key` into slot `dst_slot` of `dst` and returns
+  // its aux bytes. With lease_id != 0: the lease must be for `key`
+  // (kInvalidArgument otherwise), its entry is used even if the key was
+  // replaced since, and the lease is consumed after the copy; an unknown or
+  // expired lease falls back to the index. kNotFound when `key` is not
+  // cached (and no valid lease names it).
+  absl::StatusOr<RestoreResult> Restore(const PrefixKey& key, uint64_t lease_id,
+                                        const PoolView& dst, int32_t dst_slot)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops a lease without restoring. kNotFound for an unknown or expired one.
+  absl::Status ReleaseLease(uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // True when `key` is indexed.
+  bool Contains(const PrefixKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  CheckpointStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t capacity() const { return view_.num_slots; }
+
+  // For tests: free + held == capacity, every entry's refcount equals
+  // (indexed ? 1 : 0) + its leases + its in-flight copies, indexed entries are
+  // ready and listed in the LRU list exactly once, the free list holds exactly
+  // the free entries. kInternal otherwise.
+  absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  enum class EntryState : uint8_t { kFree, kWriting, kReady };
+  struct Entry {
+    EntryState state = EntryState::kFree;
+    PrefixKey key;
+    bool indexed = false;
+    int refs = 0;     // index + leases + copies in flight
+    int leases = 0;   // leases naming this entry
+    int copies = 0;   // copies in flight (the writer, readers)
+    std::vector<std::string> aux;
+    int64_t aux_bytes = 0;
+    std::list<int32_t>::iterator lru_pos;  // valid while indexed
+  };
+  struct Lease {
+    int32_t entry = -1;
+    PrefixKey key;
+    absl::Time expiry;
+  };
+
+  CheckpointStore(Backend* backend, std::unique_ptr<BackendBuffer> arena, PoolView view,
+                  TierBytes slot_tiers, Options options);
+
+  absl::Time Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+  void SweepExpiredLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops one reference; frees the entry at zero.
+  void UnrefLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `e` from the index and the LRU list and drops the index reference.
+  void UnindexLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free entry, evicting LRU entries if needed; -1 when all are pinned.
+  int32_t TakeFreeEntryLocked(int* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
+                    int32_t dst_slot);
+
+  Backend* const backend_;
+  const std::unique_ptr<BackendBuffer> arena_;
+  const PoolView view_;
+  const TierBytes slot_tiers_;
+  const Options options_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> free_list_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PrefixKey, int32_t> index_ ABSL_GUARDED_BY(mu_);
+  std::list<int32_t> lru_ ABSL_GUARDED_BY(mu_);  // front = most recently used
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  CheckpointStats counters_ ABSL_GUARDED_BY(mu_);  // cumulative fields only
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_SERVER_POOL_CHECKPOINT_STORE_H_
