@@ -1,0 +1,213 @@
+// worker: the reference model worker CLI.
+//
+//   worker eval     --model=gdn-tiny [--corpus=corpus/heldout.jsonl]
+//                   [--format=fp32] [--backend=none|cpu|cuda|auto]
+//                   [--regime=decode|prefill-decode] [--prefill_tokens=256]
+//   worker generate --model=kda-tiny --prompt="def main(" [--max_new=200]
+//                   [--format=damp:16 --backend=cpu]
+//   worker record   --model=gdn-tiny [--corpus=corpus/calibration.jsonl] --out=traj.safetensors
+//
+// --model is a folder (with config.json and model.safetensors) or a name under
+// ../shared/models; --corpus is a file or a path under ../shared (see
+// kernels/io/test_data.h for how ../shared is found). --format=fp32 with
+// --backend=none (the default) uses the in-process Fp32StateStore; any other
+// combination keeps the states in a Backend slot in that format
+// (BackendStateStore, identity layout unless --layout is given later by the
+// calibration issue).
+//
+// eval prints bits/byte (convention in client/model/eval.h), per domain, the
+// predicted byte count and wall time.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/model/backend_state_store.h"
+#include "client/model/corpus.h"
+#include "client/model/eval.h"
+#include "client/model/fp32_state_store.h"
+#include "client/model/model.h"
+#include "client/model/record.h"
+#include "kernels/backend/backend.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/formats/format.h"
+#include "kernels/io/test_data.h"
+#include "kernels/layout/state_layout.h"
+
+ABSL_FLAG(std::string, model, "gdn-tiny", "model folder, or a name under ../shared/models");
+ABSL_FLAG(std::string, corpus, "", "JSON-lines corpus (file, or path under ../shared)");
+ABSL_FLAG(std::string, format, "fp32", "state format, e.g. fp32, int8, damp:16");
+ABSL_FLAG(std::string, backend, "none", "none (in-process FP32), cpu, cuda or auto");
+ABSL_FLAG(std::string, regime, "decode", "eval regime: decode or prefill-decode");
+ABSL_FLAG(int, prefill_tokens, 256, "prefill-decode: bytes prefilled in FP32 then stored once");
+ABSL_FLAG(int, threads, 0, "matmul threads (0 = all cores)");
+ABSL_FLAG(int, max_docs, 0, "eval/record: only the first N documents (0 = all)");
+ABSL_FLAG(std::string, prompt, "def ", "generate: prompt text (bytes)");
+ABSL_FLAG(int, max_new, 200, "generate: bytes to generate (greedy)");
+ABSL_FLAG(std::string, out, "", "record: output safetensors path");
+
+namespace statecache {
+namespace {
+
+absl::StatusOr<std::string> ResolveShared(const std::string& path, const std::string& prefix) {
+  if (path.find('/') != std::string::npos && path.find("../") != 0) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (f != nullptr) {
+      std::fclose(f);
+      return path;
+    }
+  }
+  return SharedDataPath(prefix + path);
+}
+
+// Owns whatever a store needs (backend, store).
+struct StoreHolder {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<RecurrentStateStore> store;
+};
+
+absl::StatusOr<StoreHolder> MakeStore(const Model& model) {
+  StoreHolder h;
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (backend == "none") {
+    if (format != "fp32") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--format=", format, " needs a backend (--backend=cpu|cuda|auto); "
+          "--backend=none is the in-process FP32 store"));
+    }
+    h.store = std::make_unique<Fp32StateStore>(model.config().Geometry(), model.pool());
+    return h;
+  }
+  ASSIGN_OR_RETURN(h.backend, CreateBackend(backend));
+  ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(format));
+  ASSIGN_OR_RETURN(StateLayout layout, StateLayout::Identity(model.config().Geometry(), spec));
+  ASSIGN_OR_RETURN(auto store, BackendStateStore::Create(h.backend.get(), layout));
+  h.store = std::move(store);
+  return h;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadModel() {
+  ASSIGN_OR_RETURN(std::string dir, ResolveShared(absl::GetFlag(FLAGS_model), "models/"));
+  Model::Options opts;
+  opts.threads = absl::GetFlag(FLAGS_threads);
+  return Model::Load(dir, opts);
+}
+
+absl::StatusOr<std::vector<Document>> LoadCorpus(const std::string& dflt) {
+  std::string c = absl::GetFlag(FLAGS_corpus);
+  if (c.empty()) c = dflt;
+  ASSIGN_OR_RETURN(std::string path, ResolveShared(c, "corpus/"));
+  ASSIGN_OR_RETURN(std::vector<Document> docs, ReadCorpus(path));
+  const int max_docs = absl::GetFlag(FLAGS_max_docs);
+  if (max_docs > 0 && static_cast<int>(docs.size()) > max_docs) docs.resize(max_docs);
+  return docs;
+}
+
+absl::Status Eval() {
+  ASSIGN_OR_RETURN(auto model, LoadModel());
+  ASSIGN_OR_RETURN(std::vector<Document> docs, LoadCorpus("heldout.jsonl"));
+  ASSIGN_OR_RETURN(StoreHolder h, MakeStore(*model));
+  EvalOptions opts;
+  const std::string regime = absl::GetFlag(FLAGS_regime);
+  if (regime == "decode") {
+    opts.regime = EvalRegime::kDecode;
+  } else if (regime == "prefill-decode") {
+    opts.regime = EvalRegime::kPrefillThenDecode;
+    opts.prefill_tokens = absl::GetFlag(FLAGS_prefill_tokens);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--regime=", regime, " (expected decode or prefill-decode)"));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(EvalResult r, Evaluate(*model, h.store.get(), docs, opts));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("model %s, states: %s, regime %s\n", absl::GetFlag(FLAGS_model).c_str(),
+              h.store->Describe().c_str(), regime.c_str());
+  for (const auto& kv : r.BitsPerByteByDomain()) {
+    std::printf("  %-8s %.5f bits/byte\n", kv.first.c_str(), kv.second);
+  }
+  std::printf("bits/byte %.5f over %lld predicted bytes in %zu documents; %.2f s (%.0f bytes/s)\n",
+              r.BitsPerByte(), static_cast<long long>(r.Predicted()), r.docs.size(), secs,
+              r.Predicted() / secs);
+  return absl::OkStatus();
+}
+
+absl::Status Generate() {
+  ASSIGN_OR_RETURN(auto model, LoadModel());
+  ASSIGN_OR_RETURN(StoreHolder h, MakeStore(*model));
+  ModelSession session(model.get(), h.store.get());
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  if (prompt.empty()) return absl::InvalidArgumentError("--prompt: empty");
+  std::vector<int32_t> tokens;
+  for (unsigned char c : prompt) tokens.push_back(c);
+  std::vector<float> logits;
+  const int vocab = model->config().vocab_size;
+  // The prompt is one prefill chunk (stored once), then one decode step per byte.
+  RETURN_IF_ERROR(session.Forward(tokens, RecurrentMode::kPrefill, &logits));
+  std::fprintf(stderr, "states: %s\n", h.store->Describe().c_str());
+  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  const auto start = std::chrono::steady_clock::now();
+  const int max_new = absl::GetFlag(FLAGS_max_new);
+  for (int i = 0; i < max_new; ++i) {
+    const float* last = &logits[logits.size() - vocab];
+    int best = 0;
+    for (int j = 1; j < vocab; ++j) {
+      if (last[j] > last[best]) best = j;
+    }
+    std::fputc(best, stdout);
+    std::fflush(stdout);
+    RETURN_IF_ERROR(session.Forward({best}, RecurrentMode::kDecode, &logits));
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "\n%d bytes in %.2f s (%.1f ms/byte)\n", max_new, secs,
+               1000.0 * secs / std::max(1, max_new));
+  std::printf("\n");
+  return absl::OkStatus();
+}
+
+absl::Status Record() {
+  // Hook for the calibration issue: RecordTrajectory() (client/model/record.h)
+  // produces one Trajectory per document; writing them needs
+  // kernels/trajectory:trajectory_file, wired in once it is committed.
+  return absl::UnimplementedError(
+      "record: trajectory files (kernels/trajectory:trajectory_file) not available yet");
+}
+
+}  // namespace
+}  // namespace statecache
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "worker eval|generate|record [flags]; see client/model/worker_main.cc");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fprintf(stderr, "usage: worker eval|generate|record [--flags]\n");
+    return 2;
+  }
+  const std::string cmd = args[1];
+  absl::Status st;
+  if (cmd == "eval") {
+    st = statecache::Eval();
+  } else if (cmd == "generate") {
+    st = statecache::Generate();
+  } else if (cmd == "record") {
+    st = statecache::Record();
+  } else {
+    std::fprintf(stderr, "unknown command '%s' (eval, generate or record)\n", cmd.c_str());
+    return 2;
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
