@@ -1,0 +1,331 @@
+#include "server/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+
+namespace statecache {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::Labels;
+
+constexpr const char* kTiers[] = {"hi_rows", "lo_codes", "metadata", "padding"};
+
+int64_t Tier(const TierBytes& t, int i) {
+  switch (i) {
+    case 0: return t.hi_rows;
+    case 1: return t.lo_codes;
+    case 2: return t.metadata;
+    default: return t.padding;
+  }
+}
+
+Family<Gauge>& G(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+}
+Family<Counter>& C(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+Family<Histogram>& H(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r);
+}
+
+Histogram::BucketBoundaries LatencyBuckets() {
+  // 50 us .. ~26 s, x2 per bucket.
+  Histogram::BucketBoundaries b;
+  for (double x = 50e-6; x < 30.0; x *= 2) b.push_back(x);
+  return b;
+}
+
+}  // namespace
+
+// Series of one model; pointers owned by the families.
+struct Metrics::ModelSeries {
+  std::string format;
+  int64_t registration = 0;
+  Gauge* state_bytes[4];
+  Gauge* checkpoint_bytes[4];
+  Gauge* state_capacity_bytes;
+  Gauge* state_fp32_bytes;
+  Gauge* slots_used;
+  Gauge* slots_capacity;
+  Gauge* checkpoints;
+  Gauge* checkpoint_capacity;
+  Gauge* checkpoint_capacity_bytes;
+  Gauge* checkpoint_aux_bytes;
+  Gauge* checkpoints_leased;
+  Gauge* leases_active;
+  Counter* lookups_hit;
+  Counter* lookups_miss;
+  Counter* lookup_tokens_hit;
+  Counter* lookup_tokens_miss;
+  Counter* evictions;
+  Counter* leases_expired;
+  Counter* snapshots;
+  Counter* restores;
+  Counter* snapshot_bytes;
+  Counter* restore_bytes;
+  CheckpointStats last;  // cumulative values already added to the counters
+};
+
+const std::vector<std::string>& Metrics::MethodNames() {
+  static const auto* names = new std::vector<std::string>{
+      "RegisterModel", "ListModels", "DescribeModel", "DropModel", "AllocateSlots",
+      "ReleaseSlots",  "Update",     "UpdateStream",  "Prefill",   "Snapshot",
+      "Restore",       "LookupPrefix", "Export",      "Import",    "GetStats"};
+  return *names;
+}
+
+Metrics::Metrics(StatsSource source)
+    : source_(std::move(source)),
+      registry_(std::make_shared<prometheus::Registry>()),
+      state_bytes_(G(*registry_, "statecache_state_bytes",
+                     "Bytes of allocated (live) slots by storage tier: hi_rows = high-precision "
+                     "(fp16) rows of mixed formats, lo_codes = low-precision codes (all rows of "
+                     "uniform formats), metadata = group scales/zero points, padding = alignment")),
+      state_capacity_bytes_(G(*registry_, "statecache_state_capacity_bytes",
+                              "Bytes of the model's preallocated slot arena")),
+      state_fp32_bytes_(G(*registry_, "statecache_state_fp32_equivalent_bytes",
+                          "Bytes the allocated slots would need as FP32 states")),
+      slots_used_(G(*registry_, "statecache_slots_used", "Slots allocated to requests")),
+      slots_capacity_(G(*registry_, "statecache_slots_capacity", "Slots in the model's arena")),
+      checkpoints_(G(*registry_, "statecache_checkpoints",
+                     "Prefix-cache checkpoints held (indexed, or replaced but still leased)")),
+      checkpoint_capacity_(G(*registry_, "statecache_checkpoint_capacity",
+                             "Checkpoints the model's checkpoint arena can hold")),
+      checkpoint_bytes_(G(*registry_, "statecache_checkpoint_bytes",
+                          "Packed bytes of held checkpoints by storage tier (as "
+                          "statecache_state_bytes)")),
+      checkpoint_capacity_bytes_(G(*registry_, "statecache_checkpoint_capacity_bytes",
+                                   "Bytes of the model's checkpoint arena")),
+      checkpoint_aux_bytes_(G(*registry_, "statecache_checkpoint_aux_bytes",
+                              "Worker auxiliary bytes (e.g. conv windows) held by checkpoints, "
+                              "host memory")),
+      checkpoints_leased_(G(*registry_, "statecache_checkpoints_leased",
+                            "Checkpoints pinned by at least one LookupPrefix lease")),
+      leases_active_(G(*registry_, "statecache_leases_active",
+                       "LookupPrefix leases not yet consumed by Restore or expired")),
+      lookups_(C(*registry_, "statecache_prefix_lookups_total",
+                 "LookupPrefix requests by result (hit = some candidate prefix was cached)")),
+      lookup_tokens_(C(*registry_, "statecache_prefix_lookup_tokens_total",
+                       "LookupPrefix tokens: hit = tokens covered by the cached prefix, miss = "
+                       "candidate tokens not covered (must be recomputed)")),
+      evictions_(C(*registry_, "statecache_checkpoint_evictions_total",
+                   "Checkpoints evicted (least recently used) to make room for a snapshot")),
+      leases_expired_(C(*registry_, "statecache_leases_expired_total",
+                        "Leases that expired before a Restore consumed them")),
+      snapshots_(C(*registry_, "statecache_snapshots_total", "Successful Snapshot calls")),
+      restores_(C(*registry_, "statecache_restores_total", "Successful Restore calls")),
+      snapshot_bytes_(C(*registry_, "statecache_snapshot_bytes_total",
+                        "Packed state bytes copied into checkpoints")),
+      restore_bytes_(C(*registry_, "statecache_restore_bytes_total",
+                       "Packed state bytes copied from checkpoints into slots")),
+      rpc_duration_(H(*registry_, "statecache_rpc_duration_seconds",
+                      "Server-side wall time of each RPC (for UpdateStream: of each message)")),
+      rpcs_(C(*registry_, "statecache_rpcs_total",
+              "Finished RPCs (UpdateStream: messages) by method and gRPC status code name")),
+      update_batch_(H(*registry_, "statecache_update_batch_size",
+                      "Slots per Update / UpdateStream message")),
+      kernel_duration_(H(*registry_, "statecache_kernel_duration_seconds",
+                         "Backend time per operation (decode_update, prefill, pack_states, "
+                         "unpack_states, copy_slots)")) {
+  const Histogram::BucketBoundaries latency = LatencyBuckets();
+  for (const std::string& m : MethodNames()) {
+    rpc_series_[m] = &rpc_duration_.Add({{"method", m}}, latency);
+  }
+  Histogram::BucketBoundaries batch;
+  for (double x = 1; x <= 4096; x *= 2) batch.push_back(x);
+  update_batch_series_ = &update_batch_.Add({}, batch);
+}
+
+Metrics::~Metrics() = default;
+
+absl::Status Metrics::Start(const std::string& address) {
+  if (exposer_ != nullptr) return absl::FailedPreconditionError("metrics: already started");
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot serve on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(
+      std::weak_ptr<prometheus::Collectable>(std::shared_ptr<Metrics>(shared_from_this())));
+  return absl::OkStatus();
+}
+
+int Metrics::port() const {
+  if (exposer_ == nullptr) return 0;
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports[0];
+}
+
+void Metrics::ObserveRpc(absl::string_view method, int code, double seconds) {
+  auto it = rpc_series_.find(method);
+  if (it != rpc_series_.end()) it->second->Observe(seconds);
+  static constexpr const char* kCodeNames[] = {
+      "OK",        "CANCELLED",          "UNKNOWN",        "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS", "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",    "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  const std::string code_name =
+      code >= 0 && code <= 16 ? kCodeNames[code] : absl::StrCat("CODE_", code);
+  rpcs_.Add({{"method", std::string(method)}, {"code", code_name}}).Increment();
+}
+
+void Metrics::ObserveUpdateBatch(int batch) { update_batch_series_->Observe(batch); }
+
+void Metrics::ObserveKernel(absl::string_view op, double seconds) {
+  Histogram* h;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = kernel_series_.find(op);
+    if (it == kernel_series_.end()) {
+      h = &kernel_duration_.Add({{"op", std::string(op)}}, LatencyBuckets());
+      kernel_series_[std::string(op)] = h;
+    } else {
+      h = it->second;
+    }
+  }
+  h->Observe(seconds);
+}
+
+Metrics::ModelSeries& Metrics::SeriesFor(const ModelStatsSnapshot& s) const {
+  auto it = models_.find(s.model_id);
+  if (it != models_.end() && it->second->format == s.format &&
+      it->second->registration == s.registration) {
+    return *it->second;
+  }
+  if (it != models_.end()) {
+    RemoveSeries(*it->second);
+    models_.erase(it);
+  }
+  auto series = std::make_unique<ModelSeries>();
+  series->format = s.format;
+  series->registration = s.registration;
+  const Labels base = {{"model", s.model_id}, {"format", s.format}};
+  auto with = [&base](const char* key, const char* value) {
+    Labels l = base;
+    l[key] = value;
+    return l;
+  };
+  for (int i = 0; i < 4; ++i) {
+    series->state_bytes[i] = &state_bytes_.Add(with("tier", kTiers[i]));
+    series->checkpoint_bytes[i] = &checkpoint_bytes_.Add(with("tier", kTiers[i]));
+  }
+  series->state_capacity_bytes = &state_capacity_bytes_.Add(base);
+  series->state_fp32_bytes = &state_fp32_bytes_.Add(base);
+  series->slots_used = &slots_used_.Add(base);
+  series->slots_capacity = &slots_capacity_.Add(base);
+  series->checkpoints = &checkpoints_.Add(base);
+  series->checkpoint_capacity = &checkpoint_capacity_.Add(base);
+  series->checkpoint_capacity_bytes = &checkpoint_capacity_bytes_.Add(base);
+  series->checkpoint_aux_bytes = &checkpoint_aux_bytes_.Add(base);
+  series->checkpoints_leased = &checkpoints_leased_.Add(base);
+  series->leases_active = &leases_active_.Add(base);
+  series->lookups_hit = &lookups_.Add(with("result", "hit"));
+  series->lookups_miss = &lookups_.Add(with("result", "miss"));
+  series->lookup_tokens_hit = &lookup_tokens_.Add(with("result", "hit"));
+  series->lookup_tokens_miss = &lookup_tokens_.Add(with("result", "miss"));
+  series->evictions = &evictions_.Add(base);
+  series->leases_expired = &leases_expired_.Add(base);
+  series->snapshots = &snapshots_.Add(base);
+  series->restores = &restores_.Add(base);
+  series->snapshot_bytes = &snapshot_bytes_.Add(base);
+  series->restore_bytes = &restore_bytes_.Add(base);
+  ModelSeries& ref = *series;
+  models_[s.model_id] = std::move(series);
+  return ref;
+}
+
+void Metrics::RemoveSeries(ModelSeries& m) const {
+  for (int i = 0; i < 4; ++i) {
+    state_bytes_.Remove(m.state_bytes[i]);
+    checkpoint_bytes_.Remove(m.checkpoint_bytes[i]);
+  }
+  state_capacity_bytes_.Remove(m.state_capacity_bytes);
+  state_fp32_bytes_.Remove(m.state_fp32_bytes);
+  slots_used_.Remove(m.slots_used);
+  slots_capacity_.Remove(m.slots_capacity);
+  checkpoints_.Remove(m.checkpoints);
+  checkpoint_capacity_.Remove(m.checkpoint_capacity);
+  checkpoint_capacity_bytes_.Remove(m.checkpoint_capacity_bytes);
+  checkpoint_aux_bytes_.Remove(m.checkpoint_aux_bytes);
+  checkpoints_leased_.Remove(m.checkpoints_leased);
+  leases_active_.Remove(m.leases_active);
+  lookups_.Remove(m.lookups_hit);
+  lookups_.Remove(m.lookups_miss);
+  lookup_tokens_.Remove(m.lookup_tokens_hit);
+  lookup_tokens_.Remove(m.lookup_tokens_miss);
+  evictions_.Remove(m.evictions);
+  leases_expired_.Remove(m.leases_expired);
+  snapshots_.Remove(m.snapshots);
+  restores_.Remove(m.restores);
+  snapshot_bytes_.Remove(m.snapshot_bytes);
+  restore_bytes_.Remove(m.restore_bytes);
+}
+
+void Metrics::Refresh() const {
+  const std::vector<ModelStatsSnapshot> snapshots = source_ ? source_() : std::vector<ModelStatsSnapshot>{};
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_map<std::string, bool> seen;
+  for (const ModelStatsSnapshot& s : snapshots) {
+    seen[s.model_id] = true;
+    ModelSeries& m = SeriesFor(s);
+    for (int i = 0; i < 4; ++i) {
+      m.state_bytes[i]->Set(static_cast<double>(Tier(s.slots.used_bytes, i)));
+      m.checkpoint_bytes[i]->Set(static_cast<double>(Tier(s.checkpoints.used_bytes, i)));
+    }
+    m.state_capacity_bytes->Set(static_cast<double>(s.slots.capacity_bytes));
+    m.state_fp32_bytes->Set(static_cast<double>(s.slots.fp32_equivalent_bytes));
+    m.slots_used->Set(static_cast<double>(s.slots.allocated));
+    m.slots_capacity->Set(static_cast<double>(s.slots.capacity));
+    const CheckpointStats& c = s.checkpoints;
+    m.checkpoints->Set(static_cast<double>(c.checkpoints));
+    m.checkpoint_capacity->Set(static_cast<double>(c.capacity));
+    m.checkpoint_capacity_bytes->Set(static_cast<double>(c.capacity_bytes));
+    m.checkpoint_aux_bytes->Set(static_cast<double>(c.aux_bytes));
+    m.checkpoints_leased->Set(static_cast<double>(c.leased));
+    m.leases_active->Set(static_cast<double>(c.leases_active));
+    // Counters advance by the growth of the cumulative stats since the last
+    // scrape (the stats never decrease for one registration of a model).
+    auto add = [](Counter* counter, int64_t now, int64_t before) {
+      if (now > before) counter->Increment(static_cast<double>(now - before));
+    };
+    add(m.lookups_hit, c.lookups_hit, m.last.lookups_hit);
+    add(m.lookups_miss, c.lookups_miss, m.last.lookups_miss);
+    add(m.lookup_tokens_hit, c.lookup_tokens_hit, m.last.lookup_tokens_hit);
+    add(m.lookup_tokens_miss, c.lookup_tokens_miss, m.last.lookup_tokens_miss);
+    add(m.evictions, c.evictions, m.last.evictions);
+    add(m.leases_expired, c.leases_expired, m.last.leases_expired);
+    add(m.snapshots, c.snapshots, m.last.snapshots);
+    add(m.restores, c.restores, m.last.restores);
+    add(m.snapshot_bytes, c.bytes_snapshotted, m.last.bytes_snapshotted);
+    add(m.restore_bytes, c.bytes_restored, m.last.bytes_restored);
+    m.last = c;
+  }
+  for (auto it = models_.begin(); it != models_.end();) {
+    if (!seen.contains(it->first)) {
+      RemoveSeries(*it->second);
+      models_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::vector<prometheus::MetricFamily> Metrics::Collect() const {
+  Refresh();
+  return registry_->Collect();
+}
+
+std::string Metrics::Scrape() const {
+  return prometheus::TextSerializer().Serialize(Collect());
+}
+
+}  // namespace statecache

@@ -1,0 +1,152 @@
+// Metrics: every Prometheus series statecached exports.
+//
+// One object owns the prometheus::Registry and builds every metric family
+// once, in its constructor, each with a Help string saying what is counted.
+// Pool and checkpoint series are pulled at scrape time: Collect() asks the
+// `StatsSource` for a snapshot of every model's SlotPoolStats and
+// CheckpointStats and maps each field 1:1 onto a series (cumulative fields
+// onto counters, current values onto gauges). RPC, batch and kernel series
+// are pushed by the service as calls complete.
+//
+// Series (labels in braces):
+//   statecache_state_bytes{model,format,tier}          gauge
+//   statecache_state_capacity_bytes{model,format}      gauge
+//   statecache_state_fp32_equivalent_bytes{model,format} gauge
+//   statecache_slots_used / statecache_slots_capacity{model,format} gauges
+//   statecache_checkpoints / _checkpoint_capacity{model,format}, statecache_checkpoint_bytes{model,format,tier},
+//   statecache_checkpoint_capacity_bytes, statecache_checkpoint_aux_bytes,
+//   statecache_checkpoints_leased, statecache_leases_active{model,format} gauges
+//   statecache_prefix_lookups_total{model,format,result}, statecache_prefix_lookup_tokens_total{...,result}
+//   statecache_checkpoint_evictions_total, statecache_leases_expired_total,
+//   statecache_snapshots_total, statecache_restores_total,
+//   statecache_snapshot_bytes_total, statecache_restore_bytes_total{model,format} counters
+//   statecache_rpc_duration_seconds{method}            histogram
+//   statecache_rpcs_total{method,code}                 counter
+//   statecache_update_batch_size                       histogram
+//   statecache_kernel_duration_seconds{op}             histogram
+//
+// Thread-safe. Register with an Exposer via Start(), or read the text format
+// with Scrape() (tests).
+//
+//   auto metrics = std::make_shared<Metrics>(source);
+//   RETURN_IF_ERROR(metrics->Start("127.0.0.1:9464"));
+//   metrics->ObserveRpc("Update", 0, 0.0012);
+#ifndef STATECACHE_SERVER_METRICS_H_
+#define STATECACHE_SERVER_METRICS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/pool/checkpoint_store.h"
+#include "server/pool/slot_pool.h"
+
+namespace statecache {
+
+// One model's stats at scrape time.
+struct ModelStatsSnapshot {
+  std::string model_id;
+  std::string format;  // canonical spec, e.g. "damp:16"
+  // Distinguishes registrations of the same id (a re-registered model starts
+  // new series, so its counters restart from zero).
+  int64_t registration = 0;
+  SlotPoolStats slots;
+  CheckpointStats checkpoints;  // all zero when the model has no checkpoint memory
+};
+
+class Metrics : public prometheus::Collectable,
+                public std::enable_shared_from_this<Metrics> {
+ public:
+  using StatsSource = std::function<std::vector<ModelStatsSnapshot>()>;
+
+  // The RPC method names of statecache.v1.StateCache (series are created for
+  // each up front so dashboards see zeros before the first call).
+  static const std::vector<std::string>& MethodNames();
+
+  explicit Metrics(StatsSource source);
+  ~Metrics() override;
+
+  // Serves /metrics on `address` ("127.0.0.1:9464"; port 0 picks one).
+  // kUnavailable when the port cannot be bound. Call at most once; `this`
+  // must be owned by a shared_ptr.
+  absl::Status Start(const std::string& address);
+  // Port the exposer listens on (0 before Start).
+  int port() const;
+
+  // A finished RPC (or one UpdateStream message): its method, grpc status
+  // code and wall time.
+  void ObserveRpc(absl::string_view method, int code, double seconds);
+  // Slots in one Update / UpdateStream message.
+  void ObserveUpdateBatch(int batch);
+  // Backend time of one operation: "decode_update", "prefill", "pack_states",
+  // "unpack_states", "copy_slots".
+  void ObserveKernel(absl::string_view op, double seconds);
+
+  // prometheus::Collectable: refreshes the pool series, then collects.
+  std::vector<prometheus::MetricFamily> Collect() const override;
+  // The text exposition format of Collect() (for tests and GetStats debugging).
+  std::string Scrape() const;
+
+ private:
+  struct ModelSeries;
+  void Refresh() const ABSL_LOCKS_EXCLUDED(mu_);
+  ModelSeries& SeriesFor(const ModelStatsSnapshot& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveSeries(ModelSeries& series) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const StatsSource source_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+
+  // Pool and checkpoint families.
+  prometheus::Family<prometheus::Gauge>& state_bytes_;
+  prometheus::Family<prometheus::Gauge>& state_capacity_bytes_;
+  prometheus::Family<prometheus::Gauge>& state_fp32_bytes_;
+  prometheus::Family<prometheus::Gauge>& slots_used_;
+  prometheus::Family<prometheus::Gauge>& slots_capacity_;
+  prometheus::Family<prometheus::Gauge>& checkpoints_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_capacity_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_bytes_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_capacity_bytes_;
+  prometheus::Family<prometheus::Gauge>& checkpoint_aux_bytes_;
+  prometheus::Family<prometheus::Gauge>& checkpoints_leased_;
+  prometheus::Family<prometheus::Gauge>& leases_active_;
+  prometheus::Family<prometheus::Counter>& lookups_;
+  prometheus::Family<prometheus::Counter>& lookup_tokens_;
+  prometheus::Family<prometheus::Counter>& evictions_;
+  prometheus::Family<prometheus::Counter>& leases_expired_;
+  prometheus::Family<prometheus::Counter>& snapshots_;
+  prometheus::Family<prometheus::Counter>& restores_;
+  prometheus::Family<prometheus::Counter>& snapshot_bytes_;
+  prometheus::Family<prometheus::Counter>& restore_bytes_;
+  // Call families.
+  prometheus::Family<prometheus::Histogram>& rpc_duration_;
+  prometheus::Family<prometheus::Counter>& rpcs_;
+  prometheus::Family<prometheus::Histogram>& update_batch_;
+  prometheus::Family<prometheus::Histogram>& kernel_duration_;
+
+  prometheus::Histogram* update_batch_series_ = nullptr;
+  absl::flat_hash_map<std::string, prometheus::Histogram*> rpc_series_;  // fixed after ctor
+
+  mutable absl::Mutex mu_;
+  mutable absl::flat_hash_map<std::string, std::unique_ptr<ModelSeries>> models_
+      ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<std::string, prometheus::Histogram*> kernel_series_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_SERVER_METRICS_H_
