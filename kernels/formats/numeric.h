@@ -15,6 +15,10 @@
 
 #include "kernels/common/host_device.h"
 
+#if !defined(__CUDA_ARCH__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace statecache {
 
 SC_HD uint32_t FloatToBits(float f) {
@@ -52,7 +56,9 @@ inline constexpr float kE4m3Max = 448.0f;
 inline constexpr float kE2m1Max = 6.0f;
 
 // float -> IEEE binary16 bits, round-to-nearest-even, saturating to +-65504.
-SC_HD uint16_t FloatToHalfBits(float f) {
+// The portable definition; FloatToHalfBits below may use hardware that gives
+// the same bits (numeric_test checks the two agree).
+SC_HD uint16_t FloatToHalfBitsPortable(float f) {
   const uint32_t x = FloatToBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t ax = x & 0x7fffffffu;
@@ -67,7 +73,7 @@ SC_HD uint16_t FloatToHalfBits(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
-SC_HD float HalfBitsToFloat(uint16_t h) {
+SC_HD float HalfBitsToFloatPortable(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1fu;
   const uint32_t m = h & 0x3ffu;
@@ -77,6 +83,24 @@ SC_HD float HalfBitsToFloat(uint16_t h) {
   }
   if (e == 31) return BitsToFloat(sign | 0x7f800000u | (m << 13));
   return BitsToFloat(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+SC_HD uint16_t FloatToHalfBits(float f) {
+#if !defined(__CUDA_ARCH__) && defined(__F16C__)
+  // x86 F16C: RNE conversion, identical once clamped to the finite range.
+  const float c = f > kFp16Max ? kFp16Max : (f < -kFp16Max ? -kFp16Max : f);
+  return _cvtss_sh(c, _MM_FROUND_TO_NEAREST_INT);
+#else
+  return FloatToHalfBitsPortable(f);
+#endif
+}
+
+SC_HD float HalfBitsToFloat(uint16_t h) {
+#if !defined(__CUDA_ARCH__) && defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return HalfBitsToFloatPortable(h);
+#endif
 }
 
 // float -> bfloat16 bits, round-to-nearest-even, saturating to the largest

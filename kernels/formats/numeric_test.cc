@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "gtest/gtest.h"
 
@@ -50,6 +51,25 @@ TEST(HalfTest, AllHalfValuesRoundTripExactly) {
     } else {
       ASSERT_EQ(back, h) << std::hex << h;
     }
+  }
+}
+
+// The portable conversions (what CUDA device code runs) and the ones the
+// host uses (F16C where available) give identical bits.
+TEST(HalfTest, PortableAndHostConversionsAgree) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00) continue;
+    ASSERT_EQ(FloatToBits(HalfBitsToFloat(h)), FloatToBits(HalfBitsToFloatPortable(h))) << h;
+  }
+  std::mt19937 rng(5);
+  for (int i = 0; i < 2000000; ++i) {
+    const uint32_t bits = rng();
+    const float f = BitsToFloat(bits);
+    if (!std::isfinite(f)) continue;
+    ASSERT_EQ(FloatToHalfBits(f), FloatToHalfBitsPortable(f)) << std::hex << bits;
+  }
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 1e9f, -1e9f, 6.1035156e-05f, 2.98e-8f, 2.99e-8f}) {
+    EXPECT_EQ(FloatToHalfBits(f), FloatToHalfBitsPortable(f)) << f;
   }
 }
 
