@@ -5,6 +5,7 @@
 //                   [--regime=decode|prefill-decode] [--prefill_tokens=256]
 //   worker generate --model=kda-tiny --prompt="def main(" [--max_new=200]
 //                   [--format=damp:16 --backend=cpu]
+//   worker sweep    --model=gdn-tiny [--formats=all|int8,damp:16] [--backend=cpu]
 //   worker record   --model=gdn-tiny [--corpus=corpus/calibration.jsonl] --out=traj.safetensors
 //
 // --model is a folder (with config.json and model.safetensors) or a name under
@@ -28,9 +29,11 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/model/backend_state_store.h"
 #include "client/model/corpus.h"
 #include "client/model/eval.h"
+#include "client/model/format_sweep.h"
 #include "client/model/fp32_state_store.h"
 #include "client/model/model.h"
 #include "client/model/record.h"
@@ -51,6 +54,8 @@ ABSL_FLAG(int, max_docs, 0, "eval/record: only the first N documents (0 = all)")
 ABSL_FLAG(std::string, prompt, "def ", "generate: prompt text (bytes)");
 ABSL_FLAG(int, max_new, 200, "generate: bytes to generate (greedy)");
 ABSL_FLAG(std::string, out, "", "record: output safetensors path");
+ABSL_FLAG(std::string, formats, "all",
+          "sweep: comma-separated format specs, or all (every format, damp/damp-sr at k_hi 16)");
 
 namespace statecache {
 namespace {
@@ -174,6 +179,40 @@ absl::Status Generate() {
   return absl::OkStatus();
 }
 
+absl::Status Sweep() {
+  ASSIGN_OR_RETURN(auto model, LoadModel());
+  ASSIGN_OR_RETURN(std::vector<Document> docs, LoadCorpus("heldout.jsonl"));
+  std::string backend_name = absl::GetFlag(FLAGS_backend);
+  if (backend_name == "none") backend_name = "cpu";
+  ASSIGN_OR_RETURN(auto backend, CreateBackend(backend_name));
+  std::vector<FormatSpec> specs;
+  const std::string formats = absl::GetFlag(FLAGS_formats);
+  if (formats == "all") {
+    for (StateFormat f : AllStateFormats()) {
+      if (f == StateFormat::kFp32) continue;  // the reference row; fp32 in a slot via --formats
+      specs.push_back(FormatSpec{f, IsMixedFormat(f) ? kDefaultKHi : 0});
+    }
+  } else {
+    for (absl::string_view name : absl::StrSplit(formats, ',')) {
+      ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(name));
+      specs.push_back(spec);
+    }
+  }
+  SweepOptions opts;
+  opts.prefill_tokens = absl::GetFlag(FLAGS_prefill_tokens);
+  const auto start = std::chrono::steady_clock::now();
+  opts.progress = [&](const std::string& row) {
+    std::fprintf(stderr, "  done %s (%.0f s)\n", row.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  };
+  ASSIGN_OR_RETURN(auto rows, RunFormatSweep(*model, backend.get(), docs, specs, opts));
+  std::printf("model %s, %s, held-out %lld predicted bytes, prefill %d bytes\n\n%s",
+              absl::GetFlag(FLAGS_model).c_str(), backend->Describe().c_str(),
+              static_cast<long long>(docs.size() * (docs.empty() ? 0 : docs[0].bytes.size() - 1)),
+              opts.prefill_tokens, FormatSweepTable(rows).c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Record() {
   // Hook for the calibration issue: RecordTrajectory() (client/model/record.h)
   // produces one Trajectory per document; writing them needs
@@ -187,10 +226,10 @@ absl::Status Record() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "worker eval|generate|record [flags]; see client/model/worker_main.cc");
+      "worker eval|generate|sweep|record [flags]; see client/model/worker_main.cc");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::fprintf(stderr, "usage: worker eval|generate|record [--flags]\n");
+    std::fprintf(stderr, "usage: worker eval|generate|sweep|record [--flags]\n");
     return 2;
   }
   const std::string cmd = args[1];
@@ -199,6 +238,8 @@ int main(int argc, char** argv) {
     st = statecache::Eval();
   } else if (cmd == "generate") {
     st = statecache::Generate();
+  } else if (cmd == "sweep") {
+    st = statecache::Sweep();
   } else if (cmd == "record") {
     st = statecache::Record();
   } else {
