@@ -1,0 +1,101 @@
+// StateCacheServer: a running statecached (backend, models, gRPC, metrics).
+//
+// Owns the Backend, the ModelRegistry, the Metrics, the StateCacheService and
+// the grpc::Server with health checking (grpc.health.v1, status SERVING while
+// up) and server reflection. Used by the statecached binary and by tests,
+// which listen on "127.0.0.1:0" and read the chosen port from port().
+//
+//   StateCacheServer::Options options;
+//   options.sockets.listen = "127.0.0.1:0";
+//   ASSIGN_OR_RETURN(auto server, StateCacheServer::Create(options));
+//   ... server->port() ...
+//   server->Shutdown(absl::Seconds(10));  // drains in-flight calls
+#ifndef STATECACHE_SERVER_SERVER_H_
+#define STATECACHE_SERVER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/backend/backend.h"
+#include "server/metrics.h"
+#include "server/model_registry.h"
+#include "server/statecache_service.h"
+
+namespace statecache {
+
+class StateCacheServer {
+ public:
+  struct SocketOptions {
+    // gRPC listen address: "host:port" (port 0 = pick one) or "unix:/path".
+    std::string listen = "127.0.0.1:50051";
+    // Largest request / response message in bytes.
+    int max_message_bytes = 256 << 20;
+  };
+  struct MemoryOptions {
+    // "auto", "cuda" or "cpu".
+    std::string backend = "auto";
+    // State-memory budget for live slots; 0 = memory_fraction of the
+    // backend's available memory.
+    int64_t state_memory_bytes = 0;
+    // Checkpoint-memory budget; 0 = checkpoint_fraction of available memory.
+    int64_t checkpoint_memory_bytes = 0;
+    double memory_fraction = 0.5;
+    double checkpoint_fraction = 0.2;
+    absl::Duration lease_default = absl::Seconds(30);
+    absl::Duration lease_max = absl::Minutes(10);
+  };
+  struct MetricsOptions {
+    // Prometheus /metrics endpoint; port < 0 disables it, 0 picks a port.
+    std::string host = "127.0.0.1";
+    int port = 9464;
+  };
+  struct Options {
+    SocketOptions sockets;
+    MemoryOptions memory;
+    MetricsOptions metrics;
+    StateCacheService::Limits limits;
+    // Test hook: use this backend instead of creating memory.backend.
+    std::unique_ptr<Backend> backend;
+  };
+
+  // Creates the backend, budgets, metrics endpoint and starts serving.
+  // kInvalidArgument for bad options, kUnavailable when a port cannot be
+  // bound or the backend is unavailable.
+  static absl::StatusOr<std::unique_ptr<StateCacheServer>> Create(Options options);
+
+  ~StateCacheServer();
+
+  // Port gRPC listens on (TCP), 0 for unix sockets.
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+  Backend& backend() { return *backend_; }
+  ModelRegistry& registry() { return *registry_; }
+  Metrics& metrics() { return *metrics_; }
+  const std::string& listen_address() const { return listen_address_; }
+
+  // Stops accepting calls, lets in-flight calls finish for up to `grace`,
+  // then cancels the rest. Idempotent; also run by the destructor.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  StateCacheServer() = default;
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<ModelRegistry> registry_;
+  std::shared_ptr<Metrics> metrics_;
+  std::unique_ptr<StateCacheService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string listen_address_;
+  int port_ = 0;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_SERVER_SERVER_H_

@@ -1,0 +1,695 @@
+#include "server/statecache_service.h"
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "kernels/backend/batch_validation.h"
+#include "kernels/common/status_macros.h"
+#include "server/log.h"
+#include "server/pool/prefix_key.h"
+#include "server/pool/staging.h"
+#include "server/proto_convert.h"
+
+namespace statecache {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl::StatusCode and grpc::StatusCode share their numeric values.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+namespace {
+
+constexpr int64_t kStageAlign = 256;
+
+// Host data staged into one backend buffer, section by section.
+class Staging {
+ public:
+  // Reserves a section of `bytes`; copies `host` into it when non-null.
+  // Returns the section index.
+  int Add(const void* host, int64_t bytes) {
+    parts_.push_back({host, bytes, total_});
+    total_ += (bytes + kStageAlign - 1) / kStageAlign * kStageAlign;
+    return static_cast<int>(parts_.size()) - 1;
+  }
+  absl::Status Commit(Backend& backend) {
+    ASSIGN_OR_RETURN(buffer_, backend.Allocate(std::max<int64_t>(total_, kStageAlign)));
+    for (const Part& p : parts_) {
+      if (p.host != nullptr && p.bytes > 0) {
+        RETURN_IF_ERROR(backend.CopyIn(buffer_->data() + p.offset, p.host, p.bytes));
+      }
+    }
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* at(int part) const {
+    return reinterpret_cast<T*>(buffer_->data() + parts_[part].offset);
+  }
+
+ private:
+  struct Part {
+    const void* host;
+    int64_t bytes;
+    int64_t offset;
+  };
+  std::vector<Part> parts_;
+  int64_t total_ = 0;
+  std::unique_ptr<BackendBuffer> buffer_;
+};
+
+// Copies FP32 values out of a message into an aligned vector (message bytes
+// need not be 4-byte aligned).
+std::vector<float> Floats(const TensorBytes& t) {
+  std::vector<float> out(t.count);
+  if (t.bytes > 0) std::memcpy(out.data(), t.data, t.bytes);
+  return out;
+}
+
+double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+absl::Status CheckLayer(const Model& m, int layer) {
+  if (layer < 0 || layer >= m.layout.geometry().layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer: ", layer, " is outside 0..",
+                                                   m.layout.geometry().layers - 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBatch(int batch, int max_batch, absl::string_view field) {
+  if (batch < 1) return absl::InvalidArgumentError(absl::StrCat(field, ": no slot handles given"));
+  if (batch > max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", batch, " slots exceed the limit of ", max_batch, " per call"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PrefixKey> KeyFromTokensOrKey(bool has_tokens, const v1::TokenIds& tokens,
+                                             bool has_key, const v1::PrefixKey& key,
+                                             absl::string_view tokens_field,
+                                             absl::string_view key_field) {
+  if (has_tokens) {
+    if (tokens.ids().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(tokens_field, ": empty token list"));
+    }
+    return KeyOfTokens(tokens.ids());
+  }
+  if (has_key) {
+    if (key.num_tokens() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key_field, ".num_tokens: ", key.num_tokens(), " must be >= 1"));
+    }
+    return KeyFromProto(key);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("prefix: set ", tokens_field, " or ", key_field));
+}
+
+}  // namespace
+
+StateCacheService::StateCacheService(Backend* backend, ModelRegistry* registry,
+                                     std::shared_ptr<Metrics> metrics, Limits limits)
+    : backend_(backend),
+      registry_(registry),
+      metrics_(std::move(metrics)),
+      limits_(limits),
+      started_(absl::Now()) {}
+
+template <typename F>
+grpc::Status StateCacheService::Run(const char* method, F&& handler) {
+  const absl::Time start = absl::Now();
+  const absl::Status status = handler();
+  if (metrics_) metrics_->ObserveRpc(method, static_cast<int>(status.code()), Seconds(start));
+  return ToGrpcStatus(status);
+}
+
+// ---------------------------------------------------------------------------
+// Models
+
+void StateCacheService::FillModelInfo(const Model& m, v1::ModelInfo* info) {
+  const ModelGeometry& g = m.layout.geometry();
+  const PackedHeadLayout& head = m.layout.head_layout();
+  info->set_model_id(m.id);
+  *info->mutable_geometry() = GeometryToProto(g);
+  info->set_format(FormatSpecName(m.layout.format()));
+  TagsToProto(m.id, m.layout, info->mutable_tags());
+  TierBytesToProto(TierBytes::OfHead(head), info->mutable_head_bytes());
+  info->set_slot_bytes(m.layout.slot_bytes());
+  info->set_fp32_slot_bytes(g.HeadsPerSlot() * g.d_k * g.d_v * 4);
+  info->set_payload_bits_per_value(head.PayloadBitsPerValue());
+  info->set_storage_bits_per_value(head.StorageBitsPerValue());
+  info->set_identity_layout(m.layout.identity_key_perm());
+  StatsToProto(m.slots->stats(), m.checkpoints ? m.checkpoints->stats() : CheckpointStats(),
+               info->mutable_stats());
+}
+
+absl::Status StateCacheService::DoRegisterModel(const v1::RegisterModelRequest& req,
+                                                v1::RegisterModelResponse* resp) {
+  ModelSpec spec;
+  spec.id = req.model_id();
+  RETURN_IF_ERROR(ValidateModelId(spec.id));
+  ASSIGN_OR_RETURN(spec.geometry, GeometryFromProto(req.geometry()));
+  if (req.format().empty()) {
+    return absl::InvalidArgumentError("format: empty (e.g. \"damp:16\", \"fp32\")");
+  }
+  ASSIGN_OR_RETURN(spec.format, ParseFormatSpec(req.format()));
+  spec.key_perm.assign(req.layout().key_perm().begin(), req.layout().key_perm().end());
+  spec.value_order.assign(req.layout().value_order().begin(), req.layout().value_order().end());
+  spec.value_scale.assign(req.layout().value_scale().begin(), req.layout().value_scale().end());
+  spec.slots = req.slots();
+  spec.checkpoints = req.checkpoints();
+  spec.max_state_bytes = req.max_state_bytes();
+  spec.max_checkpoint_bytes = req.max_checkpoint_bytes();
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, registry_->Register(spec));
+  FillModelInfo(*model, resp->mutable_model());
+  const v1::ModelInfo& info = resp->model();
+  LogEvent("model_registered",
+           absl::StrCat("model=", model->id, " format=", info.format(), " geometry=\"",
+                        model->layout.geometry().DebugString(), "\" slot_bytes=",
+                        info.slot_bytes(), " fp32_slot_bytes=", info.fp32_slot_bytes(),
+                        " bits_per_value=", info.payload_bits_per_value(), " slots=",
+                        model->slots->capacity(), " checkpoints=",
+                        model->checkpoints ? model->checkpoints->capacity() : 0,
+                        " identity_layout=", info.identity_layout() ? "true" : "false"));
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::RegisterModel(grpc::ServerContext*,
+                                              const v1::RegisterModelRequest* req,
+                                              v1::RegisterModelResponse* resp) {
+  return Run("RegisterModel", [&] { return DoRegisterModel(*req, resp); });
+}
+
+grpc::Status StateCacheService::ListModels(grpc::ServerContext*, const v1::ListModelsRequest*,
+                                           v1::ListModelsResponse* resp) {
+  return Run("ListModels", [&] {
+    for (const auto& m : registry_->List()) FillModelInfo(*m, resp->add_models());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status StateCacheService::DoDescribeModel(const v1::DescribeModelRequest& req,
+                                                v1::ModelInfo* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  FillModelInfo(*m, resp);
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::DescribeModel(grpc::ServerContext*,
+                                              const v1::DescribeModelRequest* req,
+                                              v1::ModelInfo* resp) {
+  return Run("DescribeModel", [&] { return DoDescribeModel(*req, resp); });
+}
+
+absl::Status StateCacheService::DoDropModel(const v1::DropModelRequest& req) {
+  RETURN_IF_ERROR(registry_->Drop(req.model_id(), req.force()));
+  LogEvent("model_dropped",
+           absl::StrCat("model=", req.model_id(), " force=", req.force() ? "true" : "false"));
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::DropModel(grpc::ServerContext*, const v1::DropModelRequest* req,
+                                          v1::DropModelResponse*) {
+  return Run("DropModel", [&] { return DoDropModel(*req); });
+}
+
+// ---------------------------------------------------------------------------
+// Slots
+
+absl::Status StateCacheService::DoAllocateSlots(const v1::AllocateSlotsRequest& req,
+                                                v1::AllocateSlotsResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  if (req.count() < 1 || req.count() > limits_.max_allocate) {
+    return absl::InvalidArgumentError(absl::StrCat("count: ", req.count(), " is outside 1..",
+                                                   limits_.max_allocate));
+  }
+  ASSIGN_OR_RETURN(std::vector<SlotHandle> handles, m->slots->Allocate(req.count()));
+  for (const SlotHandle& h : handles) HandleToProto(h, resp->add_slots());
+  LogEvent("slots_allocated", absl::StrCat("model=", m->id, " count=", handles.size(),
+                                           " used=", m->slots->stats().allocated, "/",
+                                           m->slots->capacity()));
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::AllocateSlots(grpc::ServerContext*,
+                                              const v1::AllocateSlotsRequest* req,
+                                              v1::AllocateSlotsResponse* resp) {
+  return Run("AllocateSlots", [&] { return DoAllocateSlots(*req, resp); });
+}
+
+absl::Status StateCacheService::DoReleaseSlots(const v1::ReleaseSlotsRequest& req) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  RETURN_IF_ERROR(m->slots->Release(HandlesFromProto(req.slots())));
+  LogEvent("slots_released", absl::StrCat("model=", m->id, " count=", req.slots_size(),
+                                          " used=", m->slots->stats().allocated, "/",
+                                          m->slots->capacity()));
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::ReleaseSlots(grpc::ServerContext*,
+                                             const v1::ReleaseSlotsRequest* req,
+                                             v1::ReleaseSlotsResponse*) {
+  return Run("ReleaseSlots", [&] { return DoReleaseSlots(*req); });
+}
+
+// ---------------------------------------------------------------------------
+// Compute
+
+absl::Status StateCacheService::DoUpdate(const v1::UpdateRequest& req, v1::UpdateResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  const ModelGeometry& g = m->layout.geometry();
+  RETURN_IF_ERROR(CheckLayer(*m, req.layer()));
+  const int b = req.slots_size();
+  RETURN_IF_ERROR(CheckBatch(b, limits_.max_batch, "slots"));
+  ASSIGN_OR_RETURN(TensorBytes q, CheckTensor(req.q(), "q", kInputDTypes, {b, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(TensorBytes k, CheckTensor(req.k(), "k", {q.dtype}, {b, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(TensorBytes v, CheckTensor(req.v(), "v", {q.dtype}, {b, g.h_v, g.d_v}));
+  std::vector<int64_t> g_shape = {b, g.h_v};
+  if (g.arch == Arch::kKda) g_shape.push_back(g.d_k);
+  ASSIGN_OR_RETURN(TensorBytes gt, CheckTensor(req.g(), "g", kFp32Only, g_shape));
+  ASSIGN_OR_RETURN(TensorBytes bt, CheckTensor(req.beta(), "beta", kFp32Only, {b, g.h_v}));
+  RETURN_IF_ERROR(ValidateFinite("q", q.dtype, q.data, q.count));
+  RETURN_IF_ERROR(ValidateFinite("k", k.dtype, k.data, k.count));
+  RETURN_IF_ERROR(ValidateFinite("v", v.dtype, v.data, v.count));
+  const std::vector<float> gates = Floats(gt), betas = Floats(bt);
+  RETURN_IF_ERROR(ValidateGates(gates.data(), gt.count, betas.data(), bt.count));
+
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
+                   m->slots->Acquire(HandlesFromProto(req.slots()), "slots"));
+  const int64_t o_count = int64_t{b} * g.h_v * g.d_v;
+  Staging st;
+  const int s_idx = st.Add(access.indices().data(), b * sizeof(int32_t));
+  const int s_q = st.Add(q.data, q.bytes), s_k = st.Add(k.data, k.bytes),
+            s_v = st.Add(v.data, v.bytes);
+  const int s_g = st.Add(gates.data(), gt.bytes), s_b = st.Add(betas.data(), bt.bytes);
+  const int s_o = st.Add(nullptr, o_count * 4);
+  RETURN_IF_ERROR(st.Commit(*backend_));
+  DecodeInputs in;
+  in.batch = b;
+  in.slots = st.at<int32_t>(s_idx);
+  in.dtype = q.dtype;
+  in.q = st.at<void>(s_q);
+  in.k = st.at<void>(s_k);
+  in.v = st.at<void>(s_v);
+  in.g = st.at<float>(s_g);
+  in.beta = st.at<float>(s_b);
+  in.o = st.at<float>(s_o);
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(backend_->DecodeUpdate(*m->prepared, m->slots->view(), req.layer(), in));
+  const double kernel = Seconds(start);
+  v1::Tensor* o = resp->mutable_o();
+  o->set_dtype(v1::DTYPE_FP32);
+  for (int64_t d : {int64_t{b}, int64_t{g.h_v}, int64_t{g.d_v}}) o->add_shape(d);
+  std::string* data = o->mutable_data();
+  data->resize(o_count * 4);
+  RETURN_IF_ERROR(backend_->CopyOut(data->data(), in.o, o_count * 4));
+  resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
+  if (metrics_) {
+    metrics_->ObserveKernel("decode_update", kernel);
+    metrics_->ObserveUpdateBatch(b);
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::Update(grpc::ServerContext*, const v1::UpdateRequest* req,
+                                       v1::UpdateResponse* resp) {
+  return Run("Update", [&] {
+    resp->set_sequence(req->sequence());
+    return DoUpdate(*req, resp);
+  });
+}
+
+grpc::Status StateCacheService::UpdateStream(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::UpdateResponse, v1::UpdateRequest>* stream) {
+  v1::UpdateRequest req;
+  while (stream->Read(&req)) {
+    const absl::Time start = absl::Now();
+    v1::UpdateResponse resp;
+    absl::Status status = DoUpdate(req, &resp);
+    if (!status.ok()) {
+      resp.Clear();
+      resp.mutable_error()->set_code(static_cast<int>(status.code()));
+      resp.mutable_error()->set_message(std::string(status.message()));
+    }
+    resp.set_sequence(req.sequence());
+    if (metrics_) {
+      metrics_->ObserveRpc("UpdateStream", static_cast<int>(status.code()), Seconds(start));
+    }
+    if (!stream->Write(resp)) break;  // client went away
+    if (ctx->IsCancelled()) break;
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status StateCacheService::DoPrefill(const v1::PrefillRequest& req,
+                                          v1::PrefillResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  const ModelGeometry& g = m->layout.geometry();
+  const int b = req.slots_size();
+  RETURN_IF_ERROR(CheckBatch(b, limits_.max_batch, "slots"));
+
+  if (req.input_case() == v1::PrefillRequest::kStates) {
+    ASSIGN_OR_RETURN(TensorBytes states,
+                     CheckTensor(req.states(), "states", kFp32Only,
+                                 {b, g.layers, g.h_v, g.d_k, g.d_v}));
+    RETURN_IF_ERROR(ValidateFinite("states", DType::kFp32, states.data, states.count));
+    ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
+                     m->slots->Acquire(HandlesFromProto(req.slots()), "slots"));
+    Staging st;
+    const int s_idx = st.Add(access.indices().data(), b * sizeof(int32_t));
+    const int s_states = st.Add(states.data, states.bytes);
+    RETURN_IF_ERROR(st.Commit(*backend_));
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(backend_->PackStates(*m->prepared, m->slots->view(), st.at<int32_t>(s_idx), b,
+                                         st.at<float>(s_states)));
+    const double kernel = Seconds(start);
+    resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
+    if (metrics_) metrics_->ObserveKernel("pack_states", kernel);
+    return absl::OkStatus();
+  }
+  if (req.input_case() != v1::PrefillRequest::kTokens) {
+    return absl::InvalidArgumentError("input: set tokens or states");
+  }
+  const v1::PrefillTokens& t = req.tokens();
+  if (t.layer() < 0 || t.layer() >= g.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens.layer: ", t.layer(), " is outside 0..", g.layers - 1));
+  }
+  if (t.q().shape_size() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokens.q.shape: ", ShapeString(std::vector<int64_t>(t.q().shape().begin(), t.q().shape().end())),
+        ", want [B, T, h_qk, d_k]"));
+  }
+  const int64_t tokens = t.q().shape(1);
+  if (tokens < 1 || tokens > limits_.max_prefill_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens.q.shape[1]: T = ", tokens,
+                                                   " is outside 1..", limits_.max_prefill_tokens));
+  }
+  ASSIGN_OR_RETURN(TensorBytes q,
+                   CheckTensor(t.q(), "tokens.q", kInputDTypes, {b, tokens, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(TensorBytes k,
+                   CheckTensor(t.k(), "tokens.k", {q.dtype}, {b, tokens, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(TensorBytes v,
+                   CheckTensor(t.v(), "tokens.v", {q.dtype}, {b, tokens, g.h_v, g.d_v}));
+  std::vector<int64_t> g_shape = {b, tokens, g.h_v};
+  if (g.arch == Arch::kKda) g_shape.push_back(g.d_k);
+  ASSIGN_OR_RETURN(TensorBytes gt, CheckTensor(t.g(), "tokens.g", kFp32Only, g_shape));
+  ASSIGN_OR_RETURN(TensorBytes bt,
+                   CheckTensor(t.beta(), "tokens.beta", kFp32Only, {b, tokens, g.h_v}));
+  RETURN_IF_ERROR(ValidateFinite("tokens.q", q.dtype, q.data, q.count));
+  RETURN_IF_ERROR(ValidateFinite("tokens.k", k.dtype, k.data, k.count));
+  RETURN_IF_ERROR(ValidateFinite("tokens.v", v.dtype, v.data, v.count));
+  const std::vector<float> gates = Floats(gt), betas = Floats(bt);
+  {
+    absl::Status gate_status = ValidateGates(gates.data(), gt.count, betas.data(), bt.count);
+    if (!gate_status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("tokens.", gate_status.message()));
+    }
+  }
+
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
+                   m->slots->Acquire(HandlesFromProto(req.slots()), "slots"));
+  const int64_t o_count = t.want_output() ? int64_t{b} * tokens * g.h_v * g.d_v : 0;
+  Staging st;
+  const int s_idx = st.Add(access.indices().data(), b * sizeof(int32_t));
+  const int s_q = st.Add(q.data, q.bytes), s_k = st.Add(k.data, k.bytes),
+            s_v = st.Add(v.data, v.bytes);
+  const int s_g = st.Add(gates.data(), gt.bytes), s_b = st.Add(betas.data(), bt.bytes);
+  const int s_o = st.Add(nullptr, o_count * 4);
+  RETURN_IF_ERROR(st.Commit(*backend_));
+  PrefillInputs in;
+  in.batch = b;
+  in.tokens = static_cast<int>(tokens);
+  in.slots = st.at<int32_t>(s_idx);
+  in.dtype = q.dtype;
+  in.q = st.at<void>(s_q);
+  in.k = st.at<void>(s_k);
+  in.v = st.at<void>(s_v);
+  in.g = st.at<float>(s_g);
+  in.beta = st.at<float>(s_b);
+  in.o = t.want_output() ? st.at<float>(s_o) : nullptr;
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(backend_->Prefill(*m->prepared, m->slots->view(), t.layer(), in));
+  const double kernel = Seconds(start);
+  if (t.want_output()) {
+    v1::Tensor* o = resp->mutable_o();
+    o->set_dtype(v1::DTYPE_FP32);
+    for (int64_t d : {int64_t{b}, tokens, int64_t{g.h_v}, int64_t{g.d_v}}) o->add_shape(d);
+    std::string* data = o->mutable_data();
+    data->resize(o_count * 4);
+    RETURN_IF_ERROR(backend_->CopyOut(data->data(), in.o, o_count * 4));
+  }
+  resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
+  if (metrics_) metrics_->ObserveKernel("prefill", kernel);
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::Prefill(grpc::ServerContext*, const v1::PrefillRequest* req,
+                                        v1::PrefillResponse* resp) {
+  return Run("Prefill", [&] { return DoPrefill(*req, resp); });
+}
+
+// ---------------------------------------------------------------------------
+// Prefix cache
+
+absl::Status StateCacheService::DoSnapshot(const v1::SnapshotRequest& req,
+                                           v1::SnapshotResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  ASSIGN_OR_RETURN(PrefixKey key,
+                   KeyFromTokensOrKey(req.prefix_case() == v1::SnapshotRequest::kTokens,
+                                      req.tokens(), req.prefix_case() == v1::SnapshotRequest::kKey,
+                                      req.key(), "tokens", "key"));
+  const int layers = m->layout.geometry().layers;
+  if (req.aux_size() != 0 && req.aux_size() != layers) {
+    return absl::InvalidArgumentError(absl::StrCat("aux: ", req.aux_size(),
+                                                   " entries, want 0 or one per layer (", layers,
+                                                   ")"));
+  }
+  int64_t aux_bytes = 0;
+  for (const std::string& a : req.aux()) aux_bytes += static_cast<int64_t>(a.size());
+  if (aux_bytes > limits_.max_aux_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("aux: ", aux_bytes, " bytes exceed the limit of ",
+                                                   limits_.max_aux_bytes));
+  }
+  if (m->checkpoints == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model_id: '", m->id, "' has no checkpoint memory"));
+  }
+  const SlotHandle handle = HandleFromProto(req.slot());
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m->slots->Acquire({handle}, "slot"));
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(CheckpointStore::PutResult put,
+                   m->checkpoints->Put(key, m->slots->view(), access.indices()[0],
+                                       std::vector<std::string>(req.aux().begin(), req.aux().end())));
+  if (metrics_) metrics_->ObserveKernel("copy_slots", Seconds(start));
+  KeyToProto(key, resp->mutable_key());
+  resp->set_evicted(put.evicted);
+  if (limits_.log_cache_events) {
+    LogEvent("snapshot", absl::StrCat("model=", m->id, " key=", key.DebugString(),
+                                      " evicted=", put.evicted));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* req,
+                                         v1::SnapshotResponse* resp) {
+  return Run("Snapshot", [&] { return DoSnapshot(*req, resp); });
+}
+
+absl::Status StateCacheService::DoRestore(const v1::RestoreRequest& req,
+                                          v1::RestoreResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  if (!req.has_key() || req.key().num_tokens() < 1) {
+    return absl::InvalidArgumentError("key: missing or num_tokens < 1");
+  }
+  const PrefixKey key = KeyFromProto(req.key());
+  if (m->checkpoints == nullptr) {
+    return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ", key.DebugString(),
+                                            " (model has no checkpoint memory)"));
+  }
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
+                   m->slots->Acquire({HandleFromProto(req.slot())}, "slot"));
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(CheckpointStore::RestoreResult restored,
+                   m->checkpoints->Restore(key, req.lease_id(), m->slots->view(),
+                                           access.indices()[0]));
+  if (metrics_) metrics_->ObserveKernel("copy_slots", Seconds(start));
+  for (std::string& a : restored.aux) resp->add_aux(std::move(a));
+  resp->set_num_tokens(restored.num_tokens);
+  if (limits_.log_cache_events) {
+    LogEvent("restore", absl::StrCat("model=", m->id, " key=", key.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::Restore(grpc::ServerContext*, const v1::RestoreRequest* req,
+                                        v1::RestoreResponse* resp) {
+  return Run("Restore", [&] { return DoRestore(*req, resp); });
+}
+
+absl::Status StateCacheService::DoLookupPrefix(const v1::LookupPrefixRequest& req,
+                                               v1::LookupPrefixResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  std::vector<PrefixKey> candidates;
+  if (req.candidates_case() == v1::LookupPrefixRequest::kTokens) {
+    if (req.tokens().ids_size() > limits_.max_lookup_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("tokens: ", req.tokens().ids_size(),
+                                                     " tokens exceed the limit of ",
+                                                     limits_.max_lookup_tokens));
+    }
+    candidates = ChainPrefixKeys(req.tokens().ids());
+  } else if (req.candidates_case() == v1::LookupPrefixRequest::kKeys) {
+    if (req.keys().keys_size() > limits_.max_lookup_tokens) {
+      return absl::InvalidArgumentError("keys: too many candidate keys");
+    }
+    for (int i = 0; i < req.keys().keys_size(); ++i) {
+      if (req.keys().keys(i).num_tokens() < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("keys.keys[", i, "].num_tokens: must be >= 1"));
+      }
+      candidates.push_back(KeyFromProto(req.keys().keys(i)));
+    }
+  } else {
+    return absl::InvalidArgumentError("candidates: set tokens or keys");
+  }
+  if (req.lease_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_ms: ", req.lease_ms(), " is negative"));
+  }
+  if (m->checkpoints == nullptr) {
+    int64_t longest = 0;
+    for (const PrefixKey& k : candidates) longest = std::max(longest, k.num_tokens);
+    resp->set_hit(false);
+    resp->set_candidate_tokens(longest);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(CheckpointStore::LookupResult r,
+                   m->checkpoints->Lookup(candidates, absl::Milliseconds(req.lease_ms())));
+  resp->set_hit(r.hit);
+  resp->set_candidate_tokens(r.candidate_tokens);
+  if (r.hit) {
+    KeyToProto(r.key, resp->mutable_key());
+    resp->set_lease_id(r.lease_id);
+    resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(r.lease_expiry));
+  }
+  if (limits_.log_cache_events) {
+    LogEvent("lookup", absl::StrCat("model=", m->id, " hit=", r.hit ? "true" : "false",
+                                    " tokens=", r.hit ? r.key.num_tokens : 0, "/",
+                                    r.candidate_tokens));
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::LookupPrefix(grpc::ServerContext*,
+                                             const v1::LookupPrefixRequest* req,
+                                             v1::LookupPrefixResponse* resp) {
+  return Run("LookupPrefix", [&] { return DoLookupPrefix(*req, resp); });
+}
+
+// ---------------------------------------------------------------------------
+// Transfer
+
+absl::Status StateCacheService::DoExport(const v1::ExportRequest& req, v1::ExportResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
+                   m->slots->Acquire({HandleFromProto(req.slot())}, "slot"));
+  TagsToProto(m->id, m->layout, resp->mutable_tags());
+  const int64_t bytes = m->slots->slot_bytes();
+  std::string* packed = resp->mutable_packed();
+  packed->resize(bytes);
+  return backend_->CopyOut(packed->data(), m->slots->view().slot(access.indices()[0]), bytes);
+}
+
+grpc::Status StateCacheService::Export(grpc::ServerContext*, const v1::ExportRequest* req,
+                                       v1::ExportResponse* resp) {
+  return Run("Export", [&] { return DoExport(*req, resp); });
+}
+
+absl::Status StateCacheService::DoImport(const v1::ImportRequest& req) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  if (!req.has_tags()) return absl::InvalidArgumentError("tags: missing");
+  RETURN_IF_ERROR(CheckTagsMatch(req.tags(), m->id, m->layout));
+  const int64_t bytes = m->slots->slot_bytes();
+  if (static_cast<int64_t>(req.packed().size()) != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed: ", req.packed().size(), " bytes, want ", bytes));
+  }
+  // Decode the bytes in a scratch slot first: states that do not decode to
+  // finite values are rejected before the target slot is touched.
+  const ModelGeometry& g = m->layout.geometry();
+  PoolView scratch = m->slots->view();
+  scratch.num_slots = 1;
+  const int64_t values = g.HeadsPerSlot() * g.d_k * g.d_v;
+  Staging st;
+  const int32_t zero = 0;
+  const int s_idx = st.Add(&zero, sizeof(zero));
+  const int s_slot = st.Add(req.packed().data(), bytes);
+  const int s_states = st.Add(nullptr, values * 4);
+  RETURN_IF_ERROR(st.Commit(*backend_));
+  scratch.base = st.at<uint8_t>(s_slot);
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(backend_->UnpackStates(*m->prepared, scratch, st.at<int32_t>(s_idx), 1,
+                                         st.at<float>(s_states)));
+  if (metrics_) metrics_->ObserveKernel("unpack_states", Seconds(start));
+  std::vector<float> states(values);
+  RETURN_IF_ERROR(backend_->CopyOut(states.data(), st.at<float>(s_states), values * 4));
+  {
+    absl::Status finite = ValidateFinite("packed (decoded state)", DType::kFp32, states.data(),
+                                         values);
+    if (!finite.ok()) return finite;
+  }
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
+                   m->slots->Acquire({HandleFromProto(req.slot())}, "slot"));
+  Staging dst;
+  const int d_idx = dst.Add(access.indices().data(), sizeof(int32_t));
+  RETURN_IF_ERROR(dst.Commit(*backend_));
+  return backend_->CopySlots(scratch, st.at<int32_t>(s_idx), m->slots->view(),
+                             dst.at<int32_t>(d_idx), 1);
+}
+
+grpc::Status StateCacheService::Import(grpc::ServerContext*, const v1::ImportRequest* req,
+                                       v1::ImportResponse*) {
+  return Run("Import", [&] { return DoImport(*req); });
+}
+
+// ---------------------------------------------------------------------------
+// Observability
+
+absl::Status StateCacheService::DoGetStats(const v1::GetStatsRequest& req,
+                                           v1::GetStatsResponse* resp) {
+  resp->set_backend(backend_->name());
+  resp->set_backend_description(backend_->Describe());
+  resp->set_state_memory_budget_bytes(registry_->state_budget_bytes());
+  resp->set_state_memory_reserved_bytes(registry_->state_reserved_bytes());
+  resp->set_checkpoint_memory_budget_bytes(registry_->checkpoint_budget_bytes());
+  resp->set_checkpoint_memory_reserved_bytes(registry_->checkpoint_reserved_bytes());
+  resp->set_uptime_seconds(Seconds(started_));
+  resp->set_version("statecache v1");
+  std::vector<std::shared_ptr<Model>> models;
+  if (req.model_id().empty()) {
+    models = registry_->List();
+  } else {
+    ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+    models.push_back(std::move(m));
+  }
+  for (const auto& m : models) {
+    v1::ModelStatsEntry* e = resp->add_models();
+    e->set_model_id(m->id);
+    e->set_format(FormatSpecName(m->layout.format()));
+    StatsToProto(m->slots->stats(), m->checkpoints ? m->checkpoints->stats() : CheckpointStats(),
+                 e->mutable_stats());
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest* req,
+                                         v1::GetStatsResponse* resp) {
+  return Run("GetStats", [&] { return DoGetStats(*req, resp); });
+}
+
+}  // namespace statecache

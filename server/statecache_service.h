@@ -1,0 +1,119 @@
+// StateCacheService: the statecache.v1.StateCache gRPC service.
+//
+// The gRPC edge of statecached and the ONLY place where absl::Status becomes
+// grpc::Status (codes map 1:1). Each RPC validates its request completely
+// (model, layer, shapes, dtypes, byte sizes, NaN/Inf, handles) before it
+// touches any slot, so a bad request writes nothing and never affects other
+// slots; errors are kInvalidArgument naming the field, kNotFound for unknown
+// models / handles / prefix keys, kFailedPrecondition for stale handles and
+// incompatible states, kResourceExhausted for full pools.
+//
+// Slots are held exclusively for the duration of a call (SlotPool::Acquire),
+// so concurrent calls on distinct slots run in parallel and calls on the same
+// slot are serialized. Thread-safe; handlers run on gRPC's sync-server threads.
+//
+//   StateCacheService service(backend, &registry, metrics, {});
+//   builder.RegisterService(&service);
+#ifndef STATECACHE_SERVER_STATECACHE_SERVICE_H_
+#define STATECACHE_SERVER_STATECACHE_SERVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/backend/backend.h"
+#include "proto/statecache/v1/statecache.grpc.pb.h"
+#include "server/metrics.h"
+#include "server/model_registry.h"
+
+namespace statecache {
+
+// absl::Status -> grpc::Status (same code, same message).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class StateCacheService final : public v1::StateCache::Service {
+ public:
+  // Per-request work bounds (kInvalidArgument naming the field beyond them).
+  struct Limits {
+    int max_batch = 4096;               // slots per Update / Prefill
+    int max_allocate = 4096;            // slots per AllocateSlots
+    int64_t max_prefill_tokens = 1 << 16;
+    int64_t max_aux_bytes = 64 << 20;   // per checkpoint, all layers
+    int64_t max_lookup_tokens = 1 << 20;
+    bool log_cache_events = false;      // one line per snapshot / restore / lookup
+  };
+
+  // `backend`, `registry` and `metrics` must outlive the service.
+  StateCacheService(Backend* backend, ModelRegistry* registry, std::shared_ptr<Metrics> metrics,
+                    Limits limits);
+
+  grpc::Status RegisterModel(grpc::ServerContext* ctx, const v1::RegisterModelRequest* req,
+                             v1::RegisterModelResponse* resp) override;
+  grpc::Status ListModels(grpc::ServerContext* ctx, const v1::ListModelsRequest* req,
+                          v1::ListModelsResponse* resp) override;
+  grpc::Status DescribeModel(grpc::ServerContext* ctx, const v1::DescribeModelRequest* req,
+                             v1::ModelInfo* resp) override;
+  grpc::Status DropModel(grpc::ServerContext* ctx, const v1::DropModelRequest* req,
+                         v1::DropModelResponse* resp) override;
+  grpc::Status AllocateSlots(grpc::ServerContext* ctx, const v1::AllocateSlotsRequest* req,
+                             v1::AllocateSlotsResponse* resp) override;
+  grpc::Status ReleaseSlots(grpc::ServerContext* ctx, const v1::ReleaseSlotsRequest* req,
+                            v1::ReleaseSlotsResponse* resp) override;
+  grpc::Status Update(grpc::ServerContext* ctx, const v1::UpdateRequest* req,
+                      v1::UpdateResponse* resp) override;
+  grpc::Status UpdateStream(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::UpdateResponse, v1::UpdateRequest>* stream) override;
+  grpc::Status Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
+                       v1::PrefillResponse* resp) override;
+  grpc::Status Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,
+                        v1::SnapshotResponse* resp) override;
+  grpc::Status Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
+                       v1::RestoreResponse* resp) override;
+  grpc::Status LookupPrefix(grpc::ServerContext* ctx, const v1::LookupPrefixRequest* req,
+                            v1::LookupPrefixResponse* resp) override;
+  grpc::Status Export(grpc::ServerContext* ctx, const v1::ExportRequest* req,
+                      v1::ExportResponse* resp) override;
+  grpc::Status Import(grpc::ServerContext* ctx, const v1::ImportRequest* req,
+                      v1::ImportResponse* resp) override;
+  grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
+                        v1::GetStatsResponse* resp) override;
+
+  // The absl-level handlers (also used by tests without gRPC).
+  absl::Status DoRegisterModel(const v1::RegisterModelRequest& req,
+                               v1::RegisterModelResponse* resp);
+  absl::Status DoDescribeModel(const v1::DescribeModelRequest& req, v1::ModelInfo* resp);
+  absl::Status DoDropModel(const v1::DropModelRequest& req);
+  absl::Status DoAllocateSlots(const v1::AllocateSlotsRequest& req,
+                               v1::AllocateSlotsResponse* resp);
+  absl::Status DoReleaseSlots(const v1::ReleaseSlotsRequest& req);
+  absl::Status DoUpdate(const v1::UpdateRequest& req, v1::UpdateResponse* resp);
+  absl::Status DoPrefill(const v1::PrefillRequest& req, v1::PrefillResponse* resp);
+  absl::Status DoSnapshot(const v1::SnapshotRequest& req, v1::SnapshotResponse* resp);
+  absl::Status DoRestore(const v1::RestoreRequest& req, v1::RestoreResponse* resp);
+  absl::Status DoLookupPrefix(const v1::LookupPrefixRequest& req,
+                              v1::LookupPrefixResponse* resp);
+  absl::Status DoExport(const v1::ExportRequest& req, v1::ExportResponse* resp);
+  absl::Status DoImport(const v1::ImportRequest& req);
+  absl::Status DoGetStats(const v1::GetStatsRequest& req, v1::GetStatsResponse* resp);
+
+  // Fills a ModelInfo (geometry, format, tags, sizes, stats).
+  static void FillModelInfo(const Model& model, v1::ModelInfo* info);
+
+ private:
+  template <typename F>
+  grpc::Status Run(const char* method, F&& handler);
+
+  Backend* const backend_;
+  ModelRegistry* const registry_;
+  const std::shared_ptr<Metrics> metrics_;
+  const Limits limits_;
+  const absl::Time started_;
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_SERVER_STATECACHE_SERVICE_H_

@@ -1,0 +1,174 @@
+// statecached: the statecache server.
+//
+// Serves statecache.v1.StateCache (plus grpc.health.v1 and server
+// reflection) over gRPC and Prometheus metrics over HTTP, on the CUDA backend
+// when a GPU is usable and the CPU backend otherwise. SIGTERM / SIGINT drain
+// in-flight calls (up to --shutdown_grace_ms) and exit 0. States are volatile:
+// a restart loses slots and checkpoints.
+//
+//   statecached --listen=127.0.0.1:50051 --backend=cpu --state_memory_bytes=1073741824
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "kernels/formats/format.h"
+#include "kernels/layout/state_layout.h"
+#include "server/log.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC listen address: host:port (port 0 picks a free port), [::]:port for all "
+          "interfaces, or unix:/path/to.sock for co-located workers. Plaintext; bind to "
+          "loopback unless the network is trusted.");
+ABSL_FLAG(int, max_message_bytes, 256 << 20,
+          "Largest gRPC request/response in bytes. Inline-tensor Updates carry "
+          "B*(2*h_qk*d_k + h_v*d_v)*dtype_bytes + gates; a Prefill of T tokens T times that; an "
+          "Export one packed slot. Raise it for large batches or prompt chunks.");
+ABSL_FLAG(std::string, backend, "auto",
+          "State backend: auto (CUDA when a GPU is usable, else CPU), cuda, or cpu.");
+ABSL_FLAG(int64_t, state_memory_bytes, 0,
+          "Budget for live slots (all models) in bytes. Each RegisterModel preallocates its "
+          "slot arena from it. 0 = --memory_fraction of the backend's available memory.");
+ABSL_FLAG(int64_t, checkpoint_memory_bytes, 0,
+          "Separate budget for prefix-cache checkpoints in bytes (LRU-evicted when full). "
+          "0 = --checkpoint_fraction of the backend's available memory.");
+ABSL_FLAG(double, memory_fraction, 0.5,
+          "Fraction of available backend memory used for slots when --state_memory_bytes=0.");
+ABSL_FLAG(double, checkpoint_fraction, 0.2,
+          "Fraction of available backend memory used for checkpoints when "
+          "--checkpoint_memory_bytes=0.");
+ABSL_FLAG(int, metrics_port, 9464,
+          "Port of the Prometheus /metrics endpoint; -1 disables it, 0 picks a free port.");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
+          "Address the metrics endpoint binds (0.0.0.0 to let a remote Prometheus scrape).");
+ABSL_FLAG(int64_t, lease_default_ms, 30000,
+          "LookupPrefix lease duration when the request asks for 0 ms.");
+ABSL_FLAG(int64_t, lease_max_ms, 600000, "Upper bound of a LookupPrefix lease.");
+ABSL_FLAG(int, max_batch, 4096, "Most slots in one Update / Prefill / UpdateStream message.");
+ABSL_FLAG(int64_t, max_prefill_tokens, 65536, "Most tokens (T) in one Prefill call.");
+ABSL_FLAG(int64_t, max_aux_bytes, 64 << 20,
+          "Most auxiliary bytes (all layers) stored with one checkpoint.");
+ABSL_FLAG(int64_t, shutdown_grace_ms, 10000,
+          "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled.");
+ABSL_FLAG(bool, log_cache_events, false,
+          "Log one line per Snapshot / Restore / LookupPrefix (model and slot lifecycle events "
+          "are always logged).");
+ABSL_FLAG(std::string, report_geometry, "gdn:30:16:32:128:128",
+          "Geometry arch:layers:h_qk:h_v:d_k:d_v for the start-up table of slots per format "
+          "(default: Qwen3.6-35B-A3B's 30 GDN layers, 16 key / 32 value heads, 128 x 128).");
+
+namespace statecache {
+namespace {
+
+absl::StatusOr<ModelGeometry> ParseGeometry(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  if (parts.size() != 6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("report_geometry: '", text, "' is not arch:layers:h_qk:h_v:d_k:d_v"));
+  }
+  ModelGeometry g;
+  absl::StatusOr<Arch> arch = ParseArch(parts[0]);
+  if (!arch.ok()) return arch.status();
+  g.arch = *arch;
+  int* fields[] = {&g.layers, &g.h_qk, &g.h_v, &g.d_k, &g.d_v};
+  for (int i = 0; i < 5; ++i) {
+    if (!absl::SimpleAtoi(parts[i + 1], fields[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("report_geometry: bad number '",
+                                                     parts[i + 1], "'"));
+    }
+  }
+  absl::Status valid = g.Validate();
+  if (!valid.ok()) return valid;
+  return g;
+}
+
+// The start-up table: what the budgets buy per format for one geometry.
+void PrintCapacityTable(const ModelGeometry& g, int64_t state_bytes, int64_t checkpoint_bytes) {
+  std::string table = absl::StrFormat(
+      "capacity for %s (state budget %d B, checkpoint budget %d B):\n"
+      "  %-14s %10s %10s %14s %12s %12s\n",
+      g.DebugString(), state_bytes, checkpoint_bytes, "format", "bits/value", "head B",
+      "slot B", "slots", "checkpoints");
+  for (StateFormat f : AllStateFormats()) {
+    FormatSpec spec{f, IsMixedFormat(f) ? std::min(kDefaultKHi, g.d_k) : 0};
+    absl::StatusOr<StateLayout> layout = StateLayout::Identity(g, spec);
+    if (!layout.ok()) continue;
+    const int64_t slot = layout->slot_bytes();
+    absl::StrAppend(&table, absl::StrFormat("  %-14s %10.3f %10d %14d %12d %12d\n",
+                                            FormatSpecName(spec),
+                                            layout->head_layout().PayloadBitsPerValue(),
+                                            layout->head_layout().head_bytes, slot,
+                                            state_bytes / slot, checkpoint_bytes / slot));
+  }
+  std::fputs(table.c_str(), stderr);
+}
+
+int Main() {
+  // Block the shutdown signals in every thread (gRPC's included) and wait for
+  // them synchronously below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  StateCacheServer::Options options;
+  options.sockets.listen = absl::GetFlag(FLAGS_listen);
+  options.sockets.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.memory.backend = absl::GetFlag(FLAGS_backend);
+  options.memory.state_memory_bytes = absl::GetFlag(FLAGS_state_memory_bytes);
+  options.memory.checkpoint_memory_bytes = absl::GetFlag(FLAGS_checkpoint_memory_bytes);
+  options.memory.memory_fraction = absl::GetFlag(FLAGS_memory_fraction);
+  options.memory.checkpoint_fraction = absl::GetFlag(FLAGS_checkpoint_fraction);
+  options.memory.lease_default = absl::Milliseconds(absl::GetFlag(FLAGS_lease_default_ms));
+  options.memory.lease_max = absl::Milliseconds(absl::GetFlag(FLAGS_lease_max_ms));
+  options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics.host = absl::GetFlag(FLAGS_metrics_host);
+  options.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
+  options.limits.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
+  options.limits.max_aux_bytes = absl::GetFlag(FLAGS_max_aux_bytes);
+  options.limits.log_cache_events = absl::GetFlag(FLAGS_log_cache_events);
+
+  absl::StatusOr<ModelGeometry> report = ParseGeometry(absl::GetFlag(FLAGS_report_geometry));
+  if (!report.ok()) {
+    std::fprintf(stderr, "statecached: %s\n", report.status().ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<StateCacheServer>> server =
+      StateCacheServer::Create(std::move(options));
+  if (!server.ok()) {
+    std::fprintf(stderr, "statecached: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  PrintCapacityTable(*report, (*server)->registry().state_budget_bytes(),
+                     (*server)->registry().checkpoint_budget_bytes());
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LogEvent("signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  server->reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace statecache
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "statecached: a gRPC service that owns the recurrent states of linear-attention LLMs "
+      "(GDN / KDA) in compressed formats (DAMP etc.).\n"
+      "Usage: statecached [--listen=127.0.0.1:50051] [--backend=auto|cuda|cpu] "
+      "[--state_memory_bytes=N] [--checkpoint_memory_bytes=N] [--metrics_port=9464] ...");
+  absl::ParseCommandLine(argc, argv);
+  return statecache::Main();
+}
