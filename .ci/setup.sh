@@ -32,3 +32,4 @@ if [ ! -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: /usr/local/cuda/bin/nvcc not found; the CUDA 13 toolkit is required to build" >&2
   exit 1
 fi
+bash "$(dirname "${BASH_SOURCE[0]}")/setup_extra.sh"
