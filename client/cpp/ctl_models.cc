@@ -1,0 +1,51 @@
+// statecachectl models: the registered models.
+#include "absl/strings/str_format.h"
+#include "client/cpp/ctl_command.h"
+#include "kernels/common/status_macros.h"
+
+namespace statecache {
+namespace {
+
+absl::Status RunModels(CtlContext& ctx, const std::vector<std::string>& args) {
+  ASSIGN_OR_RETURN(StateCacheClient * client, ctx.client());
+  std::vector<v1::ModelInfo> models;
+  if (args.empty()) {
+    ASSIGN_OR_RETURN(models, client->ListModels());
+  } else {
+    for (const std::string& id : args) {
+      ASSIGN_OR_RETURN(v1::ModelInfo info, client->DescribeModel(id));
+      models.push_back(std::move(info));
+    }
+  }
+  std::FILE* out = ctx.out();
+  if (models.empty()) {
+    absl::FPrintF(out, "no models registered\n");
+    return absl::OkStatus();
+  }
+  absl::FPrintF(out, "%-20s %-12s %-32s %9s %12s %12s %13s %11s %s\n", "model", "format",
+                "geometry", "bits/val", "slot", "fp32 slot", "slots", "ckpts", "layout");
+  for (const v1::ModelInfo& m : models) {
+    const v1::Geometry& g = m.geometry();
+    const std::string geometry = absl::StrFormat(
+        "%s L=%d Hqk=%d Hv=%d %dx%d", g.arch() == v1::ARCH_KDA ? "kda" : "gdn", g.layers(),
+        g.h_qk(), g.h_v(), g.d_k(), g.d_v());
+    absl::FPrintF(out, "%-20s %-12s %-32s %9.3f %12s %12s %6d/%-6d %5d/%-5d %s\n", m.model_id(),
+                  m.format(), geometry, m.payload_bits_per_value(), HumanBytes(m.slot_bytes()),
+                  HumanBytes(m.fp32_slot_bytes()), m.stats().slots_allocated(),
+                  m.stats().slot_capacity(), m.stats().checkpoints(),
+                  m.stats().checkpoint_capacity(),
+                  m.identity_layout() ? "identity"
+                                      : absl::StrFormat("calibrated %016x",
+                                                        m.tags().layout_fingerprint()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Command ModelsCommand() {
+  return Command{"models", "registered models: format, geometry, sizes, slots, checkpoints",
+                 "models [MODEL_ID...]   (all models when none is given)", RunModels};
+}
+
+}  // namespace statecache

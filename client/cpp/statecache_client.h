@@ -1,0 +1,235 @@
+// StateCacheClient: typed C++ client of statecached (statecache.v1).
+//
+// Wraps the generated stubs: every call returns absl::Status /
+// absl::StatusOr (grpc::Status codes map 1:1 onto absl::StatusCode, the
+// server's message naming the bad field is kept). Tensors go in as host spans
+// with an explicit dtype; shapes are derived from the model's geometry, which
+// the client fetches once per model (DescribeModel) and caches. Outputs come
+// back as FP32 vectors.
+//
+// Thread-safe: one client may be shared by many threads (gRPC channels are);
+// an UpdateStream belongs to one thread at a time.
+//
+//   ASSIGN_OR_RETURN(auto client, StateCacheClient::Connect("127.0.0.1:50051"));
+//   ASSIGN_OR_RETURN(std::vector<SlotHandle> slots, client->AllocateSlots("qwen", 2));
+//   UpdateCall in{.layer = 0, .slots = slots, .q = HostTensor::Fp32(q), ...};
+//   ASSIGN_OR_RETURN(std::vector<float> o, client->Update("qwen", in));
+#ifndef STATECACHE_CLIENT_CPP_STATECACHE_CLIENT_H_
+#define STATECACHE_CLIENT_CPP_STATECACHE_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/backend/backend.h"
+#include "kernels/layout/geometry.h"
+#include "proto/statecache/v1/statecache.grpc.pb.h"
+#include "server/pool/prefix_key.h"
+#include "server/pool/slot_handle.h"
+
+namespace statecache {
+
+// grpc::Status -> absl::Status (same code and message).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Host tensor bytes (little-endian) with their element type; the shape is
+// implied by the call and the model's geometry.
+struct HostTensor {
+  DType dtype = DType::kFp32;
+  absl::string_view bytes;
+
+  static HostTensor Fp32(absl::Span<const float> values) {
+    return {DType::kFp32, absl::string_view(reinterpret_cast<const char*>(values.data()),
+                                            values.size() * sizeof(float))};
+  }
+  // bf16 or fp16 bit patterns.
+  static HostTensor Half(DType dtype, absl::Span<const uint16_t> bits) {
+    return {dtype, absl::string_view(reinterpret_cast<const char*>(bits.data()),
+                                     bits.size() * sizeof(uint16_t))};
+  }
+};
+
+// One decode step of one layer for B = slots.size() slots.
+struct UpdateCall {
+  int layer = 0;
+  std::vector<SlotHandle> slots;
+  HostTensor q;                  // [B, h_qk, d_k]
+  HostTensor k;                  // [B, h_qk, d_k], same dtype as q
+  HostTensor v;                  // [B, h_v, d_v], same dtype as q
+  absl::Span<const float> g;     // GDN [B, h_v]; KDA [B, h_v, d_k]
+  absl::Span<const float> beta;  // [B, h_v]
+};
+
+// T tokens of one layer for B slots.
+struct PrefillCall {
+  int layer = 0;
+  int tokens = 0;  // T
+  std::vector<SlotHandle> slots;
+  HostTensor q;                  // [B, T, h_qk, d_k]
+  HostTensor k;                  // [B, T, h_qk, d_k]
+  HostTensor v;                  // [B, T, h_v, d_v]
+  absl::Span<const float> g;     // GDN [B, T, h_v]; KDA [B, T, h_v, d_k]
+  absl::Span<const float> beta;  // [B, T, h_v]
+  bool want_output = false;
+};
+
+// What RegisterModel sends.
+struct ModelRegistration {
+  std::string model_id;
+  ModelGeometry geometry;
+  std::string format = "damp:16";
+  // Calibrated maps; empty = identity layout.
+  std::vector<int32_t> key_perm;
+  std::vector<int32_t> value_order;
+  std::vector<float> value_scale;
+  int64_t slots = 0;        // 0 = the remaining state budget
+  int64_t checkpoints = 0;  // 0 = the remaining checkpoint budget
+};
+
+struct PrefixLookup {
+  bool hit = false;
+  PrefixKey key;
+  uint64_t lease_id = 0;
+  absl::Time lease_expiry;
+  int64_t candidate_tokens = 0;
+};
+
+struct RestoredCheckpoint {
+  std::vector<std::string> aux;
+  int64_t num_tokens = 0;
+};
+
+struct ExportedState {
+  v1::CompatibilityTags tags;
+  std::string packed;
+};
+
+class StateCacheClient;
+
+// A bidirectional UpdateStream: requests are answered in order. Send() may
+// run ahead of Receive() (pipelining); Update() does one round trip.
+class UpdateStream {
+ public:
+  ~UpdateStream();
+
+  // Sends one update; `sequence` is echoed by its response.
+  absl::Status Send(absl::string_view model_id, const UpdateCall& in, uint64_t sequence);
+  // The next response: its sequence number and o (or the request's error).
+  struct Response {
+    uint64_t sequence = 0;
+    absl::StatusOr<std::vector<float>> o;
+  };
+  absl::StatusOr<Response> Receive();
+  // Send + Receive.
+  absl::StatusOr<std::vector<float>> Update(absl::string_view model_id, const UpdateCall& in);
+  // Half-closes and returns the stream's final status.
+  absl::Status Finish();
+
+ private:
+  friend class StateCacheClient;
+  UpdateStream(StateCacheClient* client, std::unique_ptr<grpc::ClientContext> ctx);
+
+  StateCacheClient* client_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::UpdateRequest, v1::UpdateResponse>> stream_;
+  uint64_t next_sequence_ = 1;
+  bool finished_ = false;
+};
+
+class StateCacheClient {
+ public:
+  struct Options {
+    int max_message_bytes = 256 << 20;
+    // Per-call deadline (streams: none).
+    absl::Duration timeout = absl::Seconds(120);
+  };
+
+  // Plaintext channel to `target` ("host:port" or "unix:/path"). Does not
+  // wait for the server; calls fail with kUnavailable until it is up.
+  static absl::StatusOr<std::unique_ptr<StateCacheClient>> Connect(const std::string& target,
+                                                                   Options options);
+  static absl::StatusOr<std::unique_ptr<StateCacheClient>> Connect(const std::string& target) {
+    return Connect(target, Options());
+  }
+
+  // Waits up to `timeout` for the channel to connect (kUnavailable after).
+  absl::Status WaitForReady(absl::Duration timeout);
+
+  // grpc.health.v1 Check of `service` ("" = the whole server): true when
+  // SERVING.
+  absl::StatusOr<bool> CheckHealth(const std::string& service = "");
+
+  absl::StatusOr<v1::ModelInfo> RegisterModel(const ModelRegistration& registration);
+  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels();
+  absl::StatusOr<v1::ModelInfo> DescribeModel(absl::string_view model_id);
+  absl::Status DropModel(absl::string_view model_id, bool force = false);
+
+  absl::StatusOr<std::vector<SlotHandle>> AllocateSlots(absl::string_view model_id, int count);
+  absl::Status ReleaseSlots(absl::string_view model_id, absl::Span<const SlotHandle> slots);
+
+  // o [B, h_v, d_v] FP32.
+  absl::StatusOr<std::vector<float>> Update(absl::string_view model_id, const UpdateCall& in);
+  absl::StatusOr<std::unique_ptr<UpdateStream>> OpenUpdateStream();
+  // o [B, T, h_v, d_v] when in.want_output, else empty.
+  absl::StatusOr<std::vector<float>> Prefill(absl::string_view model_id, const PrefillCall& in);
+  // FP32 states [B, layers, h_v, d_k, d_v] in natural order.
+  absl::Status PrefillStates(absl::string_view model_id, absl::Span<const SlotHandle> slots,
+                             absl::Span<const float> states);
+
+  // Checkpoint `slot` under the prefix `tokens` (the server hashes them) or
+  // an explicit chained key. Returns the key.
+  absl::StatusOr<PrefixKey> Snapshot(absl::string_view model_id, SlotHandle slot,
+                                     absl::Span<const int32_t> tokens,
+                                     const std::vector<std::string>& aux = {});
+  absl::StatusOr<PrefixKey> SnapshotKey(absl::string_view model_id, SlotHandle slot,
+                                        PrefixKey key, const std::vector<std::string>& aux = {});
+  // Longest cached prefix of `tokens` (every prefix is a candidate), leased
+  // for `lease` (zero = server default).
+  absl::StatusOr<PrefixLookup> LookupPrefix(absl::string_view model_id,
+                                            absl::Span<const int32_t> tokens,
+                                            absl::Duration lease = absl::ZeroDuration());
+  absl::StatusOr<PrefixLookup> LookupPrefixKeys(absl::string_view model_id,
+                                                absl::Span<const PrefixKey> keys,
+                                                absl::Duration lease = absl::ZeroDuration());
+  absl::StatusOr<RestoredCheckpoint> Restore(absl::string_view model_id, SlotHandle slot,
+                                        PrefixKey key, uint64_t lease_id = 0);
+
+  absl::StatusOr<ExportedState> Export(absl::string_view model_id, SlotHandle slot);
+  absl::Status Import(absl::string_view model_id, SlotHandle slot, const ExportedState& state);
+
+  // All models ("" ) or one.
+  absl::StatusOr<v1::GetStatsResponse> GetStats(absl::string_view model_id = "");
+
+  // The model's geometry (DescribeModel once, then cached).
+  absl::StatusOr<ModelGeometry> Geometry(absl::string_view model_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  v1::StateCache::Stub& stub() { return *stub_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  friend class UpdateStream;
+  StateCacheClient(std::shared_ptr<grpc::Channel> channel, Options options);
+  void SetDeadline(grpc::ClientContext* ctx) const;
+  absl::Status BuildUpdate(absl::string_view model_id, const UpdateCall& in,
+                           v1::UpdateRequest* req);
+
+  const Options options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::StateCache::Stub> stub_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, ModelGeometry> geometry_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_CLIENT_CPP_STATECACHE_CLIENT_H_

@@ -1,0 +1,72 @@
+// statecachectl: command-line tool for statecached.
+//
+//   statecachectl --server=127.0.0.1:50051 status
+//   statecachectl models [MODEL_ID...]
+//
+// Subcommands live in ctl_*.cc (see ctl_command.h for how to add one).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cpp/ctl_command.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051",
+          "statecached address: host:port or unix:/path/to.sock.");
+ABSL_FLAG(int64_t, connect_timeout_ms, 5000, "How long to wait for the server to be reachable.");
+
+namespace statecache {
+namespace {
+
+std::vector<Command> AllCommands() {
+  return {StatusCommand(), ModelsCommand()};
+}
+
+std::string CommandList() {
+  std::string s = "Commands:\n";
+  for (const Command& c : AllCommands()) {
+    absl::StrAppend(&s, absl::StrFormat("  %-10s %s\n             usage: statecachectl [flags] %s\n",
+                                        c.name, c.summary, c.usage));
+  }
+  return s;
+}
+
+int Main(const std::vector<char*>& positional) {
+  // positional[0] is the program name.
+  if (positional.size() < 2) {
+    std::fprintf(stderr, "statecachectl: missing command\n%s", CommandList().c_str());
+    return 2;
+  }
+  const std::string name = positional[1];
+  std::vector<std::string> args(positional.begin() + 2, positional.end());
+  for (const Command& c : AllCommands()) {
+    if (c.name != name) continue;
+    CtlContext ctx(absl::GetFlag(FLAGS_server),
+                   absl::Milliseconds(absl::GetFlag(FLAGS_connect_timeout_ms)), stdout);
+    absl::Status status = c.run(ctx, args);
+    if (!status.ok()) {
+      std::fprintf(stderr, "statecachectl %s: %s\n", name.c_str(), status.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "statecachectl: unknown command '%s'\n%s", name.c_str(),
+               CommandList().c_str());
+  return 2;
+}
+
+}  // namespace
+}  // namespace statecache
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(absl::StrCat(
+      "statecachectl: talk to a statecached server.\n"
+      "Usage: statecachectl [--server=host:port] COMMAND [ARGS...]\n",
+      statecache::CommandList()));
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  return statecache::Main(positional);
+}
