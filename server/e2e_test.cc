@@ -1,0 +1,681 @@
+// End-to-end tests of statecached on loopback: a real StateCacheServer on an
+// ephemeral port with the CPU backend, driven through the C++ client library,
+// compared bit for bit with the CPU backend called in process on the same
+// inputs.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "client/cpp/statecache_client.h"
+#include "kernels/backend/backend.h"
+#include "kernels/formats/numeric.h"
+#include "server/log.h"
+#include "server/pool/prefix_key.h"
+#include "server/server.h"
+
+namespace statecache {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kModel[] = "tiny-gdn";
+
+ModelGeometry TinyGdn() {
+  return ModelGeometry{Arch::kGdn, /*layers=*/2, /*h_qk=*/1, /*h_v=*/2, /*d_k=*/32, /*d_v=*/32};
+}
+ModelGeometry TinyKda() {
+  return ModelGeometry{Arch::kKda, /*layers=*/2, /*h_qk=*/2, /*h_v=*/2, /*d_k=*/32, /*d_v=*/32};
+}
+
+// Inputs of one layer for B slots and T tokens, in the Backend's layouts.
+struct Inputs {
+  std::vector<float> q, k, v, g, beta;
+  std::vector<uint16_t> q16, k16, v16;  // bf16 / fp16 copies when dtype != fp32
+};
+
+Inputs MakeInputs(const ModelGeometry& geo, int batch, int tokens, std::mt19937* rng,
+                  DType dtype = DType::kFp32) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unit(0.05f, 0.95f);
+  Inputs in;
+  const int64_t rows = int64_t{batch} * tokens;
+  auto unit_vectors = [&](std::vector<float>* out, int64_t n, int dim) {
+    out->resize(n * dim);
+    for (int64_t i = 0; i < n; ++i) {
+      double norm = 0;
+      for (int j = 0; j < dim; ++j) {
+        (*out)[i * dim + j] = normal(*rng);
+        norm += (*out)[i * dim + j] * (*out)[i * dim + j];
+      }
+      for (int j = 0; j < dim; ++j) (*out)[i * dim + j] /= static_cast<float>(std::sqrt(norm));
+    }
+  };
+  unit_vectors(&in.q, rows * geo.h_qk, geo.d_k);
+  unit_vectors(&in.k, rows * geo.h_qk, geo.d_k);
+  in.v.resize(rows * geo.h_v * geo.d_v);
+  for (float& x : in.v) x = normal(*rng);
+  in.g.resize(rows * geo.h_v * geo.GateWidth());
+  for (float& x : in.g) x = -0.3f * unit(*rng);
+  in.beta.resize(rows * geo.h_v);
+  for (float& x : in.beta) x = unit(*rng);
+  if (dtype != DType::kFp32) {
+    auto convert = [dtype](const std::vector<float>& src, std::vector<uint16_t>* dst,
+                           std::vector<float>* rounded) {
+      dst->resize(src.size());
+      for (size_t i = 0; i < src.size(); ++i) {
+        (*dst)[i] = dtype == DType::kBf16 ? FloatToBf16Bits(src[i]) : FloatToHalfBits(src[i]);
+      }
+      (void)rounded;
+    };
+    convert(in.q, &in.q16, nullptr);
+    convert(in.k, &in.k16, nullptr);
+    convert(in.v, &in.v16, nullptr);
+  }
+  return in;
+}
+
+HostTensor Tensor(DType dtype, const std::vector<float>& f32, const std::vector<uint16_t>& f16) {
+  return dtype == DType::kFp32 ? HostTensor::Fp32(f32) : HostTensor::Half(dtype, f16);
+}
+
+// The CPU backend in process, with its own arena: the reference.
+class Reference {
+ public:
+  Reference(const StateLayout& layout, int slots) : layout_(layout) {
+    backend_ = CreateBackend("cpu").value();
+    model_ = backend_->Prepare(layout).value();
+    view_.layers = layout.geometry().layers;
+    view_.heads = layout.geometry().h_v;
+    view_.head_bytes = layout.head_layout().head_bytes;
+    view_.num_slots = slots;
+    arena_ = backend_->Allocate(view_.slot_bytes() * slots).value();
+    view_.base = arena_->data();
+  }
+
+  std::vector<float> Update(int layer, const std::vector<int32_t>& slots, const Inputs& in,
+                            DType dtype) {
+    const ModelGeometry& g = layout_.geometry();
+    std::vector<float> o(slots.size() * g.h_v * g.d_v);
+    DecodeInputs d;
+    d.batch = static_cast<int>(slots.size());
+    d.slots = slots.data();
+    d.dtype = dtype;
+    d.q = dtype == DType::kFp32 ? static_cast<const void*>(in.q.data()) : in.q16.data();
+    d.k = dtype == DType::kFp32 ? static_cast<const void*>(in.k.data()) : in.k16.data();
+    d.v = dtype == DType::kFp32 ? static_cast<const void*>(in.v.data()) : in.v16.data();
+    d.g = in.g.data();
+    d.beta = in.beta.data();
+    d.o = o.data();
+    absl::Status s = backend_->DecodeUpdate(*model_, view_, layer, d);
+    EXPECT_TRUE(s.ok()) << s;
+    return o;
+  }
+
+  std::vector<float> Prefill(int layer, const std::vector<int32_t>& slots, int tokens,
+                             const Inputs& in) {
+    const ModelGeometry& g = layout_.geometry();
+    std::vector<float> o(slots.size() * tokens * g.h_v * g.d_v);
+    PrefillInputs p;
+    p.batch = static_cast<int>(slots.size());
+    p.tokens = tokens;
+    p.slots = slots.data();
+    p.q = in.q.data();
+    p.k = in.k.data();
+    p.v = in.v.data();
+    p.g = in.g.data();
+    p.beta = in.beta.data();
+    p.o = o.data();
+    absl::Status s = backend_->Prefill(*model_, view_, layer, p);
+    EXPECT_TRUE(s.ok()) << s;
+    return o;
+  }
+
+  void Pack(const std::vector<int32_t>& slots, const std::vector<float>& states) {
+    ASSERT_TRUE(backend_->PackStates(*model_, view_, slots.data(), static_cast<int>(slots.size()),
+                                     states.data())
+                    .ok());
+  }
+
+  std::string SlotBytes(int32_t slot) const {
+    return std::string(reinterpret_cast<const char*>(view_.slot(slot)), view_.slot_bytes());
+  }
+
+ private:
+  StateLayout layout_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<PreparedModel> model_;
+  std::unique_ptr<BackendBuffer> arena_;
+  PoolView view_;
+};
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+class E2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { SetLoggingEnabled(false); }
+
+  void SetUp() override {
+    StateCacheServer::Options options;
+    options.sockets.listen = "127.0.0.1:0";
+    options.memory.backend = "cpu";
+    options.memory.state_memory_bytes = 4 << 20;
+    options.memory.checkpoint_memory_bytes = 2 << 20;
+    options.metrics.port = -1;
+    auto server = StateCacheServer::Create(std::move(options));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_GT(server_->port(), 0);
+    client_ = Connect();
+  }
+
+  std::unique_ptr<StateCacheClient> Connect() {
+    auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port()));
+    EXPECT_TRUE(client.ok());
+    EXPECT_TRUE((*client)->WaitForReady(absl::Seconds(5)).ok());
+    return std::move(*client);
+  }
+
+  // Registers kModel with `format` and explicit counts.
+  v1::ModelInfo Register(const std::string& id, const ModelGeometry& geo, const std::string& format,
+                         int slots, int checkpoints) {
+    ModelRegistration r;
+    r.model_id = id;
+    r.geometry = geo;
+    r.format = format;
+    r.slots = slots;
+    r.checkpoints = checkpoints;
+    auto info = client_->RegisterModel(r);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? *info : v1::ModelInfo();
+  }
+
+  UpdateCall Call(int layer, const std::vector<SlotHandle>& slots, const Inputs& in,
+                  DType dtype = DType::kFp32) {
+    UpdateCall c;
+    c.layer = layer;
+    c.slots = slots;
+    c.q = Tensor(dtype, in.q, in.q16);
+    c.k = Tensor(dtype, in.k, in.k16);
+    c.v = Tensor(dtype, in.v, in.v16);
+    c.g = in.g;
+    c.beta = in.beta;
+    return c;
+  }
+
+  std::unique_ptr<StateCacheServer> server_;
+  std::unique_ptr<StateCacheClient> client_;
+};
+
+TEST_F(E2eTest, HealthAndModelsLifecycle) {
+  auto health = client_->CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_TRUE(*health);
+  auto service_health = client_->CheckHealth("statecache.v1.StateCache");
+  ASSERT_TRUE(service_health.ok()) << service_health.status();
+  EXPECT_TRUE(*service_health);
+  EXPECT_EQ(client_->CheckHealth("no.such.Service").status().code(), absl::StatusCode::kNotFound);
+  const v1::ModelInfo info = Register(kModel, TinyGdn(), "damp:8", 4, 2);
+  EXPECT_EQ(info.format(), "damp:8");
+  EXPECT_EQ(info.stats().slot_capacity(), 4);
+  EXPECT_EQ(info.stats().checkpoint_capacity(), 2);
+  const StateLayout layout =
+      StateLayout::Identity(TinyGdn(), ParseFormatSpec("damp:8").value()).value();
+  EXPECT_EQ(info.slot_bytes(), layout.slot_bytes());
+  EXPECT_EQ(info.tags().layout_fingerprint(), layout.Fingerprint());
+  EXPECT_EQ(info.head_bytes().total(), layout.head_layout().head_bytes);
+  auto models = client_->ListModels();
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->size(), 1u);
+  EXPECT_EQ((*models)[0].model_id(), kModel);
+  EXPECT_TRUE(client_->DropModel(kModel).ok());
+  EXPECT_EQ(client_->DescribeModel(kModel).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(server_->registry().state_reserved_bytes(), 0);
+}
+
+// The main scenario of issue 6: allocate, prefill, 100 updates, snapshot,
+// release, restore into a new slot, continue - bit-identical to the CPU
+// backend in process.
+TEST_F(E2eTest, PrefillUpdatesSnapshotRestoreMatchInProcessBackendBitForBit) {
+  const ModelGeometry geo = TinyGdn();
+  Register(kModel, geo, "damp:8", 4, 2);
+  const StateLayout layout =
+      StateLayout::Identity(geo, ParseFormatSpec("damp:8").value()).value();
+  Reference ref(layout, 2);
+  std::mt19937 rng(42);
+
+  auto slots = client_->AllocateSlots(kModel, 2);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  std::vector<SlotHandle> live = *slots;
+  const std::vector<int32_t> ref_slots = {0, 1};
+
+  // Prefill 8 tokens per layer.
+  constexpr int kPrompt = 8;
+  for (int layer = 0; layer < geo.layers; ++layer) {
+    Inputs in = MakeInputs(geo, 2, kPrompt, &rng);
+    PrefillCall p;
+    p.layer = layer;
+    p.tokens = kPrompt;
+    p.slots = live;
+    p.q = HostTensor::Fp32(in.q);
+    p.k = HostTensor::Fp32(in.k);
+    p.v = HostTensor::Fp32(in.v);
+    p.g = in.g;
+    p.beta = in.beta;
+    p.want_output = true;
+    auto o = client_->Prefill(kModel, p);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_TRUE(SameBits(*o, ref.Prefill(layer, ref_slots, kPrompt, in))) << "layer " << layer;
+  }
+  // 100 decode steps.
+  std::vector<int32_t> tokens(kPrompt);
+  for (int i = 0; i < kPrompt; ++i) tokens[i] = 1000 + i;
+  for (int step = 0; step < 100; ++step) {
+    for (int layer = 0; layer < geo.layers; ++layer) {
+      Inputs in = MakeInputs(geo, 2, 1, &rng);
+      auto o = client_->Update(kModel, Call(layer, live, in));
+      ASSERT_TRUE(o.ok()) << o.status();
+      ASSERT_TRUE(SameBits(*o, ref.Update(layer, ref_slots, in, DType::kFp32)))
+          << "step " << step << " layer " << layer;
+    }
+    tokens.push_back(step);
+  }
+  // The packed states themselves are identical.
+  auto exported = client_->Export(kModel, live[0]);
+  ASSERT_TRUE(exported.ok());
+  EXPECT_EQ(exported->packed, ref.SlotBytes(0));
+  EXPECT_EQ(exported->tags.model_id(), kModel);
+
+  // Snapshot slot 0 with per-layer aux bytes, then release it.
+  const std::vector<std::string> aux = {std::string("conv-window-0\0x", 15), "conv-window-1"};
+  auto key = client_->Snapshot(kModel, live[0], tokens, aux);
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_EQ(*key, KeyOfTokens(tokens));
+  const SlotHandle old = live[0];
+  ASSERT_TRUE(client_->ReleaseSlots(kModel, {old}).ok());
+  EXPECT_EQ(client_->Export(kModel, old).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // Next turn: look up the longest cached prefix of a longer prompt, restore
+  // it into a new slot, continue.
+  std::vector<int32_t> next_turn = tokens;
+  next_turn.push_back(7);
+  next_turn.push_back(8);
+  auto hit = client_->LookupPrefix(kModel, next_turn, absl::Seconds(5));
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_TRUE(hit->hit);
+  EXPECT_EQ(hit->key, *key);
+  EXPECT_EQ(hit->candidate_tokens, static_cast<int64_t>(next_turn.size()));
+  auto fresh = client_->AllocateSlots(kModel, 1);
+  ASSERT_TRUE(fresh.ok());
+  auto restored = client_->Restore(kModel, (*fresh)[0], hit->key, hit->lease_id);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->aux, aux);
+  EXPECT_EQ(restored->num_tokens, static_cast<int64_t>(tokens.size()));
+  live[0] = (*fresh)[0];
+  auto reexported = client_->Export(kModel, live[0]);
+  ASSERT_TRUE(reexported.ok());
+  EXPECT_EQ(reexported->packed, ref.SlotBytes(0));
+  for (int step = 0; step < 20; ++step) {
+    for (int layer = 0; layer < geo.layers; ++layer) {
+      Inputs in = MakeInputs(geo, 2, 1, &rng);
+      auto o = client_->Update(kModel, Call(layer, live, in));
+      ASSERT_TRUE(o.ok()) << o.status();
+      ASSERT_TRUE(SameBits(*o, ref.Update(layer, ref_slots, in, DType::kFp32)))
+          << "after restore, step " << step << " layer " << layer;
+    }
+  }
+  // The checkpoint was not changed by the updates after the restore.
+  auto again = client_->AllocateSlots(kModel, 1);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(client_->Restore(kModel, (*again)[0], *key).ok());
+  EXPECT_EQ(client_->Export(kModel, (*again)[0])->packed, exported->packed);
+
+  auto stats = client_->GetStats(kModel);
+  ASSERT_TRUE(stats.ok());
+  const v1::ModelStats& s = stats->models(0).stats();
+  EXPECT_EQ(s.slots_allocated(), 3);
+  EXPECT_EQ(s.snapshots(), 1);
+  EXPECT_EQ(s.restores(), 2);
+  EXPECT_EQ(s.lookups_hit(), 1);
+  EXPECT_EQ(s.lookup_tokens_hit(), static_cast<int64_t>(tokens.size()));
+  EXPECT_EQ(s.lookup_tokens_miss(), 2);
+  EXPECT_EQ(s.leases_active(), 0);
+  const std::string scrape = server_->metrics().Scrape();
+  EXPECT_THAT(scrape, HasSubstr("statecache_slots_used{format=\"damp:8\",model=\"tiny-gdn\"} 3"));
+  EXPECT_THAT(scrape, HasSubstr("statecache_restores_total{format=\"damp:8\",model=\"tiny-gdn\"} 2"));
+  EXPECT_THAT(scrape, HasSubstr("statecache_rpc_duration_seconds_count{method=\"Update\"} 240"));
+  EXPECT_THAT(scrape, HasSubstr("statecache_prefix_lookups_total{format=\"damp:8\",model=\"tiny-gdn\",result=\"hit\"} 1"));
+}
+
+// A calibrated KDA layout (non-identity permutations, damp-sr value maps) and
+// bf16 inputs travel through RegisterModel and give the same bits as in
+// process; UpdateStream gives the same bits as unary Update.
+TEST_F(E2eTest, CalibratedKdaLayoutBf16AndStreamMatchInProcess) {
+  const ModelGeometry geo = TinyKda();
+  const FormatSpec spec = ParseFormatSpec("damp-sr:8").value();
+  std::mt19937 rng(7);
+  ModelRegistration r;
+  r.model_id = "tiny-kda";
+  r.geometry = geo;
+  r.format = "damp-sr:8";
+  r.slots = 4;
+  r.checkpoints = 1;
+  const int64_t heads = geo.HeadsPerSlot();
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<int32_t> p(geo.d_k), o(geo.d_v);
+    std::iota(p.begin(), p.end(), 0);
+    std::iota(o.begin(), o.end(), 0);
+    std::shuffle(p.begin(), p.end(), rng);
+    std::shuffle(o.begin(), o.end(), rng);
+    r.key_perm.insert(r.key_perm.end(), p.begin(), p.end());
+    r.value_order.insert(r.value_order.end(), o.begin(), o.end());
+    for (int j = 0; j < geo.d_v; ++j) r.value_scale.push_back(0.5f + 0.01f * j);
+  }
+  auto info = client_->RegisterModel(r);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->identity_layout());
+  const StateLayout layout =
+      StateLayout::Create(geo, spec, r.key_perm, r.value_order, r.value_scale).value();
+  EXPECT_EQ(info->tags().layout_fingerprint(), layout.Fingerprint());
+  Reference ref(layout, 2);
+  auto slots = client_->AllocateSlots("tiny-kda", 2);
+  ASSERT_TRUE(slots.ok());
+  auto stream = client_->OpenUpdateStream();
+  ASSERT_TRUE(stream.ok());
+  for (int step = 0; step < 10; ++step) {
+    for (int layer = 0; layer < geo.layers; ++layer) {
+      Inputs in = MakeInputs(geo, 2, 1, &rng, DType::kBf16);
+      const std::vector<float> want = ref.Update(layer, {0, 1}, in, DType::kBf16);
+      absl::StatusOr<std::vector<float>> o =
+          step % 2 == 0 ? client_->Update("tiny-kda", Call(layer, *slots, in, DType::kBf16))
+                        : (*stream)->Update("tiny-kda", Call(layer, *slots, in, DType::kBf16));
+      ASSERT_TRUE(o.ok()) << o.status();
+      ASSERT_TRUE(SameBits(*o, want)) << "step " << step << " layer " << layer;
+    }
+  }
+  // A bad message on the stream is answered with its error; the stream goes on.
+  Inputs bad = MakeInputs(geo, 2, 1, &rng);
+  bad.beta[0] = std::nanf("");
+  auto err = (*stream)->Update("tiny-kda", Call(0, *slots, bad));
+  EXPECT_EQ(err.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(err.status().message()), HasSubstr("beta"));
+  Inputs good = MakeInputs(geo, 2, 1, &rng);
+  auto ok = (*stream)->Update("tiny-kda", Call(1, *slots, good));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(SameBits(*ok, ref.Update(1, {0, 1}, good, DType::kFp32)));
+  EXPECT_TRUE((*stream)->Finish().ok());
+  // Export equals the reference packed bytes.
+  EXPECT_EQ(client_->Export("tiny-kda", (*slots)[1])->packed, ref.SlotBytes(1));
+}
+
+TEST_F(E2eTest, PrefillStatesPacksLikeTheBackendAndImportRoundTrips) {
+  const ModelGeometry geo = TinyGdn();
+  Register(kModel, geo, "int8-hadamard", 4, 1);
+  const StateLayout layout =
+      StateLayout::Identity(geo, ParseFormatSpec("int8-hadamard").value()).value();
+  Reference ref(layout, 1);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> states(geo.HeadsPerSlot() * geo.d_k * geo.d_v);
+  for (float& x : states) x = normal(rng);
+  auto slots = client_->AllocateSlots(kModel, 2);
+  ASSERT_TRUE(slots.ok());
+  ASSERT_TRUE(client_->PrefillStates(kModel, {(*slots)[0]}, states).ok());
+  ref.Pack({0}, states);
+  auto exported = client_->Export(kModel, (*slots)[0]);
+  ASSERT_TRUE(exported.ok());
+  EXPECT_EQ(exported->packed, ref.SlotBytes(0));
+  ASSERT_TRUE(client_->Import(kModel, (*slots)[1], *exported).ok());
+  EXPECT_EQ(client_->Export(kModel, (*slots)[1])->packed, exported->packed);
+}
+
+// Every error path returns its code, names the field, and writes nothing.
+TEST_F(E2eTest, ErrorPathsReturnTheirCodesAndWriteNothing) {
+  const ModelGeometry geo = TinyGdn();
+  Register(kModel, geo, "damp:8", 3, 1);
+  std::mt19937 rng(5);
+  auto code = [](const auto& result) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(result)>, absl::Status>) {
+      return result.code();
+    } else {
+      return result.status().code();
+    }
+  };
+
+  // Models.
+  ModelRegistration dup;
+  dup.model_id = kModel;
+  dup.geometry = geo;
+  dup.slots = 1;
+  EXPECT_EQ(code(client_->RegisterModel(dup)), absl::StatusCode::kAlreadyExists);
+  ModelRegistration bad = dup;
+  bad.model_id = "other";
+  bad.format = "damp9";
+  auto bad_format = client_->RegisterModel(bad);
+  EXPECT_EQ(code(bad_format), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_format.status().message()), HasSubstr("format"));
+  bad.format = "fp32";
+  bad.geometry.d_v = 33;
+  auto bad_geo = client_->RegisterModel(bad);
+  EXPECT_EQ(code(bad_geo), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_geo.status().message()), HasSubstr("geometry.d_v"));
+  bad.geometry = geo;
+  bad.key_perm.assign(geo.HeadsPerSlot() * geo.d_k, 0);
+  auto bad_perm = client_->RegisterModel(bad);
+  EXPECT_EQ(code(bad_perm), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_perm.status().message()), HasSubstr("layout.key_perm"));
+  bad.key_perm.clear();
+  bad.slots = 1 << 20;
+  EXPECT_EQ(code(client_->RegisterModel(bad)), absl::StatusCode::kResourceExhausted);
+  bad.model_id = "bad id!";
+  EXPECT_EQ(code(client_->RegisterModel(bad)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(client_->DescribeModel("nope")), absl::StatusCode::kNotFound);
+  EXPECT_EQ(code(client_->AllocateSlots("nope", 1)), absl::StatusCode::kNotFound);
+
+  // Slots.
+  EXPECT_EQ(code(client_->AllocateSlots(kModel, 0)), absl::StatusCode::kInvalidArgument);
+  auto slots = client_->AllocateSlots(kModel, 2);
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ(code(client_->AllocateSlots(kModel, 2)), absl::StatusCode::kResourceExhausted);
+  const SlotHandle a = (*slots)[0], b = (*slots)[1];
+
+  // Put some state in both slots, remember their bytes.
+  for (int layer = 0; layer < geo.layers; ++layer) {
+    ASSERT_TRUE(client_->Update(kModel, Call(layer, {a, b}, MakeInputs(geo, 2, 1, &rng))).ok());
+  }
+  const std::string a_bytes = client_->Export(kModel, a)->packed;
+  const std::string b_bytes = client_->Export(kModel, b)->packed;
+
+  // Unknown and stale handles.
+  const SlotHandle unknown{a.id ^ 0xdeadbeefULL, a.generation};
+  Inputs one = MakeInputs(geo, 1, 1, &rng);
+  EXPECT_EQ(code(client_->Update(kModel, Call(0, {unknown}, one))), absl::StatusCode::kNotFound);
+  const SlotHandle stale{a.id, a.generation + 1};
+  EXPECT_EQ(code(client_->Update(kModel, Call(0, {stale}, one))),
+            absl::StatusCode::kFailedPrecondition);
+  Inputs two = MakeInputs(geo, 2, 1, &rng);
+  EXPECT_EQ(code(client_->Update(kModel, Call(0, {a, a}, two))),
+            absl::StatusCode::kInvalidArgument);
+  // A batch with one bad handle touches none of the good ones.
+  EXPECT_EQ(code(client_->Update(kModel, Call(0, {a, unknown}, two))), absl::StatusCode::kNotFound);
+
+  // Bad tensors: NaN / Inf, positive g, beta out of range, wrong layer.
+  auto expect_invalid = [&](const Inputs& in, const std::vector<SlotHandle>& hs, int layer,
+                            const std::string& field) {
+    auto r = client_->Update(kModel, Call(layer, hs, in));
+    EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(field));
+  };
+  Inputs nan_v = two;
+  nan_v.v[5] = std::nanf("");
+  expect_invalid(nan_v, {a, b}, 0, "v[5]");
+  Inputs inf_q = two;
+  inf_q.q[3] = INFINITY;
+  expect_invalid(inf_q, {a, b}, 1, "q[3]");
+  Inputs pos_g = two;
+  pos_g.g[1] = 0.5f;
+  expect_invalid(pos_g, {a, b}, 0, "g[1]");
+  Inputs big_beta = two;
+  big_beta.beta[2] = 3.0f;
+  expect_invalid(big_beta, {a, b}, 0, "beta[2]");
+  expect_invalid(two, {a, b}, 2, "layer");
+  expect_invalid(one, {a, b}, 0, "q.data");  // B=1 tensors for 2 slots
+
+  // Raw-proto errors the typed client cannot produce.
+  {
+    v1::UpdateRequest req;
+    req.set_model_id(kModel);
+    req.set_layer(0);
+    auto* h = req.add_slots();
+    h->set_id(a.id);
+    h->set_generation(a.generation);
+    auto set = [](v1::Tensor* t, v1::DType d, std::vector<int64_t> shape, size_t bytes) {
+      t->set_dtype(d);
+      for (int64_t s : shape) t->add_shape(s);
+      t->set_data(std::string(bytes, '\0'));
+    };
+    set(req.mutable_q(), v1::DTYPE_FP32, {1, 1, 32}, 128);
+    set(req.mutable_k(), v1::DTYPE_FP32, {1, 1, 32}, 128);
+    set(req.mutable_v(), v1::DTYPE_FP32, {1, 2, 32}, 256);
+    set(req.mutable_g(), v1::DTYPE_BF16, {1, 2}, 4);
+    set(req.mutable_beta(), v1::DTYPE_FP32, {1, 2}, 8);
+    v1::UpdateResponse resp;
+    req.mutable_q()->set_shape(2, 31);
+    grpc::ClientContext ctx0;
+    grpc::Status s = client_->stub().Update(&ctx0, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("q.shape: [1, 1, 31], want [1, 1, 32]"));
+    req.mutable_q()->set_shape(2, 32);
+    grpc::ClientContext ctx;
+    s = client_->stub().Update(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("g.dtype"));
+    req.mutable_g()->set_dtype(v1::DTYPE_FP32);
+    req.mutable_g()->set_data(std::string(7, '\0'));
+    grpc::ClientContext ctx2;
+    s = client_->stub().Update(&ctx2, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("g.data"));
+    req.mutable_g()->set_data(std::string(8, '\0'));
+    req.mutable_k()->set_dtype(v1::DTYPE_FP16);
+    grpc::ClientContext ctx3;
+    s = client_->stub().Update(&ctx3, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("k.dtype"));
+    req.mutable_k()->set_dtype(v1::DTYPE_FP32);
+    req.mutable_v()->clear_data();
+    grpc::ClientContext ctx4;
+    s = client_->stub().Update(&ctx4, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("v.data"));
+  }
+  // Nothing was written by any rejected request.
+  EXPECT_EQ(client_->Export(kModel, a)->packed, a_bytes);
+  EXPECT_EQ(client_->Export(kModel, b)->packed, b_bytes);
+
+  // Prefix cache.
+  auto restore_unknown = client_->Restore(kModel, b, KeyOfTokens({1, 2, 3}));
+  EXPECT_EQ(code(restore_unknown), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(restore_unknown.status().message()), HasSubstr("key"));
+  auto aux_wrong = client_->Snapshot(kModel, a, {1, 2}, {"only one layer"});
+  EXPECT_EQ(code(aux_wrong), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(aux_wrong.status().message()), HasSubstr("aux"));
+  EXPECT_EQ(code(client_->Snapshot(kModel, a, {}, {})), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(client_->Snapshot(kModel, a, {1, 2}).ok());
+  auto lease = client_->LookupPrefix(kModel, {1, 2, 3});
+  ASSERT_TRUE(lease.ok() && lease->hit);
+  // The only checkpoint is leased: a new snapshot cannot evict it.
+  EXPECT_EQ(code(client_->Snapshot(kModel, b, {4, 5})), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(code(client_->Restore(kModel, b, KeyOfTokens({9}), lease->lease_id)),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(client_->Restore(kModel, b, lease->key, lease->lease_id).ok());
+  EXPECT_TRUE(client_->Snapshot(kModel, b, {4, 5}).ok());  // evicts {1, 2} now
+
+  // Import: wrong tags, wrong size, bytes that decode to NaN.
+  ExportedState state = *client_->Export(kModel, a);
+  ExportedState other_model = state;
+  other_model.tags.set_model_id("someone-else");
+  auto tag_err = client_->Import(kModel, b, other_model);
+  EXPECT_EQ(tag_err.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(tag_err.message()), HasSubstr("tags.model_id"));
+  ExportedState other_layout = state;
+  other_layout.tags.set_layout_fingerprint(state.tags.layout_fingerprint() + 1);
+  EXPECT_EQ(client_->Import(kModel, b, other_layout).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ExportedState short_bytes = state;
+  short_bytes.packed.pop_back();
+  EXPECT_EQ(client_->Import(kModel, b, short_bytes).code(), absl::StatusCode::kInvalidArgument);
+  ExportedState nan_bytes = state;
+  std::memset(&nan_bytes.packed[0], 0xff, 64);  // fp16 hi rows -> NaN
+  const std::string b_before = client_->Export(kModel, b)->packed;
+  auto nan_err = client_->Import(kModel, b, nan_bytes);
+  EXPECT_EQ(nan_err.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(nan_err.message()), HasSubstr("packed"));
+  EXPECT_EQ(client_->Export(kModel, b)->packed, b_before);
+
+  // Release errors, drop with live slots.
+  EXPECT_EQ(client_->ReleaseSlots(kModel, {a, unknown}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->DropModel(kModel).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(client_->ReleaseSlots(kModel, {a, b}).ok());
+  EXPECT_EQ(client_->ReleaseSlots(kModel, {a}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(client_->DropModel(kModel).ok());
+  EXPECT_EQ(client_->DropModel(kModel).code(), absl::StatusCode::kNotFound);
+
+  const std::string scrape = server_->metrics().Scrape();
+  EXPECT_THAT(scrape, HasSubstr("statecache_rpcs_total{code=\"INVALID_ARGUMENT\",method=\"Update\"}"));
+}
+
+// Concurrent clients on distinct slots give the same results as serial runs.
+TEST_F(E2eTest, ConcurrentClientsMatchSerialRuns) {
+  const ModelGeometry geo = TinyGdn();
+  Register(kModel, geo, "damp:8", 8, 1);
+  constexpr int kClients = 4, kSteps = 25;
+  auto run = [&](StateCacheClient* client, int seed, std::vector<float>* outputs) {
+    std::mt19937 rng(seed);
+    auto slot = client->AllocateSlots(kModel, 1);
+    ASSERT_TRUE(slot.ok());
+    for (int step = 0; step < kSteps; ++step) {
+      for (int layer = 0; layer < geo.layers; ++layer) {
+        auto o = client->Update(kModel, Call(layer, *slot, MakeInputs(geo, 1, 1, &rng)));
+        ASSERT_TRUE(o.ok()) << o.status();
+        outputs->insert(outputs->end(), o->begin(), o->end());
+      }
+    }
+    ASSERT_TRUE(client->ReleaseSlots(kModel, *slot).ok());
+  };
+  std::vector<std::vector<float>> serial(kClients), parallel(kClients);
+  for (int c = 0; c < kClients; ++c) run(client_.get(), 100 + c, &serial[c]);
+  std::vector<std::unique_ptr<StateCacheClient>> clients;
+  for (int c = 0; c < kClients; ++c) clients.push_back(Connect());
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] { run(clients[c].get(), 100 + c, &parallel[c]); });
+  }
+  for (auto& t : threads) t.join();
+  for (int c = 0; c < kClients; ++c) {
+    EXPECT_TRUE(SameBits(parallel[c], serial[c])) << "client " << c;
+  }
+  auto model = server_->registry().Find(kModel);
+  ASSERT_TRUE(model.ok());
+  EXPECT_TRUE((*model)->slots->CheckInvariants().ok());
+  EXPECT_EQ((*model)->slots->stats().allocated, 0);
+}
+
+TEST_F(E2eTest, ShutdownDrainsAndRefusesNewCalls) {
+  Register(kModel, TinyGdn(), "fp32", 2, 0);
+  server_->Shutdown(absl::Seconds(2));
+  auto r = client_->AllocateSlots(kModel, 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace statecache
