@@ -41,9 +41,12 @@ def _cuda_objects_impl(ctx):
         args.add_all(_NVCC_FLAGS + ctx.attr.copts + include_flags)
         args.add("-c", src.path)
         args.add("-o", obj.path)
-        ctx.actions.run(
-            executable = _NVCC,
-            arguments = [args],
+        # linux-sandbox gives every nvcc the same PID, and nvcc names its
+        # temporaries /tmp/tmpxft_<pid>_*: parallel compiles would collide,
+        # so each one gets a private TMPDIR.
+        ctx.actions.run_shell(
+            command = 'd=$(mktemp -d) && TMPDIR="$d" "$@"; rc=$?; rm -rf "$d"; exit $rc',
+            arguments = [_NVCC, args],
             inputs = depset([src], transitive = [headers]),
             outputs = [obj],
             mnemonic = "NvccCompile",

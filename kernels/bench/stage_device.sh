@@ -1,0 +1,20 @@
+#!/bin/bash
+# Copies the GPU test and benchmark binaries plus the non-glibc shared
+# libraries they need into .device/ (git-ignored) for the device machine:
+#   bazel build //kernels/cuda:cuda_backend_test //kernels/bench:decode_bench
+#   kernels/bench/stage_device.sh
+# On the device: LD_LIBRARY_PATH=.device/lib .device/cuda_backend_test
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+rm -rf .device && mkdir -p .device/lib
+for bin in bazel-bin/kernels/cuda/cuda_backend_test bazel-bin/kernels/bench/decode_bench; do
+  cp -L "$bin" .device/
+  ldd "$bin" | awk '/=>/ {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;;
+      *) cp -Ln "$lib" .device/lib/ ;;
+    esac
+  done
+done
+cp kernels/bench/*.py .device/ 2>/dev/null || true
+du -sh .device

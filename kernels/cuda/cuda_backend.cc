@@ -1,0 +1,555 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/backend/batch_validation.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/cuda/internal/cuda_runtime.h"
+#include "kernels/cuda/internal/kernel_params.h"
+#include "kernels/cuda/internal/launchers.h"
+
+namespace statecache {
+namespace {
+
+namespace ci = cuda_internal;
+
+absl::Status CudaStatus(int code, absl::string_view what) {
+  if (code == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuda: ", what, ": ", ci::ErrorString(code)));
+}
+
+class DeviceBuffer : public BackendBuffer {
+ public:
+  DeviceBuffer(uint8_t* data, int64_t size) : data_(data), size_(size) {}
+  ~DeviceBuffer() override { ci::Free(data_); }
+  uint8_t* data() const override { return data_; }
+  int64_t size() const override { return size_; }
+
+ private:
+  uint8_t* data_;
+  int64_t size_;
+};
+
+// Device copies of a layout's maps.
+class CudaPreparedModel : public PreparedModel {
+ public:
+  explicit CudaPreparedModel(StateLayout layout) : layout_(std::move(layout)) {}
+  ~CudaPreparedModel() override {
+    for (void* p : {key_perm_, value_order_, value_scale_}) {
+      if (p != nullptr) ci::Free(p);
+    }
+  }
+  const StateLayout& layout() const override { return layout_; }
+
+  absl::Status Upload() {
+    if (!layout_.identity_key_perm()) {
+      RETURN_IF_ERROR(UploadVector(layout_.all_key_perms(), &key_perm_));
+    }
+    RETURN_IF_ERROR(UploadVector(layout_.all_value_orders(), &value_order_));
+    RETURN_IF_ERROR(UploadVector(layout_.all_value_scales(), &value_scale_));
+    return absl::OkStatus();
+  }
+
+  ci::HeadGeometry Geometry() const {
+    const ModelGeometry& g = layout_.geometry();
+    ci::HeadGeometry h;
+    h.format = layout_.format().format;
+    h.layout = layout_.head_layout();
+    h.h_qk = g.h_qk;
+    h.h_v = g.h_v;
+    h.d_k = g.d_k;
+    h.d_v = g.d_v;
+    h.kda = g.arch == Arch::kKda;
+    h.scale = g.EffectiveScale();
+    return h;
+  }
+  // All layers: [layers][h_v][d_k] etc.
+  const int32_t* key_perm() const { return static_cast<const int32_t*>(key_perm_); }
+  const int32_t* value_order() const { return static_cast<const int32_t*>(value_order_); }
+  const float* value_scale() const { return static_cast<const float*>(value_scale_); }
+
+  ci::LayerMaps Maps(int layer) const {
+    const ModelGeometry& g = layout_.geometry();
+    const int64_t heads_before = int64_t{layer} * g.h_v;
+    ci::LayerMaps m;
+    if (key_perm_ != nullptr) m.key_perm = key_perm() + heads_before * g.d_k;
+    if (value_order_ != nullptr) m.value_order = value_order() + heads_before * g.d_v;
+    if (value_scale_ != nullptr) m.value_scale = value_scale() + heads_before * g.d_v;
+    return m;
+  }
+
+ private:
+  template <typename T>
+  static absl::Status UploadVector(const std::vector<T>& v, void** out) {
+    if (v.empty()) return absl::OkStatus();
+    const int64_t bytes = static_cast<int64_t>(v.size() * sizeof(T));
+    if (ci::Malloc(out, bytes) != 0) {
+      *out = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat("cuda: cannot allocate ", bytes,
+                                                       " bytes for layout maps"));
+    }
+    return CudaStatus(ci::CopyHostToDevice(*out, v.data(), bytes), "upload layout maps");
+  }
+
+  StateLayout layout_;
+  void* key_perm_ = nullptr;
+  void* value_order_ = nullptr;
+  void* value_scale_ = nullptr;
+};
+
+ci::PoolParams PoolOf(const PoolView& pool) {
+  return ci::PoolParams{pool.base, pool.slot_bytes(), pool.layers};
+}
+
+class CudaBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create() {
+    int count = 0;
+    if (ci::GetDeviceCount(&count) != 0 || count == 0) {
+      return absl::UnavailableError("cuda: no CUDA device is usable");
+    }
+    ci::DeviceInfo info;
+    RETURN_IF_ERROR(CudaStatus(ci::GetDeviceInfo(0, &info), "device properties"));
+    if (info.cc_major != 9 || info.cc_minor != 0) {
+      return absl::UnavailableError(absl::StrCat("cuda: device 0 (", info.name,
+                                                 ") has compute capability ", info.cc_major, ".",
+                                                 info.cc_minor, "; kernels are built for 9.0"));
+    }
+    RETURN_IF_ERROR(CudaStatus(ci::SetDevice(0), "set device"));
+    std::unique_ptr<CudaBackend> b(new CudaBackend(info));
+    RETURN_IF_ERROR(CudaStatus(ci::StreamCreate(&b->stream_), "create stream"));
+    void* errors = nullptr;
+    RETURN_IF_ERROR(CudaStatus(ci::Malloc(&errors, kErrorBytes), "allocate error block"));
+    b->errors_ = static_cast<int32_t*>(errors);
+    void* host = nullptr;
+    RETURN_IF_ERROR(CudaStatus(ci::HostAllocPinned(&host, kErrorBytes), "allocate pinned"));
+    b->host_errors_ = static_cast<int32_t*>(host);
+    return b;
+  }
+
+  ~CudaBackend() override {
+    if (stream_ != nullptr) {
+      ci::StreamSynchronize(stream_);
+      ci::StreamDestroy(stream_);
+    }
+    if (errors_ != nullptr) ci::Free(errors_);
+    if (bitmap_ != nullptr) ci::Free(bitmap_);
+    if (host_errors_ != nullptr) ci::HostFreePinned(host_errors_);
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  std::string Describe() const override {
+    return absl::StrFormat("cuda backend, %s, %.1f GiB, %d SMs, L2 %d MiB", info_.name,
+                           info_.total_bytes / 1073741824.0, info_.multiprocessors,
+                           info_.l2_bytes >> 20);
+  }
+
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> Allocate(int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " is negative"));
+    const int64_t rounded = std::max<int64_t>(256, (bytes + 255) / 256 * 256);
+    void* p = nullptr;
+    if (ci::Malloc(&p, rounded) != 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda: cannot allocate ", bytes, " bytes of device memory"));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    int rc = ci::MemsetAsync(p, 0, rounded, stream_);
+    if (rc == 0) rc = ci::StreamSynchronize(stream_);
+    if (rc != 0) {
+      ci::Free(p);
+      return CudaStatus(rc, "zero new buffer");
+    }
+    return std::unique_ptr<BackendBuffer>(new DeviceBuffer(static_cast<uint8_t*>(p), bytes));
+  }
+
+  absl::StatusOr<int64_t> AvailableBytes() const override {
+    int64_t free_bytes = 0, total = 0;
+    RETURN_IF_ERROR(CudaStatus(ci::MemGetInfo(&free_bytes, &total), "memory info"));
+    return free_bytes;
+  }
+
+  absl::Status CopyIn(void* dst, const void* src, int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("copy: null pointer");
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "sync"));
+    return CudaStatus(ci::CopyHostToDevice(dst, src, bytes), "copy in");
+  }
+
+  absl::Status CopyOut(void* dst, const void* src, int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("copy: null pointer");
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "sync"));
+    return CudaStatus(ci::CopyDeviceToHost(dst, src, bytes), "copy out");
+  }
+
+  absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override {
+    const ModelGeometry& g = layout.geometry();
+    if (!ci::TilingSupported(g.d_k, g.d_v)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "cuda: head shape d_k=", g.d_k, " d_v=", g.d_v,
+          " needs more than 256 threads per head (d_v/32 * ceil(d_k/64) must be <= 8)"));
+    }
+    auto model = std::make_unique<CudaPreparedModel>(layout);
+    RETURN_IF_ERROR(model->Upload());
+    return std::unique_ptr<PreparedModel>(std::move(model));
+  }
+
+  absl::Status DecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
+                            const DecodeInputs& in) override {
+    ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
+    const StateLayout& layout = m->layout();
+    RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
+    RETURN_IF_ERROR(CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v, in.g,
+                                       in.beta));
+    if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
+    if (in.batch == 0) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(ValidateOnDevice(layout, pool, in.batch, 1, in.slots, in.dtype, in.q, in.k,
+                                     in.v, in.g, in.beta));
+    RETURN_IF_ERROR(EnqueueRecurrence(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k,
+                                      in.v, in.g, in.beta, in.o));
+    return CudaStatus(ci::StreamSynchronize(stream_), "decode update");
+  }
+
+  absl::Status Prefill(const PreparedModel& model, const PoolView& pool, int layer,
+                       const PrefillInputs& in) override {
+    ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
+    const StateLayout& layout = m->layout();
+    RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
+    if (in.tokens < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("tokens: ", in.tokens, " (must be >= 1)"));
+    }
+    RETURN_IF_ERROR(CheckTokenPointers(in.batch, in.tokens, in.slots, in.dtype, in.q, in.k, in.v,
+                                       in.g, in.beta));
+    if (in.batch == 0) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(ValidateOnDevice(layout, pool, in.batch, in.tokens, in.slots, in.dtype, in.q,
+                                     in.k, in.v, in.g, in.beta));
+    RETURN_IF_ERROR(EnqueueRecurrence(*m, pool, layer, in.batch, in.tokens, in.slots, in.dtype,
+                                      in.q, in.k, in.v, in.g, in.beta, in.o));
+    return CudaStatus(ci::StreamSynchronize(stream_), "prefill");
+  }
+
+  absl::Status PackStates(const PreparedModel& model, const PoolView& pool, const int32_t* slots,
+                          int n, const float* states) override {
+    return PackOrUnpack(model, pool, slots, n, const_cast<float*>(states), true);
+  }
+
+  absl::Status UnpackStates(const PreparedModel& model, const PoolView& pool,
+                            const int32_t* slots, int n, float* states) override {
+    return PackOrUnpack(model, pool, slots, n, states, false);
+  }
+
+  absl::Status CopySlots(const PoolView& src, const int32_t* src_slots, const PoolView& dst,
+                         const int32_t* dst_slots, int n) override {
+    if (src.slot_bytes() != dst.slot_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool: slot sizes differ (", src.slot_bytes(), " vs ", dst.slot_bytes(), " bytes)"));
+    }
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
+    if (n == 0) return absl::OkStatus();
+    if (src_slots == nullptr) return absl::InvalidArgumentError("src_slots: null");
+    if (dst_slots == nullptr) return absl::InvalidArgumentError("dst_slots: null");
+    if (src.base == nullptr) return absl::InvalidArgumentError("src: pool base is null");
+    if (dst.base == nullptr) return absl::InvalidArgumentError("dst: pool base is null");
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(BeginValidation(std::max(src.num_slots, dst.num_slots)));
+    RETURN_IF_ERROR(CudaStatus(
+        ci::LaunchValidateSlots(src_slots, n, src.num_slots, false, bitmap_, errors_,
+                                ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_),
+        "validate src slots"));
+    RETURN_IF_ERROR(CudaStatus(ci::MemsetAsync(bitmap_, 0, BitmapBytes(dst.num_slots), stream_),
+                               "clear bitmap"));
+    RETURN_IF_ERROR(CudaStatus(
+        ci::LaunchValidateSlots(dst_slots, n, dst.num_slots, false, bitmap_, errors_,
+                                ci::kErrDstSlotRange, ci::kErrDstSlotDuplicate, stream_),
+        "validate dst slots"));
+    RETURN_IF_ERROR(FinishValidation(src_slots, dst_slots, src.num_slots, dst.num_slots));
+    RETURN_IF_ERROR(CudaStatus(ci::LaunchCopySlots(src.base, src_slots, dst.base, dst_slots,
+                                                   src.slot_bytes(), n, stream_),
+                               "copy slots"));
+    return CudaStatus(ci::StreamSynchronize(stream_), "copy slots");
+  }
+
+  absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) override {
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
+    if (n == 0) return absl::OkStatus();
+    if (slots == nullptr) return absl::InvalidArgumentError("slots: null");
+    if (pool.base == nullptr) return absl::InvalidArgumentError("pool: base is null");
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(BeginValidation(pool.num_slots));
+    RETURN_IF_ERROR(CudaStatus(
+        ci::LaunchValidateSlots(slots, n, pool.num_slots, true, bitmap_, errors_,
+                                ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_),
+        "validate slots"));
+    RETURN_IF_ERROR(FinishValidation(slots, nullptr, pool.num_slots, 0));
+    RETURN_IF_ERROR(CudaStatus(ci::LaunchZeroSlots(pool.base, slots, pool.slot_bytes(), n, stream_),
+                               "zero slots"));
+    return CudaStatus(ci::StreamSynchronize(stream_), "zero slots");
+  }
+
+  // ---- Benchmark hooks ----------------------------------------------------
+  absl::Status EnqueueDecodeUnchecked(const PreparedModel& model, const PoolView& pool, int layer,
+                                      const DecodeInputs& in) {
+    ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
+    std::lock_guard<std::mutex> lock(mu_);
+    return EnqueueRecurrence(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
+                             in.g, in.beta, in.o);
+  }
+  absl::Status EnqueueCopyUnchecked(const PoolView& src, const int32_t* src_slots,
+                                    const PoolView& dst, const int32_t* dst_slots, int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return CudaStatus(ci::LaunchCopySlots(src.base, src_slots, dst.base, dst_slots,
+                                          src.slot_bytes(), n, stream_),
+                      "copy slots");
+  }
+  absl::Status Synchronize() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return CudaStatus(ci::StreamSynchronize(stream_), "synchronize");
+  }
+  void* stream() const { return stream_; }
+
+ private:
+  static constexpr int64_t kErrorBytes = 4 * ci::kNumValidationFields;
+
+  explicit CudaBackend(const ci::DeviceInfo& info) : info_(info) {}
+
+  static absl::StatusOr<const CudaPreparedModel*> Cast(const PreparedModel& model) {
+    const auto* m = dynamic_cast<const CudaPreparedModel*>(&model);
+    if (m == nullptr) {
+      return absl::InvalidArgumentError("model: was not prepared by the CUDA backend");
+    }
+    return m;
+  }
+
+  static int64_t BitmapBytes(int64_t num_slots) { return ((num_slots + 31) / 32) * 4; }
+
+  static absl::Status CheckTokenPointers(int batch, int tokens, const int32_t* slots, DType dtype,
+                                         const void* q, const void* k, const void* v,
+                                         const float* g, const float* beta) {
+    if (batch < 0) return absl::InvalidArgumentError(absl::StrCat("batch: ", batch, " is negative"));
+    if (dtype != DType::kFp32 && dtype != DType::kBf16 && dtype != DType::kFp16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype: unknown code ", static_cast<int>(dtype)));
+    }
+    if (batch == 0) return absl::OkStatus();
+    if (slots == nullptr) return absl::InvalidArgumentError("slots: null");
+    if (q == nullptr) return absl::InvalidArgumentError("q: null");
+    if (k == nullptr) return absl::InvalidArgumentError("k: null");
+    if (v == nullptr) return absl::InvalidArgumentError("v: null");
+    if (g == nullptr) return absl::InvalidArgumentError("g: null");
+    if (beta == nullptr) return absl::InvalidArgumentError("beta: null");
+    (void)tokens;
+    return absl::OkStatus();
+  }
+
+  // Resets the error block and a bitmap for num_slots (mu_ held).
+  absl::Status BeginValidation(int64_t num_slots) {
+    const int64_t bytes = std::max<int64_t>(4, BitmapBytes(num_slots));
+    if (bytes > bitmap_bytes_) {
+      if (bitmap_ != nullptr) ci::Free(bitmap_);
+      bitmap_ = nullptr;
+      bitmap_bytes_ = 0;
+      void* p = nullptr;
+      if (ci::Malloc(&p, bytes) != 0) {
+        return absl::ResourceExhaustedError("cuda: cannot allocate the slot bitmap");
+      }
+      bitmap_ = static_cast<uint32_t*>(p);
+      bitmap_bytes_ = bytes;
+    }
+    RETURN_IF_ERROR(CudaStatus(ci::MemsetAsync(errors_, 0x7f, kErrorBytes, stream_), "reset"));
+    return CudaStatus(ci::MemsetAsync(bitmap_, 0, bytes, stream_), "clear bitmap");
+  }
+
+  // Reads the error block back and turns the first error into a status.
+  absl::Status FinishValidation(const int32_t* slots, const int32_t* dst_slots, int64_t num_slots,
+                                int64_t dst_num_slots) {
+    RETURN_IF_ERROR(CudaStatus(
+        ci::CopyDeviceToHostAsync(host_errors_, errors_, kErrorBytes, stream_), "read errors"));
+    RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "validation"));
+    int32_t e[ci::kNumValidationFields];
+    std::memcpy(e, host_errors_, sizeof(e));
+    auto slot_value = [&](const int32_t* arr, int32_t i) -> std::string {
+      int32_t v = 0;
+      if (ci::StreamSynchronize(stream_) != 0 || ci::CopyDeviceToHost(&v, arr + i, 4) != 0) {
+        return "?";
+      }
+      return absl::StrCat(v);
+    };
+    const char* range_name = dst_slots != nullptr ? "src_slots" : "slots";
+    if (e[ci::kErrSlotRange] != ci::kNoError) {
+      const int32_t i = e[ci::kErrSlotRange];
+      return absl::InvalidArgumentError(absl::StrCat(range_name, "[", i, "]: ",
+                                                     slot_value(slots, i), " is outside 0..",
+                                                     num_slots - 1));
+    }
+    if (e[ci::kErrSlotDuplicate] != ci::kNoError) {
+      const int32_t i = e[ci::kErrSlotDuplicate];
+      return absl::InvalidArgumentError(absl::StrCat(range_name, "[", i, "]: slot ",
+                                                     slot_value(slots, i),
+                                                     " appears twice in one batch"));
+    }
+    if (e[ci::kErrDstSlotRange] != ci::kNoError) {
+      const int32_t i = e[ci::kErrDstSlotRange];
+      return absl::InvalidArgumentError(absl::StrCat("dst_slots[", i, "]: ",
+                                                     slot_value(dst_slots, i), " is outside 0..",
+                                                     dst_num_slots - 1));
+    }
+    if (e[ci::kErrDstSlotDuplicate] != ci::kNoError) {
+      const int32_t i = e[ci::kErrDstSlotDuplicate];
+      return absl::InvalidArgumentError(absl::StrCat("dst_slots[", i, "]: slot ",
+                                                     slot_value(dst_slots, i),
+                                                     " appears twice in one batch"));
+    }
+    static constexpr struct {
+      int field;
+      const char* name;
+      const char* what;
+    } kValueFields[] = {
+        {ci::kErrQ, "q", "is not finite"},
+        {ci::kErrK, "k", "is not finite"},
+        {ci::kErrV, "v", "is not finite"},
+        {ci::kErrG, "g", "is not finite or is positive (g is a log decay, must be <= 0)"},
+        {ci::kErrBeta, "beta", "is not finite or is outside [0, 2]"},
+        {ci::kErrStates, "states", "is not finite"},
+    };
+    for (const auto& f : kValueFields) {
+      if (e[f.field] != ci::kNoError) {
+        return absl::InvalidArgumentError(absl::StrCat(f.name, "[", e[f.field], "]: ", f.what));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ValidateOnDevice(const StateLayout& layout, const PoolView& pool, int batch,
+                                int tokens, const int32_t* slots, DType dtype, const void* q,
+                                const void* k, const void* v, const float* g, const float* beta) {
+    const ModelGeometry& geo = layout.geometry();
+    const int64_t rows = int64_t{batch} * tokens;
+    const int dt = static_cast<int>(dtype);
+    RETURN_IF_ERROR(BeginValidation(pool.num_slots));
+    int rc = ci::LaunchValidateSlots(slots, batch, pool.num_slots, true, bitmap_, errors_,
+                                     ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_);
+    if (rc == 0) rc = ci::LaunchValidateValues(dt, q, rows * geo.h_qk * geo.d_k, 0, errors_, ci::kErrQ, stream_);
+    if (rc == 0) rc = ci::LaunchValidateValues(dt, k, rows * geo.h_qk * geo.d_k, 0, errors_, ci::kErrK, stream_);
+    if (rc == 0) rc = ci::LaunchValidateValues(dt, v, rows * geo.h_v * geo.d_v, 0, errors_, ci::kErrV, stream_);
+    if (rc == 0) rc = ci::LaunchValidateValues(0, g, rows * geo.h_v * geo.GateWidth(), 1, errors_, ci::kErrG, stream_);
+    if (rc == 0) rc = ci::LaunchValidateValues(0, beta, rows * geo.h_v, 2, errors_, ci::kErrBeta, stream_);
+    RETURN_IF_ERROR(CudaStatus(rc, "validation kernels"));
+    return FinishValidation(slots, nullptr, pool.num_slots, 0);
+  }
+
+  absl::Status EnqueueRecurrence(const CudaPreparedModel& m, const PoolView& pool, int layer,
+                                 int batch, int tokens, const int32_t* slots, DType dtype,
+                                 const void* q, const void* k, const void* v, const float* g,
+                                 const float* beta, float* o) {
+    ci::RecurrenceParams p;
+    p.geo = m.Geometry();
+    p.maps = m.Maps(layer);
+    p.pool = PoolOf(pool);
+    p.layer = layer;
+    p.batch = batch;
+    p.tokens = tokens;
+    p.slots = slots;
+    p.dtype = static_cast<int>(dtype);
+    p.q = q;
+    p.k = k;
+    p.v = v;
+    p.g = g;
+    p.beta = beta;
+    p.o = o;
+    return CudaStatus(ci::LaunchRecurrence(p, stream_), "recurrence kernel");
+  }
+
+  absl::Status PackOrUnpack(const PreparedModel& model, const PoolView& pool,
+                            const int32_t* slots, int n, float* states, bool pack) {
+    ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
+    const StateLayout& layout = m->layout();
+    RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, 0));
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
+    if (n == 0) return absl::OkStatus();
+    if (slots == nullptr) return absl::InvalidArgumentError("slots: null");
+    if (states == nullptr) return absl::InvalidArgumentError("states: null");
+    const ModelGeometry& geo = layout.geometry();
+    const int64_t values = int64_t{n} * geo.HeadsPerSlot() * geo.d_k * geo.d_v;
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(BeginValidation(pool.num_slots));
+    int rc = ci::LaunchValidateSlots(slots, n, pool.num_slots, true, bitmap_, errors_,
+                                     ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_);
+    if (rc == 0 && pack) {
+      rc = ci::LaunchValidateValues(0, states, values, 0, errors_, ci::kErrStates, stream_);
+    }
+    RETURN_IF_ERROR(CudaStatus(rc, "validation kernels"));
+    RETURN_IF_ERROR(FinishValidation(slots, nullptr, pool.num_slots, 0));
+    ci::PackParams p;
+    p.geo = m->Geometry();
+    p.key_perm = m->key_perm();
+    p.value_order = m->value_order();
+    p.value_scale = m->value_scale();
+    p.pool = PoolOf(pool);
+    p.slots = slots;
+    p.n = n;
+    p.states = states;
+    RETURN_IF_ERROR(CudaStatus(pack ? ci::LaunchPack(p, stream_) : ci::LaunchUnpack(p, stream_),
+                               pack ? "pack kernel" : "unpack kernel"));
+    return CudaStatus(ci::StreamSynchronize(stream_), pack ? "pack" : "unpack");
+  }
+
+  const ci::DeviceInfo info_;
+  mutable std::mutex mu_;
+  void* stream_ = nullptr;
+  int32_t* errors_ = nullptr;       // device [kNumValidationFields]
+  int32_t* host_errors_ = nullptr;  // pinned host copy
+  uint32_t* bitmap_ = nullptr;      // device slot bitmap
+  int64_t bitmap_bytes_ = 0;
+};
+
+absl::StatusOr<CudaBackend*> AsCuda(Backend& backend) {
+  auto* b = dynamic_cast<CudaBackend*>(&backend);
+  if (b == nullptr) return absl::InvalidArgumentError("backend: not a CUDA backend");
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend() {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::Create());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+absl::Status CudaEnqueueDecodeUnchecked(Backend& backend, const PreparedModel& model,
+                                        const PoolView& pool, int layer, const DecodeInputs& in) {
+  ASSIGN_OR_RETURN(CudaBackend * b, AsCuda(backend));
+  return b->EnqueueDecodeUnchecked(model, pool, layer, in);
+}
+
+absl::Status CudaEnqueueCopySlotsUnchecked(Backend& backend, const PoolView& src,
+                                           const int32_t* src_slots, const PoolView& dst,
+                                           const int32_t* dst_slots, int n) {
+  ASSIGN_OR_RETURN(CudaBackend * b, AsCuda(backend));
+  return b->EnqueueCopyUnchecked(src, src_slots, dst, dst_slots, n);
+}
+
+absl::Status CudaSynchronize(Backend& backend) {
+  ASSIGN_OR_RETURN(CudaBackend * b, AsCuda(backend));
+  return b->Synchronize();
+}
+
+absl::StatusOr<void*> CudaStreamOf(Backend& backend) {
+  ASSIGN_OR_RETURN(CudaBackend * b, AsCuda(backend));
+  return b->stream();
+}
+
+}  // namespace statecache

@@ -1,0 +1,48 @@
+// CudaBackend: the GPU implementation of Backend (kernels/backend/backend.h).
+//
+// Memory is device memory (cudaMalloc, zero-filled). DecodeUpdate / Prefill
+// run one fused kernel per call (decode_math.h states its exact arithmetic,
+// recurrence_kernel.cu its design); PackStates / UnpackStates, CopySlots and
+// ZeroSlots are one kernel each. Every call is a binding: it checks shapes on
+// the host, then runs a validation kernel over the device-resident slots and
+// inputs (slot range, duplicates, NaN / Inf in q, k, v, g <= 0, beta in
+// [0, 2], as batch_validation.h does on the CPU) and reads back one small
+// error block; on any error it returns kInvalidArgument naming the field and
+// index, and nothing is written. Calls are synchronous and serialized by an
+// internal mutex (thread-safe). Head shapes need at most 256 threads per head
+// (d_v / 32 * ceil(d_k / 64) <= 8, e.g. 128 x 128); Prepare returns
+// kUnimplemented otherwise.
+//
+// This header is plain C++ (no CUDA types) so host code can include it.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Backend> gpu, CreateCudaBackend());
+#ifndef STATECACHE_KERNELS_CUDA_CUDA_BACKEND_H_
+#define STATECACHE_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend/backend.h"
+
+namespace statecache {
+
+// A CudaBackend on device 0, or kUnavailable when no usable GPU (compute
+// capability 9.0, the kernels are built for sm_90a) is present.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend();
+
+// Benchmark hooks on a Backend made by CreateCudaBackend: enqueue the decode
+// kernel without validation or synchronization (inputs must already be
+// valid), and wait for the backend's stream. kInvalidArgument when `backend`
+// is not a CUDA backend.
+absl::Status CudaEnqueueDecodeUnchecked(Backend& backend, const PreparedModel& model,
+                                        const PoolView& pool, int layer, const DecodeInputs& in);
+absl::Status CudaEnqueueCopySlotsUnchecked(Backend& backend, const PoolView& src,
+                                           const int32_t* src_slots, const PoolView& dst,
+                                           const int32_t* dst_slots, int n);
+absl::Status CudaSynchronize(Backend& backend);
+// The backend's cudaStream_t, as void* (for events in benchmarks).
+absl::StatusOr<void*> CudaStreamOf(Backend& backend);
+
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,655 @@
+// GPU vs CPU-reference tests of the CUDA backend. Without a usable GPU every
+// test skips (GTEST_SKIP), so CI builds and "passes" it; run it on the device.
+//
+// The reference is the shared codec (DecodeHead / EncodeHead, ValueToStored /
+// ValueFromStored) plus decode_math.h's ReferenceHeadStep, which states the
+// kernel's exact arithmetic: packed bytes must be identical and outputs equal
+// to 1e-5 relative (in practice bit-identical). Rounding-tie mismatches would
+// be counted and printed; the expected count is 0.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/decode_math.h"
+#include "kernels/formats/format.h"
+#include "kernels/formats/head_codec.h"
+#include "kernels/formats/numeric.h"
+#include "kernels/formats/value_transform.h"
+#include "kernels/layout/state_layout.h"
+
+namespace statecache {
+namespace {
+
+std::unique_ptr<Backend>& Gpu() {
+  static auto* backend = new std::unique_ptr<Backend>([] {
+    absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend();
+    if (!b.ok()) return std::unique_ptr<Backend>();
+    return std::move(b).value();
+  }());
+  return *backend;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (Gpu() == nullptr) GTEST_SKIP() << "no usable CUDA device"
+
+// A device buffer with host staging.
+struct DeviceArray {
+  std::unique_ptr<BackendBuffer> buf;
+  template <typename T>
+  static DeviceArray From(const std::vector<T>& host) {
+    DeviceArray a;
+    a.buf = Gpu()->Allocate(static_cast<int64_t>(host.size() * sizeof(T))).value();
+    if (!host.empty()) {
+      EXPECT_TRUE(Gpu()->CopyIn(a.buf->data(), host.data(), host.size() * sizeof(T)).ok());
+    }
+    return a;
+  }
+  template <typename T>
+  std::vector<T> To(size_t n) const {
+    std::vector<T> out(n);
+    EXPECT_TRUE(Gpu()->CopyOut(out.data(), buf->data(), n * sizeof(T)).ok());
+    return out;
+  }
+  template <typename T>
+  T* ptr() const { return reinterpret_cast<T*>(buf->data()); }
+};
+
+StateLayout MakeLayout(Arch arch, StateFormat format, int d_k, int d_v, uint32_t seed,
+                       bool identity = false) {
+  ModelGeometry g;
+  g.arch = arch;
+  g.layers = 2;
+  g.h_v = 4;
+  g.h_qk = arch == Arch::kKda ? 4 : 2;
+  g.d_k = d_k;
+  g.d_v = d_v;
+  FormatSpec spec{format, IsMixedFormat(format) ? 16 : 0};
+  if (identity) return StateLayout::Identity(g, spec).value();
+  std::mt19937 rng(seed);
+  const int heads = g.layers * g.h_v;
+  std::vector<int32_t> perm(heads * d_k);
+  for (int h = 0; h < heads; ++h) {
+    for (int i = 0; i < d_k; ++i) perm[h * d_k + i] = i;
+    std::shuffle(perm.begin() + h * d_k, perm.begin() + (h + 1) * d_k, rng);
+  }
+  std::vector<int32_t> order;
+  std::vector<float> scale;
+  if (format == StateFormat::kDampSr) {
+    order.resize(heads * d_v);
+    scale.resize(heads * d_v);
+    std::uniform_real_distribution<float> u(0.5f, 2.0f);
+    for (int h = 0; h < heads; ++h) {
+      for (int j = 0; j < d_v; ++j) order[h * d_v + j] = j;
+      std::shuffle(order.begin() + h * d_v, order.begin() + (h + 1) * d_v, rng);
+    }
+    for (float& s : scale) s = u(rng);
+  }
+  return StateLayout::Create(g, spec, std::move(perm), std::move(order), std::move(scale)).value();
+}
+
+// Host inputs of `rows` tokens (batch * tokens) for one layer.
+struct HostInputs {
+  DType dtype = DType::kFp32;
+  std::vector<float> q, k, v, g, beta;  // float values (exactly representable in dtype)
+  std::vector<uint16_t> q16, k16, v16;  // bits when dtype != fp32
+
+  static HostInputs Random(const ModelGeometry& geo, int64_t rows, DType dtype, std::mt19937& rng) {
+    HostInputs in;
+    in.dtype = dtype;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+    auto normalized = [&](std::vector<float>& x, int64_t n, int d) {
+      x.resize(n * d);
+      for (int64_t i = 0; i < n; ++i) {
+        float s = 0;
+        for (int j = 0; j < d; ++j) {
+          x[i * d + j] = normal(rng);
+          s += x[i * d + j] * x[i * d + j];
+        }
+        for (int j = 0; j < d; ++j) x[i * d + j] /= std::sqrt(s);
+      }
+    };
+    normalized(in.q, rows * geo.h_qk, geo.d_k);
+    normalized(in.k, rows * geo.h_qk, geo.d_k);
+    in.v.resize(rows * geo.h_v * geo.d_v);
+    for (float& x : in.v) x = normal(rng);
+    in.g.resize(rows * geo.h_v * geo.GateWidth());
+    for (float& x : in.g) x = -0.4f * uni(rng) - 0.01f;
+    in.beta.resize(rows * geo.h_v);
+    for (float& x : in.beta) x = 0.1f + 0.8f * uni(rng);
+    if (dtype != DType::kFp32) {
+      auto round = [&](std::vector<float>& x, std::vector<uint16_t>& bits) {
+        bits.resize(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          bits[i] = dtype == DType::kBf16 ? FloatToBf16Bits(x[i]) : FloatToHalfBits(x[i]);
+          x[i] = dtype == DType::kBf16 ? Bf16BitsToFloat(bits[i]) : HalfBitsToFloat(bits[i]);
+        }
+      };
+      round(in.q, in.q16);
+      round(in.k, in.k16);
+      round(in.v, in.v16);
+    }
+    return in;
+  }
+};
+
+struct DeviceInputs {
+  DeviceArray q, k, v, g, beta;
+  explicit DeviceInputs(const HostInputs& in) {
+    if (in.dtype == DType::kFp32) {
+      q = DeviceArray::From(in.q);
+      k = DeviceArray::From(in.k);
+      v = DeviceArray::From(in.v);
+    } else {
+      q = DeviceArray::From(in.q16);
+      k = DeviceArray::From(in.k16);
+      v = DeviceArray::From(in.v16);
+    }
+    g = DeviceArray::From(in.g);
+    beta = DeviceArray::From(in.beta);
+  }
+};
+
+// The reference: one token for (item b, head h) on the working state w.
+void ReferenceToken(const StateLayout& layout, int layer, int h, const HostInputs& in,
+                    int64_t row, std::vector<float>& w, float* o_out) {
+  const ModelGeometry& geo = layout.geometry();
+  const int kh = geo.KeyHeadOf(h);
+  const int32_t* perm = layout.key_perm(layer, h);
+  std::vector<float> a(geo.d_k), k(geo.d_k), qs(geo.d_k), v(geo.d_v), vp(geo.d_v), op(geo.d_v);
+  const int64_t qk = (row * geo.h_qk + kh) * geo.d_k;
+  const int64_t gh = row * geo.h_v + h;
+  for (int r = 0; r < geo.d_k; ++r) {
+    const int c = perm[r];
+    k[r] = in.k[qk + c];
+    qs[r] = geo.EffectiveScale() * in.q[qk + c];
+    a[r] = DecayExp(geo.arch == Arch::kKda ? in.g[gh * geo.d_k + c] : in.g[gh]);
+  }
+  for (int j = 0; j < geo.d_v; ++j) v[j] = in.v[gh * geo.d_v + j];
+  const ValueMap map{layout.head_layout().transform, layout.value_order(layer, h),
+                     layout.value_scale(layer, h)};
+  ValueToStored(map, v.data(), vp.data(), geo.d_v);
+  ReferenceHeadStep(geo.d_k, geo.d_v, a.data(), k.data(), qs.data(), in.beta[gh], vp.data(),
+                    w.data(), op.data());
+  if (o_out != nullptr) ValueFromStored(map, op.data(), o_out, geo.d_v);
+}
+
+// Runs `tokens` reference steps of one layer on a host copy of the pool
+// (decode when per_token_encode, else prefill: encode once at the end).
+void ReferenceLayer(const StateLayout& layout, const PoolView& host_pool, int layer,
+                    const std::vector<int32_t>& slots, int tokens, const HostInputs& in,
+                    bool per_token_encode, std::vector<float>* o) {
+  const ModelGeometry& geo = layout.geometry();
+  const PackedHeadLayout& hl = layout.head_layout();
+  std::vector<float> w(geo.d_k * geo.d_v);
+  for (size_t b = 0; b < slots.size(); ++b) {
+    for (int h = 0; h < geo.h_v; ++h) {
+      if (slots[b] < 0) continue;
+      uint8_t* head = host_pool.head(slots[b], layer, h);
+      DecodeHead(hl, head, w.data());
+      for (int t = 0; t < tokens; ++t) {
+        const int64_t row = static_cast<int64_t>(b) * tokens + t;
+        float* o_out = o == nullptr ? nullptr : o->data() + (row * geo.h_v + h) * geo.d_v;
+        ReferenceToken(layout, layer, h, in, row, w, o_out);
+        if (per_token_encode) {
+          EncodeHead(hl, w.data(), head);
+          if (t + 1 < tokens) DecodeHead(hl, head, w.data());
+        }
+      }
+      if (!per_token_encode) EncodeHead(hl, w.data(), head);
+    }
+  }
+}
+
+std::vector<float> RandomStates(const ModelGeometry& geo, int n, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<float> s(int64_t{n} * geo.HeadsPerSlot() * geo.d_k * geo.d_v);
+  for (float& x : s) x = normal(rng);
+  return s;
+}
+
+int64_t CountMismatches(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+double MaxRelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double norm = 0, worst = 0;
+  for (float x : want) norm = std::max(norm, static_cast<double>(std::fabs(x)));
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+  }
+  return norm > 0 ? worst / norm : worst;
+}
+
+struct Case {
+  Arch arch;
+  StateFormat format;
+  DType dtype;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  std::string s = absl::StrCat(ArchName(info.param.arch), "_", FormatName(info.param.format), "_",
+                               DTypeName(info.param.dtype));
+  for (char& c : s) if (c == '-') c = '_';
+  return s;
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (StateFormat f : AllStateFormats()) {
+    cases.push_back({Arch::kGdn, f, DType::kFp32});
+    cases.push_back({Arch::kKda, f, DType::kFp32});
+  }
+  cases.push_back({Arch::kGdn, StateFormat::kDamp, DType::kBf16});
+  cases.push_back({Arch::kGdn, StateFormat::kDampSr, DType::kFp16});
+  cases.push_back({Arch::kKda, StateFormat::kInt8Hadamard, DType::kBf16});
+  return cases;
+}
+
+class GpuAgreementTest : public ::testing::TestWithParam<Case> {};
+
+// Pack (vs the CPU backend), N decode steps (vs the reference), slots outside
+// the batch untouched, -1 skipped with o zeroed.
+TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 11);
+  const ModelGeometry& geo = layout.geometry();
+  auto gpu_model = Gpu()->Prepare(layout).value();
+  auto cpu = CpuBackend::Create({2});
+  auto cpu_model = cpu->Prepare(layout).value();
+
+  const int num_slots = 6;
+  const int64_t head_bytes = layout.head_layout().head_bytes;
+  const int64_t pool_bytes = num_slots * layout.slot_bytes();
+  auto gpu_pool_buf = Gpu()->Allocate(pool_bytes).value();
+  auto cpu_pool_buf = cpu->Allocate(pool_bytes).value();
+  const PoolView gpu_pool{gpu_pool_buf->data(), num_slots, geo.layers, geo.h_v, head_bytes};
+  const PoolView cpu_pool{cpu_pool_buf->data(), num_slots, geo.layers, geo.h_v, head_bytes};
+
+  std::mt19937 rng(1234 + static_cast<int>(c.format) * 7 + static_cast<int>(c.arch));
+  const std::vector<int32_t> all_slots = {0, 1, 2, 3, 4, 5};
+  const std::vector<float> states = RandomStates(geo, num_slots, rng);
+  DeviceArray d_states = DeviceArray::From(states);
+  DeviceArray d_all = DeviceArray::From(all_slots);
+  ASSERT_TRUE(Gpu()->PackStates(*gpu_model, gpu_pool, d_all.ptr<int32_t>(), num_slots,
+                                d_states.ptr<float>()).ok());
+  ASSERT_TRUE(cpu->PackStates(*cpu_model, cpu_pool, all_slots.data(), num_slots, states.data()).ok());
+  std::vector<uint8_t> ref(cpu_pool_buf->data(), cpu_pool_buf->data() + pool_bytes);
+  std::vector<uint8_t> got(pool_bytes);
+  ASSERT_TRUE(Gpu()->CopyOut(got.data(), gpu_pool_buf->data(), pool_bytes).ok());
+  ASSERT_EQ(CountMismatches(got, ref), 0) << "pack bytes differ from the CPU backend";
+
+  // Upload the packed pool again into a fresh buffer we keep.
+  DeviceArray pool_arr = DeviceArray::From(got);
+  const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
+  const std::vector<int32_t> batch_slots = {4, -1, 1, 2};
+  const int batch = static_cast<int>(batch_slots.size());
+  DeviceArray d_slots = DeviceArray::From(batch_slots);
+  const int layer = 1;
+  int64_t total_mismatch = 0;
+  double worst_o = 0;
+  for (int step = 0; step < 3; ++step) {
+    HostInputs in = HostInputs::Random(geo, batch, c.dtype, rng);
+    DeviceInputs din(in);
+    std::vector<float> o_ref(batch * geo.h_v * geo.d_v, 0.0f);
+    DeviceArray d_o = DeviceArray::From(std::vector<float>(o_ref.size(), 12345.0f));
+    DecodeInputs di;
+    di.batch = batch;
+    di.slots = d_slots.ptr<int32_t>();
+    di.dtype = c.dtype;
+    di.q = din.q.buf->data();
+    di.k = din.k.buf->data();
+    di.v = din.v.buf->data();
+    di.g = din.g.ptr<float>();
+    di.beta = din.beta.ptr<float>();
+    di.o = d_o.ptr<float>();
+    const absl::Status s = Gpu()->DecodeUpdate(*gpu_model, pool, layer, di);
+    ASSERT_TRUE(s.ok()) << s;
+    const PoolView host_pool{ref.data(), num_slots, geo.layers, geo.h_v, head_bytes};
+    ReferenceLayer(layout, host_pool, layer, batch_slots, 1, in, true, &o_ref);
+    const std::vector<float> o = d_o.To<float>(o_ref.size());
+    worst_o = std::max(worst_o, MaxRelError(o, o_ref));
+    for (int h = 0; h < geo.h_v; ++h) {
+      for (int j = 0; j < geo.d_v; ++j) {
+        ASSERT_EQ(o[(1 * geo.h_v + h) * geo.d_v + j], 0.0f) << "o of the skipped item";
+      }
+    }
+    const std::vector<uint8_t> now = pool_arr.To<uint8_t>(pool_bytes);
+    total_mismatch += CountMismatches(now, ref);
+    // Continue from the GPU bytes so a (counted) tie does not snowball.
+    ref = now;
+  }
+  EXPECT_EQ(total_mismatch, 0) << "packed-state bytes differing from the reference (ties)";
+  EXPECT_LT(worst_o, 1e-5);
+  // Slots 0, 3, 5 and layer 0 of every slot were never in a batch: they must
+  // still equal the CPU pack.
+  std::vector<uint8_t> cpu_bytes(cpu_pool_buf->data(), cpu_pool_buf->data() + pool_bytes);
+  const std::vector<uint8_t> now = pool_arr.To<uint8_t>(pool_bytes);
+  for (int slot : {0, 3, 5}) {
+    EXPECT_EQ(0, std::memcmp(now.data() + slot * layout.slot_bytes(),
+                             cpu_bytes.data() + slot * layout.slot_bytes(), layout.slot_bytes()))
+        << "slot " << slot << " changed";
+  }
+  for (int slot : {1, 2, 4}) {
+    EXPECT_EQ(0, std::memcmp(now.data() + slot * layout.slot_bytes(),
+                             cpu_bytes.data() + slot * layout.slot_bytes(),
+                             geo.h_v * head_bytes))
+        << "layer 0 of slot " << slot << " changed";
+  }
+}
+
+// Prefill of T tokens (quantized once) equals the reference.
+TEST_P(GpuAgreementTest, PrefillMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 5);
+  const ModelGeometry& geo = layout.geometry();
+  auto model = Gpu()->Prepare(layout).value();
+  const int num_slots = 3, tokens = 5;
+  const int64_t head_bytes = layout.head_layout().head_bytes;
+  const int64_t pool_bytes = num_slots * layout.slot_bytes();
+  std::mt19937 rng(99 + static_cast<int>(c.format));
+  // Start from a packed random state (host encode).
+  std::vector<uint8_t> host(pool_bytes, 0);
+  const PoolView host_pool{host.data(), num_slots, geo.layers, geo.h_v, head_bytes};
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<float> w(geo.d_k * geo.d_v);
+  for (int s = 0; s < num_slots; ++s) {
+    for (int l = 0; l < geo.layers; ++l) {
+      for (int h = 0; h < geo.h_v; ++h) {
+        for (float& x : w) x = normal(rng);
+        EncodeHead(layout.head_layout(), w.data(), host_pool.head(s, l, h));
+      }
+    }
+  }
+  DeviceArray pool_arr = DeviceArray::From(host);
+  const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
+  const std::vector<int32_t> slots = {2, -1, 0};
+  DeviceArray d_slots = DeviceArray::From(slots);
+  HostInputs in = HostInputs::Random(geo, int64_t{3} * tokens, c.dtype, rng);
+  DeviceInputs din(in);
+  std::vector<float> o_ref(int64_t{3} * tokens * geo.h_v * geo.d_v, 0.0f);
+  DeviceArray d_o = DeviceArray::From(std::vector<float>(o_ref.size(), 7.0f));
+  PrefillInputs pi;
+  pi.batch = 3;
+  pi.tokens = tokens;
+  pi.slots = d_slots.ptr<int32_t>();
+  pi.dtype = c.dtype;
+  pi.q = din.q.buf->data();
+  pi.k = din.k.buf->data();
+  pi.v = din.v.buf->data();
+  pi.g = din.g.ptr<float>();
+  pi.beta = din.beta.ptr<float>();
+  pi.o = d_o.ptr<float>();
+  const absl::Status s = Gpu()->Prefill(*model, pool, 0, pi);
+  ASSERT_TRUE(s.ok()) << s;
+  ReferenceLayer(layout, host_pool, 0, slots, tokens, in, false, &o_ref);
+  EXPECT_EQ(CountMismatches(pool_arr.To<uint8_t>(pool_bytes), host), 0);
+  EXPECT_LT(MaxRelError(d_o.To<float>(o_ref.size()), o_ref), 1e-5);
+}
+
+// Unpack equals the CPU backend's unpack, bit for bit.
+TEST_P(GpuAgreementTest, UnpackMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  if (c.dtype != DType::kFp32) GTEST_SKIP() << "dtype does not matter here";
+  const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 3);
+  const ModelGeometry& geo = layout.geometry();
+  auto model = Gpu()->Prepare(layout).value();
+  auto cpu = CpuBackend::Create({2});
+  auto cpu_model = cpu->Prepare(layout).value();
+  const int num_slots = 2;
+  const int64_t head_bytes = layout.head_layout().head_bytes;
+  std::mt19937 rng(5);
+  const std::vector<float> states = RandomStates(geo, num_slots, rng);
+  std::vector<uint8_t> host(num_slots * layout.slot_bytes(), 0);
+  const PoolView host_pool{host.data(), num_slots, geo.layers, geo.h_v, head_bytes};
+  const std::vector<int32_t> slots = {1, 0};
+  ASSERT_TRUE(cpu->PackStates(*cpu_model, host_pool, slots.data(), 2, states.data()).ok());
+  std::vector<float> cpu_out(states.size());
+  ASSERT_TRUE(cpu->UnpackStates(*cpu_model, host_pool, slots.data(), 2, cpu_out.data()).ok());
+  DeviceArray pool_arr = DeviceArray::From(host);
+  const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
+  DeviceArray d_slots = DeviceArray::From(slots);
+  DeviceArray d_out = DeviceArray::From(std::vector<float>(states.size(), 3.0f));
+  ASSERT_TRUE(Gpu()->UnpackStates(*model, pool, d_slots.ptr<int32_t>(), 2, d_out.ptr<float>()).ok());
+  const std::vector<float> got = d_out.To<float>(states.size());
+  int64_t diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &cpu_out[i], 4) != 0;
+  EXPECT_EQ(diff, 0);
+  if (c.format == StateFormat::kFp32 && c.arch == Arch::kGdn) {
+    EXPECT_EQ(0, std::memcmp(got.data(), states.data(), states.size() * 4)) << "fp32 round trip";
+  }
+}
+
+// The GPU recurrence agrees with the CPU backend (std::exp, serial sums, no
+// FMA) to FP32 rounding for fp32 states: checks the semantics (GVA, KDA
+// gates, permutations, transforms) independently of decode_math.h.
+TEST_P(GpuAgreementTest, CloseToCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  if (c.dtype != DType::kFp32) GTEST_SKIP();
+  const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 17);
+  const ModelGeometry& geo = layout.geometry();
+  auto model = Gpu()->Prepare(layout).value();
+  auto cpu = CpuBackend::Create({2});
+  auto cpu_model = cpu->Prepare(layout).value();
+  const int num_slots = 2;
+  const int64_t head_bytes = layout.head_layout().head_bytes;
+  std::mt19937 rng(8);
+  const std::vector<float> states = RandomStates(geo, num_slots, rng);
+  std::vector<uint8_t> host(num_slots * layout.slot_bytes(), 0);
+  const PoolView host_pool{host.data(), num_slots, geo.layers, geo.h_v, head_bytes};
+  const std::vector<int32_t> slots = {0, 1};
+  ASSERT_TRUE(cpu->PackStates(*cpu_model, host_pool, slots.data(), 2, states.data()).ok());
+  DeviceArray pool_arr = DeviceArray::From(host);
+  const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
+  HostInputs in = HostInputs::Random(geo, 2, DType::kFp32, rng);
+  DeviceInputs din(in);
+  DeviceArray d_slots = DeviceArray::From(slots);
+  DeviceArray d_o = DeviceArray::From(std::vector<float>(2 * geo.h_v * geo.d_v, 0.0f));
+  DecodeInputs di{2, d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(), din.k.buf->data(),
+                  din.v.buf->data(), din.g.ptr<float>(), din.beta.ptr<float>(), d_o.ptr<float>()};
+  ASSERT_TRUE(Gpu()->DecodeUpdate(*model, pool, 0, di).ok());
+  std::vector<float> cpu_o(2 * geo.h_v * geo.d_v);
+  DecodeInputs ci{2, slots.data(), DType::kFp32, in.q.data(), in.k.data(), in.v.data(),
+                  in.g.data(), in.beta.data(), cpu_o.data()};
+  ASSERT_TRUE(cpu->DecodeUpdate(*cpu_model, host_pool, 0, ci).ok());
+  const double o_err = MaxRelError(d_o.To<float>(cpu_o.size()), cpu_o);
+  EXPECT_LT(o_err, 1e-4);
+  // States: unpack both and compare.
+  std::vector<float> cpu_states(states.size()), gpu_states;
+  ASSERT_TRUE(cpu->UnpackStates(*cpu_model, host_pool, slots.data(), 2, cpu_states.data()).ok());
+  DeviceArray d_states = DeviceArray::From(std::vector<float>(states.size(), 0.0f));
+  ASSERT_TRUE(Gpu()->UnpackStates(*model, pool, d_slots.ptr<int32_t>(), 2, d_states.ptr<float>()).ok());
+  gpu_states = d_states.To<float>(states.size());
+  // Quantized formats may land one code apart where FP32 rounding differs.
+  const double tol = c.format == StateFormat::kFp32 ? 1e-5 : 0.2;
+  EXPECT_LT(MaxRelError(gpu_states, cpu_states), tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, GpuAgreementTest, ::testing::ValuesIn(AllCases()), CaseName);
+
+// Shapes other than 128 x 128: masked rows (d_k = 100), two stripes.
+TEST(GpuShapeTest, OddShapesMatchReference) {
+  SKIP_WITHOUT_GPU();
+  for (StateFormat f : {StateFormat::kDamp, StateFormat::kFp32, StateFormat::kNvfp4}) {
+    for (auto [d_k, d_v] : {std::pair<int, int>{100, 64}, {64, 256}, {32, 32}}) {
+      const StateLayout layout = MakeLayout(Arch::kKda, f, d_k, d_v, 21);
+      const ModelGeometry& geo = layout.geometry();
+      auto model = Gpu()->Prepare(layout).value();
+      const int num_slots = 2;
+      const int64_t head_bytes = layout.head_layout().head_bytes;
+      std::mt19937 rng(d_k * 1000 + d_v);
+      std::vector<uint8_t> host(num_slots * layout.slot_bytes(), 0);
+      const PoolView host_pool{host.data(), num_slots, geo.layers, geo.h_v, head_bytes};
+      std::normal_distribution<float> normal(0.0f, 0.5f);
+      std::vector<float> w(d_k * d_v);
+      for (int s = 0; s < num_slots; ++s)
+        for (int l = 0; l < geo.layers; ++l)
+          for (int h = 0; h < geo.h_v; ++h) {
+            for (float& x : w) x = normal(rng);
+            EncodeHead(layout.head_layout(), w.data(), host_pool.head(s, l, h));
+          }
+      DeviceArray pool_arr = DeviceArray::From(host);
+      const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
+      const std::vector<int32_t> slots = {1, 0};
+      DeviceArray d_slots = DeviceArray::From(slots);
+      HostInputs in = HostInputs::Random(geo, 2, DType::kFp32, rng);
+      DeviceInputs din(in);
+      std::vector<float> o_ref(2 * geo.h_v * d_v);
+      DeviceArray d_o = DeviceArray::From(o_ref);
+      DecodeInputs di{2, d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(),
+                      din.k.buf->data(), din.v.buf->data(), din.g.ptr<float>(),
+                      din.beta.ptr<float>(), d_o.ptr<float>()};
+      ASSERT_TRUE(Gpu()->DecodeUpdate(*model, pool, 1, di).ok());
+      ReferenceLayer(layout, host_pool, 1, slots, 1, in, true, &o_ref);
+      EXPECT_EQ(CountMismatches(pool_arr.To<uint8_t>(host.size()), host), 0)
+          << FormatName(f) << " " << d_k << "x" << d_v;
+      EXPECT_LT(MaxRelError(d_o.To<float>(o_ref.size()), o_ref), 1e-5);
+    }
+  }
+}
+
+class GpuBindingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Gpu() == nullptr) GTEST_SKIP() << "no usable CUDA device";
+    layout_ = std::make_unique<StateLayout>(MakeLayout(Arch::kGdn, StateFormat::kDamp, 128, 128, 1));
+    model_ = Gpu()->Prepare(*layout_).value();
+    const ModelGeometry& geo = layout_->geometry();
+    std::mt19937 rng(3);
+    std::vector<uint8_t> bytes(4 * layout_->slot_bytes());
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng() & 0x3f);  // finite fp16 / codes
+    before_ = bytes;
+    pool_arr_ = DeviceArray::From(bytes);
+    pool_ = PoolView{pool_arr_.ptr<uint8_t>(), 4, geo.layers, geo.h_v,
+                     layout_->head_layout().head_bytes};
+    in_ = HostInputs::Random(geo, 2, DType::kFp32, rng);
+  }
+
+  absl::Status Decode(std::vector<int32_t> slots, const HostInputs& in, int layer = 0) {
+    DeviceArray d_slots = DeviceArray::From(slots);
+    DeviceInputs din(in);
+    DeviceArray d_o = DeviceArray::From(std::vector<float>(2 * 4 * 128, 0.0f));
+    DecodeInputs di{2, d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(), din.k.buf->data(),
+                    din.v.buf->data(), din.g.ptr<float>(), din.beta.ptr<float>(), d_o.ptr<float>()};
+    return Gpu()->DecodeUpdate(*model_, pool_, layer, di);
+  }
+  bool PoolUnchanged() { return pool_arr_.To<uint8_t>(before_.size()) == before_; }
+
+  std::unique_ptr<StateLayout> layout_;
+  std::unique_ptr<PreparedModel> model_;
+  DeviceArray pool_arr_;
+  PoolView pool_;
+  std::vector<uint8_t> before_;
+  HostInputs in_;
+};
+
+TEST_F(GpuBindingTest, RejectsBadSlotsAndInputsWithoutWriting) {
+  absl::Status s = Decode({0, 4}, in_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("slots[1]"), std::string::npos) << s;
+  s = Decode({2, 2}, in_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("twice"), std::string::npos) << s;
+  s = Decode({0, 1}, in_, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("layer"), std::string::npos) << s;
+  HostInputs bad = in_;
+  bad.v[300] = NAN;
+  s = Decode({0, 1}, bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("v[300]"), std::string::npos) << s;
+  bad = in_;
+  bad.q[5] = INFINITY;
+  s = Decode({0, 1}, bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("q[5]"), std::string::npos) << s;
+  bad = in_;
+  bad.g[3] = 0.5f;
+  s = Decode({0, 1}, bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("g[3]"), std::string::npos) << s;
+  bad = in_;
+  bad.beta[1] = NAN;
+  s = Decode({0, 1}, bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("beta[1]"), std::string::npos) << s;
+  EXPECT_TRUE(PoolUnchanged());
+  DecodeInputs null_q;
+  null_q.batch = 1;
+  DeviceArray d_slots = DeviceArray::From(std::vector<int32_t>{0});
+  null_q.slots = d_slots.ptr<int32_t>();
+  s = Gpu()->DecodeUpdate(*model_, pool_, 0, null_q);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("q: null"), std::string::npos) << s;
+  EXPECT_TRUE(Decode({0, -1}, in_).ok());
+  EXPECT_FALSE(PoolUnchanged());
+}
+
+TEST_F(GpuBindingTest, CopySlotsAndZeroSlots) {
+  const int64_t sb = layout_->slot_bytes();
+  auto snap_buf = Gpu()->Allocate(3 * sb).value();
+  const PoolView snap{snap_buf->data(), 3, pool_.layers, pool_.heads, pool_.head_bytes};
+  DeviceArray src = DeviceArray::From(std::vector<int32_t>{3, 1});
+  DeviceArray dst = DeviceArray::From(std::vector<int32_t>{0, 2});
+  ASSERT_TRUE(Gpu()->CopySlots(pool_, src.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2).ok());
+  std::vector<uint8_t> got(3 * sb);
+  ASSERT_TRUE(Gpu()->CopyOut(got.data(), snap_buf->data(), 3 * sb).ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), before_.data() + 3 * sb, sb));
+  EXPECT_EQ(0, std::memcmp(got.data() + 2 * sb, before_.data() + 1 * sb, sb));
+  for (int64_t i = sb; i < 2 * sb; ++i) ASSERT_EQ(got[i], 0) << "slot 1 of the snapshot pool";
+  // Restore into slot 0 of the pool and zero slot 2.
+  DeviceArray one = DeviceArray::From(std::vector<int32_t>{0});
+  ASSERT_TRUE(Gpu()->CopySlots(snap, one.ptr<int32_t>(), pool_, one.ptr<int32_t>(), 1).ok());
+  DeviceArray z = DeviceArray::From(std::vector<int32_t>{-1, 2});
+  ASSERT_TRUE(Gpu()->ZeroSlots(pool_, z.ptr<int32_t>(), 2).ok());
+  std::vector<uint8_t> expect = before_;
+  std::memcpy(expect.data(), before_.data() + 3 * sb, sb);
+  std::memset(expect.data() + 2 * sb, 0, sb);
+  EXPECT_EQ(pool_arr_.To<uint8_t>(expect.size()), expect);
+  // Bad copies: out of range, -1, duplicate destinations, size mismatch.
+  DeviceArray bad = DeviceArray::From(std::vector<int32_t>{0, 7});
+  absl::Status s = Gpu()->CopySlots(pool_, bad.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("src_slots[1]"), std::string::npos) << s;
+  DeviceArray dup = DeviceArray::From(std::vector<int32_t>{1, 1});
+  s = Gpu()->CopySlots(pool_, src.ptr<int32_t>(), snap, dup.ptr<int32_t>(), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("dst_slots[1]"), std::string::npos) << s;
+  DeviceArray neg = DeviceArray::From(std::vector<int32_t>{-1, 1});
+  s = Gpu()->CopySlots(pool_, neg.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  PoolView other = snap;
+  other.heads = 2;
+  s = Gpu()->CopySlots(pool_, src.ptr<int32_t>(), other, dst.ptr<int32_t>(), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_arr_.To<uint8_t>(expect.size()), expect);
+}
+
+TEST(GpuFactoryTest, DescribesDeviceOrIsUnavailable) {
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend();
+  if (!b.ok()) {
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable);
+    return;
+  }
+  EXPECT_STREQ((*b)->name(), "cuda");
+  EXPECT_NE((*b)->Describe().find("cuda backend"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace statecache

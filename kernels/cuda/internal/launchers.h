@@ -1,0 +1,56 @@
+// Host launchers of the CUDA kernels (the middle layer of kernel / launcher /
+// binding). They turn runtime sizes into grid shapes and template constants
+// and trust their inputs: the binding (cuda_backend.cc) validates first.
+// Every launcher is asynchronous on `stream` (a cudaStream_t passed as void*,
+// nullptr = legacy default stream) and returns a cudaError_t value as int
+// (0 = success). Pointers are device pointers unless stated otherwise.
+#ifndef STATECACHE_KERNELS_CUDA_INTERNAL_LAUNCHERS_H_
+#define STATECACHE_KERNELS_CUDA_INTERNAL_LAUNCHERS_H_
+
+#include <cstdint>
+
+#include "kernels/cuda/internal/kernel_params.h"
+
+namespace statecache {
+namespace cuda_internal {
+
+// True when the kernels support this head shape (MakeDecodeTiling threads
+// <= 256, d_v a multiple of 32).
+bool TilingSupported(int d_k, int d_v);
+
+// Fused decode / prefill: dequantize, p.tokens recurrence steps in FP32,
+// readout, requantize in place. One CTA per (batch item, value head).
+int LaunchRecurrence(const RecurrenceParams& p, void* stream);
+
+// FP32 natural-order states -> packed slots (pack) and back (unpack).
+int LaunchPack(const PackParams& p, void* stream);
+int LaunchUnpack(const PackParams& p, void* stream);
+
+// dst_base slot dst_slots[i] <- src_base slot src_slots[i], slot_bytes each
+// (a multiple of 16; bases 16-byte aligned).
+int LaunchCopySlots(const uint8_t* src_base, const int32_t* src_slots, uint8_t* dst_base,
+                    const int32_t* dst_slots, int64_t slot_bytes, int n, void* stream);
+// Zeroes slots[i] (skips -1).
+int LaunchZeroSlots(uint8_t* base, const int32_t* slots, int64_t slot_bytes, int n, void* stream);
+
+// Slot checks: errors[range_field] = first i with slots[i] outside
+// [0, num_slots) (and not -1 when allow_skip), errors[dup_field] = an index i
+// whose slot appeared earlier. `bitmap` holds ceil(num_slots / 32) words and
+// must be zero on entry. errors[] are minimized with atomicMin.
+int LaunchValidateSlots(const int32_t* slots, int n, int64_t num_slots, bool allow_skip,
+                        uint32_t* bitmap, int32_t* errors, int range_field, int dup_field,
+                        void* stream);
+
+// Value checks over count elements: mode 0 = finite (dtype = DType code),
+// mode 1 = finite and <= 0 (g, fp32), mode 2 = finite and in [0, 2] (beta,
+// fp32). errors[field] = first bad index.
+int LaunchValidateValues(int dtype, const void* data, int64_t count, int mode, int32_t* errors,
+                         int field, void* stream);
+
+// Reads `bytes` of `buf` (evicting L2) and writes one float to *sink.
+int LaunchReadFlush(const uint8_t* buf, int64_t bytes, float* sink, void* stream);
+
+}  // namespace cuda_internal
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_CUDA_INTERNAL_LAUNCHERS_H_

@@ -1,0 +1,268 @@
+// Device-side row codecs for the kernels' thread map (decode_math.h): one
+// lane holds 16 consecutive values of a row (a half of a 32-value group /
+// stripe; its partner is lane ^ 1). Loads and stores are 16-byte vectors.
+//
+// The math is the shared quantizer's (group_quant.h, numeric.h): group
+// min / max / absmax come from a lane-pair reduction (order-free), then the
+// same parameter functions (MakeAffineParams, MakeSymScale, ...) run, and the
+// per-element encoders are bit-exact re-expressions of AffineEncode /
+// SymEncode (rint via the 1.5 * 2^23 magic add, clamps in integers) or the
+// shared functions themselves. The GPU tests check byte equality with
+// EncodeHead.
+#ifndef STATECACHE_KERNELS_CUDA_INTERNAL_TILE_CODEC_CUH_
+#define STATECACHE_KERNELS_CUDA_INTERNAL_TILE_CODEC_CUH_
+
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#include "kernels/formats/group_quant.h"
+#include "kernels/formats/head_layout.h"
+#include "kernels/formats/numeric.h"
+
+namespace statecache {
+namespace cuda_internal {
+
+inline constexpr float kMagicRound = 12582912.0f;  // 1.5 * 2^23: x + M rounds x to an integer
+inline constexpr int32_t kMagicRoundBits = 0x4B400000;
+inline constexpr float kMagicByte = 8388608.0f;    // 2^23: bits 0x4B0000xx = 2^23 + xx
+
+__device__ __forceinline__ uint4 LdStream(const uint8_t* p) {
+  return __ldcs(reinterpret_cast<const uint4*>(p));
+}
+__device__ __forceinline__ uint2 LdStream8(const uint8_t* p) {
+  return __ldcs(reinterpret_cast<const uint2*>(p));
+}
+__device__ __forceinline__ void StStream(uint8_t* p, uint4 v) {
+  __stcs(reinterpret_cast<uint4*>(p), v);
+}
+__device__ __forceinline__ void StStream8(uint8_t* p, uint2 v) {
+  __stcs(reinterpret_cast<uint2*>(p), v);
+}
+
+// float(2^23 + byte) - (2^23 + z) == byte - z exactly.
+__device__ __forceinline__ float ByteMinus(uint32_t word, uint32_t sel, float bias) {
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, sel)) - bias;
+}
+
+// rint(y) as int32 for |y| < 2^22 (bit-exact RoundEven).
+__device__ __forceinline__ int32_t RintSmall(float y) {
+  return __float_as_int(__fadd_rn(y, kMagicRound)) - kMagicRoundBits;
+}
+
+template <int N>
+__device__ __forceinline__ void LaneMinMax(const float* x, float* mn, float* mx) {
+  float a = x[0], b = x[0];
+#pragma unroll
+  for (int c = 1; c < N; ++c) {
+    a = fminf(a, x[c]);
+    b = fmaxf(b, x[c]);
+  }
+  *mn = a;
+  *mx = b;
+}
+
+template <int N>
+__device__ __forceinline__ float LaneAbsMax(const float* x) {
+  float m = 0.0f;
+#pragma unroll
+  for (int c = 0; c < N; ++c) m = fmaxf(m, fabsf(x[c]));
+  return m;
+}
+
+// ---- Row codec: load 16 values ------------------------------------------------
+// codes: start of this row's codes; meta: start of this row's metadata;
+// col0: first column of the lane (multiple of 16).
+
+template <RowCodec C>
+__device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* meta, int col0,
+                                          float global_scale, float* x) {
+  if constexpr (C == RowCodec::kFp32) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const uint4 u = LdStream(codes + 4 * col0 + 16 * v);
+      x[4 * v + 0] = __uint_as_float(u.x);
+      x[4 * v + 1] = __uint_as_float(u.y);
+      x[4 * v + 2] = __uint_as_float(u.z);
+      x[4 * v + 3] = __uint_as_float(u.w);
+    }
+  } else if constexpr (C == RowCodec::kFp16 || C == RowCodec::kBf16) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const uint4 u = LdStream(codes + 2 * col0 + 16 * v);
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (C == RowCodec::kFp16) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[e]));
+          x[8 * v + 2 * e] = f.x;
+          x[8 * v + 2 * e + 1] = f.y;
+        } else {
+          x[8 * v + 2 * e] = __uint_as_float(w[e] << 16);
+          x[8 * v + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+        }
+      }
+    }
+  } else if constexpr (C == RowCodec::kAffineU8) {
+    const uint4 u = LdStream(codes + col0);
+    const uint32_t m = *reinterpret_cast<const uint32_t*>(meta + 4 * (col0 / kGroupSize));
+    const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
+    const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
+    const float bias = kMagicByte + z;
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[4 * e + 0] = s * ByteMinus(w[e], 0x7650u, bias);
+      x[4 * e + 1] = s * ByteMinus(w[e], 0x7651u, bias);
+      x[4 * e + 2] = s * ByteMinus(w[e], 0x7652u, bias);
+      x[4 * e + 3] = s * ByteMinus(w[e], 0x7653u, bias);
+    }
+  } else if constexpr (C == RowCodec::kAffineU4) {
+    const uint2 u = LdStream8(codes + col0 / 2);
+    const uint32_t m = *reinterpret_cast<const uint32_t*>(meta + 4 * (col0 / kGroupSize));
+    const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
+    const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
+    const float bias = kMagicByte + z;
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const uint32_t q = (w[e / 8] >> (4 * (e % 8))) & 0xfu;
+      x[e] = s * (__uint_as_float(0x4B000000u | q) - bias);
+    }
+  } else if constexpr (C == RowCodec::kSymI8) {
+    const uint4 u = LdStream(codes + col0);
+    const float s = *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
+    const float bias = kMagicByte + 128.0f;
+    const uint32_t w[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u,
+                           u.w ^ 0x80808080u};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      x[4 * e + 0] = s * ByteMinus(w[e], 0x7650u, bias);
+      x[4 * e + 1] = s * ByteMinus(w[e], 0x7651u, bias);
+      x[4 * e + 2] = s * ByteMinus(w[e], 0x7652u, bias);
+      x[4 * e + 3] = s * ByteMinus(w[e], 0x7653u, bias);
+    }
+  } else if constexpr (C == RowCodec::kFp8E4m3) {
+    const uint4 u = LdStream(codes + col0);
+    const float s = *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      x[e] = Fp8Decode(static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4))), s);
+    }
+  } else if constexpr (C == RowCodec::kNvfp4) {
+    const uint2 u = LdStream8(codes + col0 / 2);
+    const float mult = Nvfp4BlockMultiplier(meta[col0 / kNvfp4BlockSize], global_scale);
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      x[e] = Nvfp4Decode(static_cast<uint8_t>((w[e / 8] >> (4 * (e % 8))) & 0xfu), mult);
+    }
+  }
+}
+
+// ---- Row codec: store 16 values -----------------------------------------------
+// Both lanes of a pair call this together (it shuffles with lane ^ 1); the
+// lane with the even lane index writes the group's metadata.
+
+__device__ __forceinline__ uint32_t PackBytes(int32_t a, int32_t b, int32_t c, int32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+template <RowCodec C>
+__device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int col0,
+                                           float global_scale, bool write_meta, const float* x) {
+  if constexpr (C == RowCodec::kFp32) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      StStream(codes + 4 * col0 + 16 * v,
+               make_uint4(__float_as_uint(x[4 * v]), __float_as_uint(x[4 * v + 1]),
+                          __float_as_uint(x[4 * v + 2]), __float_as_uint(x[4 * v + 3])));
+    }
+  } else if constexpr (C == RowCodec::kFp16 || C == RowCodec::kBf16) {
+    uint32_t w[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if constexpr (C == RowCodec::kFp16) {
+        // Saturate first: then the hardware RNE conversion equals FloatToHalfBits.
+        const float a = fminf(fmaxf(x[2 * e], -kFp16Max), kFp16Max);
+        const float b = fminf(fmaxf(x[2 * e + 1], -kFp16Max), kFp16Max);
+        const __half2 h = __floats2half2_rn(a, b);
+        w[e] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        w[e] = static_cast<uint32_t>(FloatToBf16Bits(x[2 * e])) |
+               (static_cast<uint32_t>(FloatToBf16Bits(x[2 * e + 1])) << 16);
+      }
+    }
+    StStream(codes + 2 * col0, make_uint4(w[0], w[1], w[2], w[3]));
+    StStream(codes + 2 * col0 + 16, make_uint4(w[4], w[5], w[6], w[7]));
+  } else if constexpr (C == RowCodec::kAffineU8 || C == RowCodec::kAffineU4) {
+    constexpr int kQmax = C == RowCodec::kAffineU8 ? 255 : 15;
+    float mn, mx;
+    LaneMinMax<16>(x, &mn, &mx);
+    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const AffineParams p = MakeAffineParams(mn, mx, kQmax);
+    int32_t q[16];
+    // The magic rint is exact for |x / s| < 2^22, always true unless the FP16
+    // scale saturated; then fall back to the shared encoder.
+    if (fmaxf(fabsf(mn), fabsf(mx)) * p.inv_s < 4194304.0f) {
+      const int32_t zi = static_cast<int32_t>(p.z);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        q[e] = min(max(RintSmall(__fmul_rn(x[e], p.inv_s)) + zi, 0), kQmax);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) q[e] = AffineEncode(x[e], p, kQmax);
+    }
+    if constexpr (C == RowCodec::kAffineU8) {
+      StStream(codes + col0, make_uint4(PackBytes(q[0], q[1], q[2], q[3]),
+                                        PackBytes(q[4], q[5], q[6], q[7]),
+                                        PackBytes(q[8], q[9], q[10], q[11]),
+                                        PackBytes(q[12], q[13], q[14], q[15])));
+    } else {
+      uint32_t w[2] = {0, 0};
+#pragma unroll
+      for (int e = 0; e < 16; ++e) w[e / 8] |= static_cast<uint32_t>(q[e]) << (4 * (e % 8));
+      StStream8(codes + col0 / 2, make_uint2(w[0], w[1]));
+    }
+    if (write_meta) {
+      *reinterpret_cast<uint32_t*>(meta + 4 * (col0 / kGroupSize)) =
+          static_cast<uint32_t>(p.s_bits) | (static_cast<uint32_t>(p.z_bits) << 16);
+    }
+  } else if constexpr (C == RowCodec::kSymI8 || C == RowCodec::kFp8E4m3) {
+    float amax = LaneAbsMax<16>(x);
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    const float s = C == RowCodec::kSymI8 ? MakeSymScale(amax) : MakeFp8Scale(amax);
+    const float inv_s = 1.0f / s;
+    int32_t q[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      if constexpr (C == RowCodec::kSymI8) {
+        q[e] = min(max(RintSmall(__fmul_rn(x[e], inv_s)), -127), 127) & 0xff;
+      } else {
+        q[e] = Fp8Encode(x[e], inv_s);
+      }
+    }
+    StStream(codes + col0, make_uint4(PackBytes(q[0], q[1], q[2], q[3]),
+                                      PackBytes(q[4], q[5], q[6], q[7]),
+                                      PackBytes(q[8], q[9], q[10], q[11]),
+                                      PackBytes(q[12], q[13], q[14], q[15])));
+    if (write_meta) *reinterpret_cast<float*>(meta + 4 * (col0 / kGroupSize)) = s;
+  } else if constexpr (C == RowCodec::kNvfp4) {
+    const uint8_t sb = MakeNvfp4BlockScale(LaneAbsMax<16>(x), global_scale);
+    const float mult = Nvfp4BlockMultiplier(sb, global_scale);
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      w[e / 8] |= static_cast<uint32_t>(Nvfp4Encode(x[e], mult)) << (4 * (e % 8));
+    }
+    StStream8(codes + col0 / 2, make_uint2(w[0], w[1]));
+    meta[col0 / kNvfp4BlockSize] = sb;  // one block per lane
+  }
+}
+
+}  // namespace cuda_internal
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_CUDA_INTERNAL_TILE_CODEC_CUH_
