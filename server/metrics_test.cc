@@ -1,0 +1,111 @@
+#include "server/metrics.h"
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace statecache {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  std::vector<ModelStatsSnapshot> models_;
+  std::shared_ptr<Metrics> metrics_ =
+      std::make_shared<Metrics>([this] { return models_; });
+};
+
+ModelStatsSnapshot Snapshot() {
+  ModelStatsSnapshot s;
+  s.model_id = "m";
+  s.format = "damp:16";
+  s.registration = 1;
+  s.slots.capacity = 10;
+  s.slots.allocated = 3;
+  s.slots.capacity_bytes = 1000;
+  s.slots.used_bytes = TierBytes{40, 140, 18, 2};
+  s.slots.fp32_equivalent_bytes = 600;
+  s.checkpoints.capacity = 4;
+  s.checkpoints.checkpoints = 2;
+  s.checkpoints.lookups_hit = 5;
+  s.checkpoints.lookups_miss = 1;
+  s.checkpoints.lookup_tokens_hit = 500;
+  s.checkpoints.lookup_tokens_miss = 20;
+  s.checkpoints.evictions = 7;
+  s.checkpoints.bytes_restored = 123;
+  return s;
+}
+
+TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
+  models_ = {Snapshot()};
+  const std::string text = metrics_->Scrape();
+  // Every family printed has a non-empty HELP line.
+  std::regex type_re("# TYPE (\\S+) ");
+  int families = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), type_re);
+       it != std::sregex_iterator(); ++it) {
+    const std::string name = (*it)[1];
+    EXPECT_THAT(text, HasSubstr("# HELP " + name + " ")) << name;
+    std::smatch help;
+    EXPECT_TRUE(std::regex_search(text, help, std::regex("# HELP " + name + " .{10,}")))
+        << name << " has a short help string";
+    ++families;
+  }
+  // 24 families; statecache_rpcs_total and statecache_kernel_duration_seconds
+  // have no series before the first observation and are not printed.
+  EXPECT_EQ(families, 22);
+  const std::string l = "{format=\"damp:16\",model=\"m\"";
+  EXPECT_THAT(text, HasSubstr("statecache_slots_used" + l + "} 3"));
+  EXPECT_THAT(text, HasSubstr("statecache_slots_capacity" + l + "} 10"));
+  EXPECT_THAT(text, HasSubstr("statecache_state_bytes" + l + ",tier=\"hi_rows\"} 40"));
+  EXPECT_THAT(text, HasSubstr("statecache_state_bytes" + l + ",tier=\"lo_codes\"} 140"));
+  EXPECT_THAT(text, HasSubstr("statecache_state_bytes" + l + ",tier=\"metadata\"} 18"));
+  EXPECT_THAT(text, HasSubstr("statecache_state_fp32_equivalent_bytes" + l + "} 600"));
+  EXPECT_THAT(text, HasSubstr("statecache_prefix_lookups_total" + l + ",result=\"hit\"} 5"));
+  EXPECT_THAT(text, HasSubstr("statecache_prefix_lookup_tokens_total" + l + ",result=\"miss\"} 20"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_evictions_total" + l + "} 7"));
+  EXPECT_THAT(text, HasSubstr("statecache_restore_bytes_total" + l + "} 123"));
+  EXPECT_THAT(text, HasSubstr("statecache_rpc_duration_seconds_count{method=\"Update\"} 0"));
+}
+
+TEST_F(MetricsTest, CountersFollowCumulativeStatsAndRestartOnReregistration) {
+  models_ = {Snapshot()};
+  (void)metrics_->Scrape();
+  models_[0].checkpoints.evictions = 9;
+  const std::string l = "{format=\"damp:16\",model=\"m\"}";
+  EXPECT_THAT(metrics_->Scrape(), HasSubstr("statecache_checkpoint_evictions_total" + l + " 9"));
+  // Re-registered model: stats restart at zero and so do its series.
+  models_[0].registration = 2;
+  models_[0].checkpoints.evictions = 1;
+  EXPECT_THAT(metrics_->Scrape(), HasSubstr("statecache_checkpoint_evictions_total" + l + " 1"));
+  // Dropped model: series disappear.
+  models_.clear();
+  EXPECT_THAT(metrics_->Scrape(), Not(HasSubstr("model=\"m\"")));
+}
+
+TEST_F(MetricsTest, RpcBatchAndKernelObservations) {
+  metrics_->ObserveRpc("Update", 0, 0.001);
+  metrics_->ObserveRpc("Update", 3, 0.002);
+  metrics_->ObserveUpdateBatch(32);
+  metrics_->ObserveKernel("decode_update", 0.0005);
+  const std::string text = metrics_->Scrape();
+  EXPECT_THAT(text, HasSubstr("statecache_rpc_duration_seconds_count{method=\"Update\"} 2"));
+  EXPECT_THAT(text, HasSubstr("statecache_rpcs_total{code=\"OK\",method=\"Update\"} 1"));
+  EXPECT_THAT(text, HasSubstr("statecache_rpcs_total{code=\"INVALID_ARGUMENT\",method=\"Update\"} 1"));
+  EXPECT_THAT(text, HasSubstr("statecache_update_batch_size_count 1"));
+  EXPECT_THAT(text, HasSubstr("statecache_kernel_duration_seconds_count{op=\"decode_update\"} 1"));
+}
+
+TEST_F(MetricsTest, ServesOverHttp) {
+  ASSERT_TRUE(metrics_->Start("127.0.0.1:0").ok());
+  EXPECT_GT(metrics_->port(), 0);
+  EXPECT_EQ(metrics_->Start("127.0.0.1:0").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace statecache
