@@ -1,0 +1,92 @@
+"""Tensor conversion: dtypes, shapes, zero-copy views, errors."""
+import numpy as np
+import pytest
+
+import statecache as sc
+from statecache import tensor as st
+
+
+def test_fp32_roundtrip_is_a_view():
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    t = sc.to_tensor(a)
+    assert t.dtype == st.FP32 and list(t.shape) == [2, 3, 4]
+    assert t.data == a.tobytes()
+    data = t.data
+    b = st.to_numpy(type(t)(dtype=t.dtype, shape=t.shape, data=data))
+    np.testing.assert_array_equal(a, b)
+    assert not b.flags.writeable  # a view of the message bytes, not a copy
+    assert b.base is not None and bytes(b.base) == data
+
+
+def test_fp16_and_explicit_dtype():
+    a = np.linspace(-2, 2, 64, dtype=np.float16).reshape(4, 16)
+    t = sc.to_tensor(a)
+    assert t.dtype == st.FP16 and len(t.data) == 128
+    np.testing.assert_array_equal(st.to_numpy(t), a)
+    with pytest.raises(ValueError, match="q: array of float16 cannot be sent as fp32"):
+        sc.to_tensor(a, "fp32", "q")
+
+
+def test_bf16_bits():
+    x = np.array([1.0, -2.5, 3.140625, 0.0, 65280.0], np.float32)
+    bits = st.bf16_bits(x)
+    assert bits.dtype == np.uint16
+    assert bits[0] == 0x3F80 and bits[1] == 0xC020
+    t = sc.to_tensor(bits, "bf16", "q")
+    assert t.dtype == st.BF16 and list(t.shape) == [5]
+    np.testing.assert_array_equal(st.to_numpy(t), x)  # all exactly representable
+    np.testing.assert_array_equal(st.to_numpy(t, bf16_as="uint16"), bits)
+    # round to nearest even at the bf16 boundary
+    assert st.bf16_bits(np.array([1.0 + 2**-8], np.float32))[0] == 0x3F80
+    assert st.bf16_bits(np.array([1.0 + 3 * 2**-8], np.float32))[0] == 0x3F82
+    assert st.bf16_bits(np.array([np.nan], np.float32))[0] == 0x7FC0
+
+
+def test_uint16_without_bf16_dtype_is_rejected():
+    with pytest.raises(ValueError, match="v: numpy uint16 is not float32 or float16"):
+        sc.to_tensor(np.zeros(4, np.uint16), name="v")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int64])
+def test_unsupported_numpy_dtypes(dtype):
+    with pytest.raises(ValueError, match="^g: "):
+        sc.to_tensor(np.zeros(3, dtype), name="g")
+
+
+def test_non_contiguous_and_big_endian_inputs():
+    a = np.arange(32, dtype=np.float32).reshape(4, 8)
+    t = sc.to_tensor(a.T)  # Fortran order: made C-contiguous
+    np.testing.assert_array_equal(st.to_numpy(t), a.T)
+    be = a.astype(">f4")
+    t = sc.to_tensor(be)
+    assert t.data == a.tobytes()  # little-endian on the wire
+    assert t.dtype == st.FP32
+
+
+def test_tensor_data_passthrough_and_size_check():
+    raw = np.ones((2, 3), np.float32).tobytes()
+    t = sc.to_tensor(sc.TensorData(raw, "fp32", (2, 3)))
+    assert t.data == raw and list(t.shape) == [2, 3]
+    with pytest.raises(ValueError, match=r"beta: 24 bytes, shape \(2, 4\) needs 32"):
+        sc.to_tensor(sc.TensorData(raw, "fp32", (2, 4)), name="beta")
+    with pytest.raises(ValueError, match="dtype: 'int8'"):
+        sc.to_tensor(sc.TensorData(raw, "int8", (6,)))
+
+
+def test_empty_tensor_is_none():
+    assert st.to_numpy(None) is None
+    assert st.to_numpy(st.pb2().Tensor()) is None
+
+
+def test_torch_roundtrip():
+    torch = pytest.importorskip("torch")
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    t = sc.to_tensor(a)
+    assert t.dtype == st.FP32 and list(t.shape) == [3, 4]
+    assert torch.equal(sc.to_torch(t), a)
+    b = torch.tensor([1.0, -2.5], dtype=torch.bfloat16)
+    tb = sc.to_tensor(b)
+    assert tb.dtype == st.BF16
+    assert torch.equal(sc.to_torch(tb), b)
+    with pytest.raises(ValueError):
+        sc.to_tensor(torch.zeros(2, dtype=torch.int64))
