@@ -2,6 +2,11 @@
 // ephemeral port with the CPU backend, driven through the C++ client library,
 // compared bit for bit with the CPU backend called in process on the same
 // inputs.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -671,10 +676,62 @@ TEST_F(E2eTest, ConcurrentClientsMatchSerialRuns) {
 }
 
 TEST_F(E2eTest, ShutdownDrainsAndRefusesNewCalls) {
-  Register(kModel, TinyGdn(), "fp32", 2, 0);
-  server_->Shutdown(absl::Seconds(2));
+  const ModelGeometry geo = TinyGdn();
+  Register(kModel, geo, "fp32", 2, 0);
+  auto slots = client_->AllocateSlots(kModel, 1);
+  ASSERT_TRUE(slots.ok());
+  // A worker's open stream: shutdown waits for it up to the grace period,
+  // then cancels it; the server stops either way.
+  auto stream = client_->OpenUpdateStream();
+  ASSERT_TRUE(stream.ok());
+  std::mt19937 rng(1);
+  ASSERT_TRUE((*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng))).ok());
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE((*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng))).ok());
   auto r = client_->AllocateSlots(kModel, 1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(E2eMetricsTest, PrometheusEndpointServesTheSeries) {
+  SetLoggingEnabled(false);
+  StateCacheServer::Options options;
+  options.sockets.listen = "127.0.0.1:0";
+  options.memory.backend = "cpu";
+  options.memory.state_memory_bytes = 1 << 20;
+  options.memory.checkpoint_memory_bytes = 1 << 20;
+  options.metrics.port = 0;
+  auto server = StateCacheServer::Create(std::move(options));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->metrics_port(), 0);
+  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", (*server)->port())).value();
+  ModelRegistration r;
+  r.model_id = "m";
+  r.geometry = TinyGdn();
+  r.format = "damp:8";
+  r.slots = 2;
+  ASSERT_TRUE(client->RegisterModel(r).ok());
+  ASSERT_TRUE(client->AllocateSlots("m", 2).ok());
+  // Plain HTTP/1.0 GET over a socket.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*server)->metrics_port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string get = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  ASSERT_EQ(write(fd, get.data(), get.size()), static_cast<ssize_t>(get.size()));
+  std::string body;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, n);
+  close(fd);
+  EXPECT_THAT(body, HasSubstr("200 OK"));
+  EXPECT_THAT(body, HasSubstr("statecache_slots_used{format=\"damp:8\",model=\"m\"} 2"));
+  EXPECT_THAT(body, HasSubstr("# HELP statecache_state_bytes "));
+  EXPECT_THAT(body, HasSubstr("statecache_rpc_duration_seconds_count{method=\"AllocateSlots\"} 1"));
 }
 
 }  // namespace
