@@ -1,0 +1,154 @@
+#include "client/ctl_calibration/cli_flags.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "kernels/common/status_macros.h"
+
+namespace statecache {
+
+absl::StatusOr<CliFlags> CliFlags::Parse(int argc, char** argv,
+                                         const std::set<std::string>& value_flags,
+                                         const std::set<std::string>& bool_flags) {
+  CliFlags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+    arg = arg.substr(2);
+    std::string name = arg, value;
+    const size_t eq = arg.find('=');
+    const bool has_value = eq != std::string::npos;
+    if (has_value) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    }
+    if (bool_flags.count(name) != 0) {
+      if (has_value && value != "true" && value != "false") {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, ": want true or false"));
+      }
+      if (!has_value || value == "true") f.values_[name] = "true";
+      continue;
+    }
+    if (value_flags.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
+      value = argv[++i];
+    }
+    f.values_[name] = value;
+  }
+  return f;
+}
+
+std::string CliFlags::Get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+absl::StatusOr<int> CliFlags::GetInt(const std::string& name, int fallback) const {
+  if (!Has(name)) return fallback;
+  int v = 0;
+  if (!absl::SimpleAtoi(Get(name, ""), &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": '", Get(name, ""), "' is not an integer"));
+  }
+  return v;
+}
+
+absl::StatusOr<double> CliFlags::GetDouble(const std::string& name, double fallback) const {
+  if (!Has(name)) return fallback;
+  double v = 0;
+  if (!absl::SimpleAtod(Get(name, ""), &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": '", Get(name, ""), "' is not a number"));
+  }
+  return v;
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandTrajectoryPaths(const std::string& list) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    const fs::path p{std::string(part)};
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      std::vector<std::string> files;
+      for (const auto& e : fs::directory_iterator(p, ec)) {
+        if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+      }
+      std::sort(files.begin(), files.end());
+      out.insert(out.end(), files.begin(), files.end());
+    } else if (fs::exists(p, ec)) {
+      out.push_back(p.string());
+    } else {
+      return absl::NotFoundError(absl::StrCat("trajectories: ", p.string(), " does not exist"));
+    }
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("trajectories: no files in '", list, "'"));
+  }
+  return out;
+}
+
+absl::StatusOr<SyntheticSpec> ParseSyntheticSpec(const std::string& text) {
+  SyntheticSpec s;
+  s.base.geometry = ModelGeometry{Arch::kGdn, 4, 4, 8, 128, 128, 0.0f};
+  s.base.tokens = 256;
+  for (absl::string_view kv : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    const std::string& k = p.first;
+    int64_t v = 0;
+    if (k == "arch") {
+      ASSIGN_OR_RETURN(s.base.geometry.arch, ParseArch(p.second));
+      continue;
+    }
+    if (!absl::SimpleAtoi(p.second, &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("synthetic: '", kv, "' is not key=integer (or arch=gdn|kda)"));
+    }
+    if (k == "layers") s.base.geometry.layers = static_cast<int>(v);
+    else if (k == "h_qk") s.base.geometry.h_qk = static_cast<int>(v);
+    else if (k == "h_v") s.base.geometry.h_v = static_cast<int>(v);
+    else if (k == "d_k") s.base.geometry.d_k = static_cast<int>(v);
+    else if (k == "d_v") s.base.geometry.d_v = static_cast<int>(v);
+    else if (k == "docs") s.docs = static_cast<int>(v);
+    else if (k == "tokens") s.base.tokens = static_cast<int>(v);
+    else if (k == "domains") s.domains = static_cast<int>(v);
+    else if (k == "seed") s.seed = static_cast<uint64_t>(v);
+    else if (k == "model_seed") s.base.seed_layout = static_cast<uint64_t>(v);
+    else return absl::InvalidArgumentError(absl::StrCat("synthetic: unknown key '", k, "'"));
+  }
+  if (s.base.geometry.arch == Arch::kKda) s.base.geometry.h_qk = s.base.geometry.h_v;
+  RETURN_IF_ERROR(s.base.geometry.Validate());
+  if (s.docs < 1 || s.domains < 1 || s.base.tokens < 1) {
+    return absl::InvalidArgumentError("synthetic: docs, domains and tokens must be >= 1");
+  }
+  const ModelGeometry& g = s.base.geometry;
+  s.text = absl::StrCat("arch=", ArchName(g.arch), ",layers=", g.layers, ",h_qk=", g.h_qk,
+                        ",h_v=", g.h_v, ",d_k=", g.d_k, ",d_v=", g.d_v, ",docs=", s.docs,
+                        ",tokens=", s.base.tokens, ",domains=", s.domains, ",seed=", s.seed,
+                        ",model_seed=", s.base.seed_layout);
+  return s;
+}
+
+SyntheticSpec HeldOutSpec(const SyntheticSpec& spec, int docs) {
+  SyntheticSpec h = spec;
+  h.docs = docs;
+  h.seed = spec.seed + 1000003;
+  h.text = absl::StrCat(spec.text, " (held out: docs=", docs, ", seed=", h.seed, ")");
+  return h;
+}
+
+absl::StatusOr<Trajectory> MakeSyntheticDocument(const SyntheticSpec& spec, int i) {
+  SyntheticOptions o = spec.base;
+  o.seed = spec.seed * 1000 + static_cast<uint64_t>(i);
+  o.domain = absl::StrCat("synthetic-", i % spec.domains);
+  return MakeSyntheticTrajectory(o);
+}
+
+}  // namespace statecache
