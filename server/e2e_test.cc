@@ -694,6 +694,27 @@ TEST_F(E2eTest, ShutdownDrainsAndRefusesNewCalls) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(E2eUnixSocketTest, ServesOnAUnixDomainSocket) {
+  SetLoggingEnabled(false);
+  // TEST_TMPDIR paths exceed the 107-byte limit of socket paths.
+  const std::string path = absl::StrCat("/tmp/statecached-e2e-", getpid(), ".sock");
+  StateCacheServer::Options options;
+  options.sockets.listen = "unix:" + path;
+  options.memory.backend = "cpu";
+  options.memory.state_memory_bytes = 1 << 20;
+  options.memory.checkpoint_memory_bytes = 1 << 20;
+  options.metrics.port = -1;
+  auto server = StateCacheServer::Create(std::move(options));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = StateCacheClient::Connect("unix:" + path).value();
+  ASSERT_TRUE(client->WaitForReady(absl::Seconds(5)).ok());
+  auto health = client->CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_TRUE(*health);
+  server->reset();
+  unlink(path.c_str());
+}
+
 TEST(E2eMetricsTest, PrometheusEndpointServesTheSeries) {
   SetLoggingEnabled(false);
   StateCacheServer::Options options;
