@@ -31,6 +31,22 @@ absl::StatusOr<Timed> TimedEval(const Model& model, RecurrentStateStore* store,
                                                            start).count()};
 }
 
+// True when the layout carries a non-identity map (key permutation, or a
+// damp-sr value order / scale other than identity / 1).
+bool IsCalibrated(const StateLayout& layout) {
+  if (!layout.identity_key_perm()) return true;
+  const auto& order = layout.all_value_orders();
+  const auto& scale = layout.all_value_scales();
+  const int d_v = layout.geometry().d_v;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i] != static_cast<int32_t>(i % d_v)) return true;
+  }
+  for (float s : scale) {
+    if (s != 1.0f) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<SweepRow>> RunFormatSweep(const Model& model, Backend* backend,
@@ -65,7 +81,7 @@ absl::StatusOr<std::vector<SweepRow>> RunFormatSweep(const Model& model, Backend
     ASSIGN_OR_RETURN(Timed p, TimedEval(model, store.get(), docs, pd));
     SweepRow row;
     row.format = FormatSpecName(spec);
-    row.calibrated = !layout.identity_key_perm() || !layout.all_value_orders().empty();
+    row.calibrated = IsCalibrated(layout);
     row.bits_per_value = 8.0 * layout.head_layout().head_bytes / (double{geo.d_k} * geo.d_v);
     row.decode = {d.result.BitsPerByte(), d.result.BitsPerByte() - ref.decode.bits_per_byte,
                   d.result.GreedyAgreement(ref_dec.result), d.seconds};

@@ -23,9 +23,11 @@ TEST(FormatSweepTest, ReferenceRowFp32SlotAndQuantizedFormat) {
   SweepOptions opts;
   opts.prefill_tokens = 64;
   auto rows = RunFormatSweep(**model, backend->get(), *docs,
-                             {*ParseFormatSpec("fp32"), *ParseFormatSpec("int4")}, opts);
+                             {*ParseFormatSpec("fp32"), *ParseFormatSpec("int4"),
+                              *ParseFormatSpec("damp-sr:16")},
+                             opts);
   ASSERT_TRUE(rows.ok()) << rows.status();
-  ASSERT_EQ(rows->size(), 3u);
+  ASSERT_EQ(rows->size(), 4u);
   EXPECT_EQ((*rows)[0].format, "fp32 (reference)");
   EXPECT_EQ((*rows)[0].decode.excess, 0.0);
   // FP32 states in a backend slot: the same numbers as the in-process store.
@@ -39,6 +41,9 @@ TEST(FormatSweepTest, ReferenceRowFp32SlotAndQuantizedFormat) {
   EXPECT_NEAR((*rows)[2].bits_per_value, 5.0, 1e-9);
   EXPECT_NE((*rows)[2].decode.excess, 0.0);
   EXPECT_LT((*rows)[2].decode.agreement, 1.0 + 1e-12);
+  // Identity maps (no calibration given) are reported as such.
+  EXPECT_EQ((*rows)[3].format, "damp-sr:16");
+  EXPECT_FALSE((*rows)[3].calibrated);
   const std::string table = FormatSweepTable(*rows);
   EXPECT_NE(table.find("| int4 | identity | 5.000 |"), std::string::npos) << table;
 }
