@@ -11,14 +11,15 @@ request_hash_header (not in the C++ client's Debian gRPC 1.51), and its hash
 (xxhash of the header) differs from ours, so Python and C++ workers would
 disagree. See README "Sharding".
 
-    cluster = ShardedClient(["statecached-0.statecached:50051",
-                             "statecached-1.statecached:50051"])
+    cluster = ShardedClient(["10.0.0.1:50051", "10.0.0.2:50051"])
+    # or, in Kubernetes: ShardedClient.from_dns("statecached-headless.statecache.svc", 50051)
     cluster.register_model_everywhere("m", geometry, "damp")
     c = cluster.for_conversation("conv-42")          # a statecache.Client
     slots = c.allocate_slots("m", 1)
 """
 from __future__ import annotations
 
+import socket
 import threading
 from typing import Dict, List, Sequence
 
@@ -35,6 +36,21 @@ class ShardedClient:
         self._kwargs = client_kwargs
         self._clients: Dict[str, Client] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_dns(cls, host: str, port: int = 50051, **kwargs) -> "ShardedClient":
+        """One endpoint per address `host` resolves to, e.g. the Kubernetes
+        headless Service "statecached-headless.statecache.svc.cluster.local"
+        (one A record per ready pod). Endpoints are "ip:port" ("[ip]:port"
+        for IPv6). Resolve again (a new ShardedClient) when pods change; the
+        ring moves only the conversations of added / removed pods.
+        socket.gaierror when the name does not resolve."""
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        eps = set()
+        for family, _, _, _, addr in infos:
+            ip = addr[0]
+            eps.add(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+        return cls(sorted(eps), **kwargs)
 
     @property
     def ring(self) -> HashRing:

@@ -118,3 +118,13 @@ def test_without_endpoint_errors():
         ring.without_endpoint("a:1")
     with pytest.raises(ValueError, match="duplicated"):
         ring.with_endpoint("a:1")
+
+
+def test_sharded_from_dns_localhost():
+    import statecache as sc
+    cluster = sc.ShardedClient.from_dns("localhost", 50099)
+    assert cluster.endpoints  # 127.0.0.1:50099 and/or [::1]:50099
+    for e in cluster.endpoints:
+        assert e in ("127.0.0.1:50099", "[::1]:50099")
+    assert cluster.endpoint_for("conv-1") in cluster.endpoints
+    cluster.close()
