@@ -19,6 +19,7 @@
 // eval prints bits/byte (convention in client/model/eval.h), per domain, the
 // predicted byte count and wall time.
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -35,6 +36,7 @@
 #include "client/model/eval.h"
 #include "client/model/format_sweep.h"
 #include "client/model/fp32_state_store.h"
+#include "client/model/layout_providers.h"
 #include "client/model/model.h"
 #include "client/model/record.h"
 #include "kernels/backend/backend.h"
@@ -42,6 +44,7 @@
 #include "kernels/formats/format.h"
 #include "kernels/io/test_data.h"
 #include "kernels/layout/state_layout.h"
+#include "kernels/trajectory/trajectory_file.h"
 
 ABSL_FLAG(std::string, model, "gdn-tiny", "model folder, or a name under ../shared/models");
 ABSL_FLAG(std::string, corpus, "", "JSON-lines corpus (file, or path under ../shared)");
@@ -53,7 +56,13 @@ ABSL_FLAG(int, threads, 0, "matmul threads (0 = all cores)");
 ABSL_FLAG(int, max_docs, 0, "eval/record: only the first N documents (0 = all)");
 ABSL_FLAG(std::string, prompt, "def ", "generate: prompt text (bytes)");
 ABSL_FLAG(int, max_new, 200, "generate: bytes to generate (greedy)");
-ABSL_FLAG(std::string, out, "", "record: output safetensors path");
+ABSL_FLAG(std::string, out, "", "record: output folder (one trajectory file per document)");
+ABSL_FLAG(std::string, layouts, "calibrate",
+          "layouts of damp/damp-sr: calibrate (record FP32 trajectories of "
+          "--calibration_corpus and calibrate in memory), identity, or comma-separated layout "
+          "files");
+ABSL_FLAG(std::string, calibration_corpus, "calibration.jsonl",
+          "corpus for --layouts=calibrate (file, or path under ../shared/corpus)");
 ABSL_FLAG(std::string, formats, "all",
           "sweep: comma-separated format specs, or all (every format, damp/damp-sr at k_hi 16)");
 
@@ -77,6 +86,26 @@ struct StoreHolder {
   std::unique_ptr<RecurrentStateStore> store;
 };
 
+absl::StatusOr<std::vector<Document>> LoadCorpusFlag(const std::string& value);
+
+// The --layouts provider. Calibration runs only when a mixed format needs it.
+absl::StatusOr<LayoutProvider> MakeLayouts(const Model& model, bool needed) {
+  const std::string v = absl::GetFlag(FLAGS_layouts);
+  if (v == "identity" || !needed) return IdentityLayouts();
+  if (v == "calibrate") {
+    ASSIGN_OR_RETURN(std::vector<Document> docs,
+                     LoadCorpusFlag(absl::GetFlag(FLAGS_calibration_corpus)));
+    CalibrationOptions opts;
+    opts.threads = absl::GetFlag(FLAGS_threads);
+    std::string info;
+    ASSIGN_OR_RETURN(LayoutProvider p, CalibratedLayouts(model, docs, opts, &info));
+    std::fprintf(stderr, "layouts: %s\n", info.c_str());
+    return p;
+  }
+  std::vector<std::string> files = absl::StrSplit(v, ',');
+  return LayoutsFromFiles(files, model.config().Geometry());
+}
+
 absl::StatusOr<StoreHolder> MakeStore(const Model& model) {
   StoreHolder h;
   const std::string backend = absl::GetFlag(FLAGS_backend);
@@ -92,7 +121,8 @@ absl::StatusOr<StoreHolder> MakeStore(const Model& model) {
   }
   ASSIGN_OR_RETURN(h.backend, CreateBackend(backend));
   ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(format));
-  ASSIGN_OR_RETURN(StateLayout layout, StateLayout::Identity(model.config().Geometry(), spec));
+  ASSIGN_OR_RETURN(LayoutProvider layouts, MakeLayouts(model, IsMixedFormat(spec.format)));
+  ASSIGN_OR_RETURN(StateLayout layout, layouts(model.config().Geometry(), spec));
   ASSIGN_OR_RETURN(auto store, BackendStateStore::Create(h.backend.get(), layout));
   h.store = std::move(store);
   return h;
@@ -105,11 +135,15 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel() {
   return Model::Load(dir, opts);
 }
 
+absl::StatusOr<std::vector<Document>> LoadCorpusFlag(const std::string& value) {
+  ASSIGN_OR_RETURN(std::string path, ResolveShared(value, "corpus/"));
+  return ReadCorpus(path);
+}
+
 absl::StatusOr<std::vector<Document>> LoadCorpus(const std::string& dflt) {
   std::string c = absl::GetFlag(FLAGS_corpus);
   if (c.empty()) c = dflt;
-  ASSIGN_OR_RETURN(std::string path, ResolveShared(c, "corpus/"));
-  ASSIGN_OR_RETURN(std::vector<Document> docs, ReadCorpus(path));
+  ASSIGN_OR_RETURN(std::vector<Document> docs, LoadCorpusFlag(c));
   const int max_docs = absl::GetFlag(FLAGS_max_docs);
   if (max_docs > 0 && static_cast<int>(docs.size()) > max_docs) docs.resize(max_docs);
   return docs;
@@ -198,8 +232,11 @@ absl::Status Sweep() {
       specs.push_back(spec);
     }
   }
+  bool mixed = false;
+  for (const FormatSpec& spec : specs) mixed |= IsMixedFormat(spec.format);
   SweepOptions opts;
   opts.prefill_tokens = absl::GetFlag(FLAGS_prefill_tokens);
+  ASSIGN_OR_RETURN(opts.layouts, MakeLayouts(*model, mixed));
   const auto start = std::chrono::steady_clock::now();
   opts.progress = [&](const std::string& row) {
     std::fprintf(stderr, "  done %s (%.0f s)\n", row.c_str(),
@@ -213,12 +250,29 @@ absl::Status Sweep() {
   return absl::OkStatus();
 }
 
+// One trajectory file per document: <out>/<model>-<index>-<domain>.safetensors
+// (kernels/trajectory/trajectory_file.h), recorded with the chosen store
+// (FP32 by default: the whole document as one prefill chunk).
 absl::Status Record() {
-  // Hook for the calibration issue: RecordTrajectory() (client/model/record.h)
-  // produces one Trajectory per document; writing them needs
-  // kernels/trajectory:trajectory_file, wired in once it is committed.
-  return absl::UnimplementedError(
-      "record: trajectory files (kernels/trajectory:trajectory_file) not available yet");
+  ASSIGN_OR_RETURN(auto model, LoadModel());
+  ASSIGN_OR_RETURN(std::vector<Document> docs, LoadCorpus("calibration.jsonl"));
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return absl::InvalidArgumentError("--out: required for record");
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("--out: ", out, ": ", ec.message()));
+  ASSIGN_OR_RETURN(StoreHolder h, MakeStore(*model));
+  const std::string name = std::filesystem::path(absl::GetFlag(FLAGS_model)).filename().string();
+  for (size_t i = 0; i < docs.size(); ++i) {
+    ASSIGN_OR_RETURN(Trajectory t, RecordTrajectory(*model, h.store.get(), docs[i], name));
+    char file[64];
+    std::snprintf(file, sizeof(file), "-%03zu-", i);
+    const std::string path = absl::StrCat(out, "/", name, file, docs[i].domain, ".safetensors");
+    RETURN_IF_ERROR(WriteTrajectoryFile(t, path));
+  }
+  std::printf("recorded %zu documents (%s) to %s\n", docs.size(), h.store->Describe().c_str(),
+              out.c_str());
+  return absl::OkStatus();
 }
 
 }  // namespace
