@@ -1,6 +1,7 @@
 #include "server/model_registry.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -37,6 +38,12 @@ int64_t Count(int64_t requested, int64_t unit, int64_t remaining, int64_t cap) {
   return std::max<int64_t>(bytes, 0) / unit;
 }
 
+// Key of models_: the id alone for tenant "", else "tenant/id" ('/' is not
+// allowed in either name, so keys never collide).
+std::string Key(absl::string_view tenant, absl::string_view id) {
+  return tenant.empty() ? std::string(id) : absl::StrCat(tenant, "/", id);
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& spec) {
@@ -67,7 +74,7 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
   const int64_t slot_bytes = layout->slot_bytes();
 
   absl::MutexLock lock(&mu_);
-  if (models_.contains(spec.id)) {
+  if (models_.contains(Key(spec.tenant, spec.id))) {
     return absl::AlreadyExistsError(absl::StrCat("model_id: '", spec.id, "' is already registered"));
   }
   const int64_t state_left = options_.state_budget_bytes - state_reserved_;
@@ -100,24 +107,26 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
   model->state_bytes = slots * slot_bytes;
   model->checkpoint_bytes = checkpoints * slot_bytes;
   model->registered_at = absl::Now();
+  model->tenant = spec.tenant;
   state_reserved_ += model->state_bytes;
   checkpoint_reserved_ += model->checkpoint_bytes;
-  models_[spec.id] = model;
+  models_[Key(spec.tenant, spec.id)] = model;
   return model;
 }
 
-absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Find(absl::string_view id) const {
+absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Find(absl::string_view tenant,
+                                                           absl::string_view id) const {
   absl::MutexLock lock(&mu_);
-  auto it = models_.find(id);
+  auto it = models_.find(Key(tenant, id));
   if (it == models_.end()) {
     return absl::NotFoundError(absl::StrCat("model_id: unknown model '", id, "'"));
   }
   return it->second;
 }
 
-absl::Status ModelRegistry::Drop(absl::string_view id, bool force) {
+absl::Status ModelRegistry::Drop(absl::string_view tenant, absl::string_view id, bool force) {
   absl::MutexLock lock(&mu_);
-  auto it = models_.find(id);
+  auto it = models_.find(Key(tenant, id));
   if (it == models_.end()) {
     return absl::NotFoundError(absl::StrCat("model_id: unknown model '", id, "'"));
   }
@@ -141,7 +150,17 @@ std::vector<std::shared_ptr<Model>> ModelRegistry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Model>> out;
   for (const auto& [id, m] : models_) out.push_back(m);
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->id < b->id; });
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::tie(a->tenant, a->id) < std::tie(b->tenant, b->id);
+  });
+  return out;
+}
+
+std::vector<std::shared_ptr<Model>> ModelRegistry::List(absl::string_view tenant) const {
+  std::vector<std::shared_ptr<Model>> out;
+  for (auto& m : List()) {
+    if (m->tenant == tenant) out.push_back(std::move(m));
+  }
   return out;
 }
 

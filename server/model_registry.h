@@ -45,11 +45,16 @@ struct Model {
   int64_t state_bytes = 0;       // reserved of the state budget
   int64_t checkpoint_bytes = 0;  // reserved of the checkpoint budget
   absl::Time registered_at;
+  // Owning tenant ("" in the unauthenticated single-tenant mode). Models of
+  // different tenants live in separate namespaces (the same id may exist once
+  // per tenant); a tenant never sees another's models (issue 8).
+  std::string tenant;
 };
 
 // What RegisterModel asks for (validated by Register).
 struct ModelSpec {
   std::string id;
+  std::string tenant;  // owner; "" = the single tenant of the no-auth mode
   ModelGeometry geometry;
   FormatSpec format;
   // Calibrated maps; all empty = identity layout.
@@ -80,15 +85,27 @@ class ModelRegistry {
   // budgets (kResourceExhausted naming the budget), allocates the arenas.
   absl::StatusOr<std::shared_ptr<Model>> Register(const ModelSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // kNotFound naming model_id.
-  absl::StatusOr<std::shared_ptr<Model>> Find(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // kNotFound naming model_id. The tenant-less overloads use tenant "".
+  // Another tenant's model is reported exactly like an unknown one.
+  absl::StatusOr<std::shared_ptr<Model>> Find(absl::string_view tenant,
+                                              absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<Model>> Find(absl::string_view id) const ABSL_LOCKS_EXCLUDED(mu_) {
+    return Find("", id);
+  }
 
   // Removes a model. Without `force`: kFailedPrecondition while it has
   // allocated slots or active leases.
-  absl::Status Drop(absl::string_view id, bool force) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Drop(absl::string_view tenant, absl::string_view id, bool force)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Drop(absl::string_view id, bool force) ABSL_LOCKS_EXCLUDED(mu_) {
+    return Drop("", id, force);
+  }
 
-  // All models, by id.
+  // All models of all tenants, by (tenant, id).
   std::vector<std::shared_ptr<Model>> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The models of one tenant, by id.
+  std::vector<std::shared_ptr<Model>> List(absl::string_view tenant) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   int64_t state_budget_bytes() const { return options_.state_budget_bytes; }
   int64_t checkpoint_budget_bytes() const { return options_.checkpoint_budget_bytes; }

@@ -1,7 +1,11 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -10,6 +14,80 @@
 #include "server/log.h"
 
 namespace statecache {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const StateCacheServer::SecurityOptions& sec, const std::string& listen) {
+  const bool tls = !sec.tls_cert_file.empty() || !sec.tls_key_file.empty();
+  if (!tls) {
+    if (!sec.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "tls_client_ca_file: mutual TLS needs tls_cert_file and tls_key_file");
+    }
+    if (!IsLoopbackAddress(listen) && !sec.allow_insecure_remote) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "listen: refusing a plaintext listener on non-loopback address '", listen,
+          "'; give --tls_cert_file/--tls_key_file, or --allow_insecure_remote on a trusted "
+          "network"));
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (sec.tls_cert_file.empty() || sec.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("tls_cert_file / tls_key_file: give both or neither");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(sec.tls_cert_file, "tls_cert_file"));
+  ASSIGN_OR_RETURN(pair.private_key, ReadFile(sec.tls_key_file, "tls_key_file"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!sec.tls_client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(sec.tls_client_ca_file, "tls_client_ca_file"));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+bool IsLoopbackAddress(absl::string_view listen) {
+  if (absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:")) return true;
+  absl::string_view host = listen;
+  if (absl::StartsWith(host, "[")) {
+    const size_t close = host.find(']');
+    if (close == absl::string_view::npos) return false;
+    host = host.substr(1, close - 1);
+  } else {
+    const size_t colon = host.rfind(':');
+    if (colon != absl::string_view::npos) host = host.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  // 127.0.0.0/8, digits and dots only.
+  return absl::StartsWith(host, "127.") &&
+         host.find_first_not_of("0123456789.") == absl::string_view::npos;
+}
+
+int64_t StateCacheServer::ReleaseIdleSlots(absl::Time cutoff) {
+  int64_t total = 0;
+  for (const auto& m : registry_->List()) {
+    const int64_t n = m->slots->ReleaseIdle(cutoff);
+    if (n > 0) {
+      LogEvent("slots_lease_expired",
+               absl::StrCat("model=", m->tenant.empty() ? "" : m->tenant + "/", m->id,
+                            " count=", n, " used=", m->slots->stats().allocated, "/",
+                            m->slots->capacity()));
+    }
+    total += n;
+  }
+  return total;
+}
 
 absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Options options) {
   const MemoryOptions& mem = options.memory;
@@ -24,7 +102,15 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   if (options.sockets.max_message_bytes < 1024) {
     return absl::InvalidArgumentError("max_message_bytes: must be >= 1024");
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeCredentials(options.security, options.sockets.listen));
+  if (options.slot_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("slot_idle_timeout: negative");
+  }
   std::unique_ptr<StateCacheServer> s(new StateCacheServer());
+  if (!options.security.tenants_file.empty()) {
+    ASSIGN_OR_RETURN(s->tenants_, TenantDirectory::Load(options.security.tenants_file));
+  }
   if (options.backend != nullptr) {
     s->backend_ = std::move(options.backend);
   } else {
@@ -51,7 +137,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
     std::vector<ModelStatsSnapshot> out;
     for (const auto& m : registry->List()) {
       ModelStatsSnapshot snap;
-      snap.model_id = m->id;
+      snap.model_id = m->tenant.empty() ? m->id : absl::StrCat(m->tenant, "/", m->id);
       snap.format = FormatSpecName(m->layout.format());
       snap.registration = absl::ToUnixNanos(m->registered_at);
       snap.slots = m->slots->stats();
@@ -66,11 +152,31 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   }
   s->service_ = std::make_unique<StateCacheService>(s->backend_.get(), s->registry_.get(),
                                                     s->metrics_, options.limits);
+  s->service_->set_tenants(s->tenants_.get());
+  if (!options.persistence.data_dir.empty()) {
+    ASSIGN_OR_RETURN(s->model_store_, ModelStore::Open(options.persistence.data_dir));
+    ASSIGN_OR_RETURN(std::vector<ModelStore::Entry> saved, s->model_store_->LoadAll());
+    for (const ModelStore::Entry& e : saved) {
+      Tenant* tenant = &s->service_->default_tenant();
+      if (!e.tenant.empty()) tenant = s->tenants_ ? s->tenants_->Find(e.tenant) : nullptr;
+      absl::Status st = absl::NotFoundError(
+          absl::StrCat("tenant '", e.tenant, "' is not in the tenants file"));
+      v1::RegisterModelResponse ignored;
+      if (tenant != nullptr) st = s->service_->DoRegisterModel(*tenant, e.request, &ignored);
+      if (st.ok()) {
+        ++s->models_reloaded_;
+      } else {
+        LogEvent("model_reload_failed", absl::StrCat("file=", e.path, " error=\"",
+                                                     st.ToString(), "\""));
+      }
+    }
+    s->service_->set_model_store(s->model_store_.get());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.sockets.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.sockets.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(options.sockets.max_message_bytes);
   builder.SetMaxSendMessageSize(options.sockets.max_message_bytes);
   builder.RegisterService(s->service_.get());
@@ -91,6 +197,34 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                         " checkpoint_memory_bytes=", checkpoint_bytes,
                         " metrics_port=", s->metrics_port(),
                         " max_message_bytes=", options.sockets.max_message_bytes));
+  const SecurityOptions& sec = options.security;
+  LogEvent("security",
+           absl::StrCat("transport=",
+                        sec.tls_cert_file.empty() ? "plaintext"
+                        : sec.tls_client_ca_file.empty() ? "tls" : "mutual-tls",
+                        s->tenants_ ? absl::StrCat(" auth=bearer-token tenants=",
+                                                   s->tenants_->TenantNames().size(),
+                                                   " tokens=", s->tenants_->token_count())
+                                    : " auth=NONE (single-tenant development mode: every caller "
+                                      "is the default tenant; give --tenants_file in production)",
+                        " slot_idle_timeout=", absl::FormatDuration(options.slot_idle_timeout),
+                        " data_dir=", options.persistence.data_dir.empty()
+                                          ? "none" : options.persistence.data_dir,
+                        " models_reloaded=", s->models_reloaded_));
+  if (options.slot_idle_timeout > absl::ZeroDuration()) {
+    const absl::Duration idle = options.slot_idle_timeout;
+    const absl::Duration period =
+        std::max(absl::Milliseconds(10), std::min(idle / 4, absl::Seconds(5)));
+    StateCacheServer* self = s.get();
+    s->sweeper_ = std::make_unique<std::thread>([self, idle, period] {
+      absl::MutexLock lock(&self->sweeper_mu_);
+      while (!self->sweeper_mu_.AwaitWithTimeout(absl::Condition(&self->stop_sweeper_), period)) {
+        self->sweeper_mu_.Unlock();
+        self->ReleaseIdleSlots(absl::Now() - idle);
+        self->sweeper_mu_.Lock();
+      }
+    });
+  }
   return s;
 }
 
@@ -99,6 +233,14 @@ void StateCacheServer::Shutdown(absl::Duration grace) {
     absl::MutexLock lock(&shutdown_mu_);
     if (shut_down_) return;
     shut_down_ = true;
+  }
+  if (sweeper_ != nullptr) {
+    {
+      absl::MutexLock lock(&sweeper_mu_);
+      stop_sweeper_ = true;
+    }
+    sweeper_->join();
+    sweeper_.reset();
   }
   if (server_ == nullptr) return;
   LogEvent("server_draining", absl::StrCat("grace=", absl::FormatDuration(grace)));

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -23,10 +24,16 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend/backend.h"
 #include "server/metrics.h"
+#include "server/auth/tenants.h"
 #include "server/model_registry.h"
+#include "server/model_store.h"
 #include "server/statecache_service.h"
 
 namespace statecache {
+
+// True for addresses only this host can reach: unix sockets, 127.0.0.0/8,
+// [::1] and localhost.
+bool IsLoopbackAddress(absl::string_view listen);
 
 class StateCacheServer {
  public:
@@ -49,6 +56,29 @@ class StateCacheServer {
     absl::Duration lease_default = absl::Seconds(30);
     absl::Duration lease_max = absl::Minutes(10);
   };
+  // Transport security and authentication (issue 8).
+  struct SecurityOptions {
+    // TLS: PEM server certificate chain and private key. Both empty = a
+    // plaintext listener, which must be loopback (127.0.0.0/8, ::1,
+    // localhost) or a unix socket unless allow_insecure_remote is set.
+    std::string tls_cert_file;
+    std::string tls_key_file;
+    // Mutual TLS: PEM CA bundle; clients must present a certificate signed by
+    // it (requires tls_cert_file).
+    std::string tls_client_ca_file;
+    // Accept a plaintext listener on a non-loopback address (trusted
+    // networks only; tokens then travel in clear).
+    bool allow_insecure_remote = false;
+    // Tenants file (server/auth/tenants.h). Empty = authentication off:
+    // single-tenant local development mode (logged at start-up).
+    std::string tenants_file;
+  };
+  struct PersistenceOptions {
+    // Directory where registrations are persisted and reloaded at start-up
+    // (server/model_store.h); empty = nothing is persisted. States (slots,
+    // checkpoints) are volatile either way.
+    std::string data_dir;
+  };
   struct MetricsOptions {
     // Prometheus /metrics endpoint; port < 0 disables it, 0 picks a port.
     std::string host = "127.0.0.1";
@@ -59,6 +89,11 @@ class StateCacheServer {
     MemoryOptions memory;
     MetricsOptions metrics;
     StateCacheService::Limits limits;
+    SecurityOptions security;
+    PersistenceOptions persistence;
+    // Slot leases: an allocated slot unused (no call on it) for this long is
+    // released, so slots of a client that died come back. Zero = never.
+    absl::Duration slot_idle_timeout = absl::Minutes(10);
     // Test hook: use this backend instead of creating memory.backend.
     std::unique_ptr<Backend> backend;
   };
@@ -77,6 +112,12 @@ class StateCacheServer {
   ModelRegistry& registry() { return *registry_; }
   Metrics& metrics() { return *metrics_; }
   const std::string& listen_address() const { return listen_address_; }
+  StateCacheService& service() { return *service_; }
+  // Registrations reloaded from data_dir at start-up.
+  int models_reloaded() const { return models_reloaded_; }
+  // One sweep of the slot leases (also run every few seconds by a thread
+  // while slot_idle_timeout > 0): releases slots idle since before `cutoff`.
+  int64_t ReleaseIdleSlots(absl::Time cutoff);
 
   // Stops accepting calls, lets in-flight calls finish for up to `grace`,
   // then cancels the rest. Idempotent; also run by the destructor.
@@ -90,6 +131,13 @@ class StateCacheServer {
   std::shared_ptr<Metrics> metrics_;
   std::unique_ptr<StateCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<TenantDirectory> tenants_;
+  std::unique_ptr<ModelStore> model_store_;
+  int models_reloaded_ = 0;
+  // The slot-lease sweeper.
+  std::unique_ptr<std::thread> sweeper_;
+  absl::Mutex sweeper_mu_;
+  bool stop_sweeper_ ABSL_GUARDED_BY(sweeper_mu_) = false;
   std::string listen_address_;
   int port_ = 0;
   absl::Mutex shutdown_mu_;

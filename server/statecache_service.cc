@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "kernels/backend/batch_validation.h"
 #include "kernels/common/status_macros.h"
+#include "server/auth/tenants.h"
 #include "server/log.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/staging.h"
@@ -89,6 +90,65 @@ absl::Status CheckBatch(int batch, int max_batch, absl::string_view field) {
   return absl::OkStatus();
 }
 
+// Per-request work bound: head updates (B x T x h_v; Prefill of states:
+// B x layers x h_v).
+absl::Status CheckWork(int64_t heads, int64_t max_heads, absl::string_view field) {
+  if (heads > max_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", heads, " head updates (batch x tokens x heads) exceed the per-request limit of ",
+        max_heads, " (--max_work_heads)"));
+  }
+  return absl::OkStatus();
+}
+
+// Fits a registration into the tenant's max_models / max_state_bytes /
+// max_checkpoint_bytes quotas: explicit counts beyond them fail naming the
+// quota, "0 = remaining budget" counts are capped by what is left.
+absl::Status CheckRegisterQuotaImpl(const ModelRegistry& registry, Tenant& caller,
+                                    ModelSpec* spec) {
+  const TenantQuota& q = caller.quota();
+  if (q.max_models == 0 && q.max_state_bytes == 0 && q.max_checkpoint_bytes == 0) {
+    return absl::OkStatus();
+  }
+  const std::vector<std::shared_ptr<Model>> mine = registry.List(caller.name());
+  if (q.max_models > 0 && static_cast<int64_t>(mine.size()) >= q.max_models) {
+    return absl::ResourceExhaustedError(absl::StrCat("quota max_models: tenant '", caller.name(),
+                                                     "' has ", mine.size(), " of ", q.max_models,
+                                                     " models registered"));
+  }
+  absl::StatusOr<StateLayout> layout = StateLayout::Identity(spec->geometry, spec->format);
+  if (!layout.ok()) return absl::OkStatus();  // Register reports the field
+  const int64_t slot_bytes = layout->slot_bytes();
+  int64_t state_used = 0, ckpt_used = 0;
+  for (const auto& m : mine) {
+    state_used += m->state_bytes;
+    ckpt_used += m->checkpoint_bytes;
+  }
+  struct Budget {
+    int64_t quota, used, count;
+    int64_t* cap;
+    const char* name;
+    const char* what;
+  };
+  for (const Budget& b : {Budget{q.max_state_bytes, state_used, spec->slots,
+                                 &spec->max_state_bytes, "max_state_bytes", "slots"},
+                          Budget{q.max_checkpoint_bytes, ckpt_used, spec->checkpoints,
+                                 &spec->max_checkpoint_bytes, "max_checkpoint_bytes",
+                                 "checkpoints"}}) {
+    if (b.quota == 0) continue;
+    const int64_t left = std::max<int64_t>(b.quota - b.used, 0);
+    const int64_t want = b.count > 0 ? b.count * slot_bytes : slot_bytes;
+    if (want > left) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "quota ", b.name, ": tenant '", caller.name(), "' has ", left, " of ", b.quota,
+          " bytes left; ", std::max<int64_t>(b.count, 1), " ", b.what, " of ", slot_bytes,
+          " bytes need ", want));
+    }
+    if (b.count == 0) *b.cap = *b.cap > 0 ? std::min(*b.cap, left) : left;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PrefixKey> KeyFromTokensOrKey(bool has_tokens, const v1::TokenIds& tokens,
                                              bool has_key, const v1::PrefixKey& key,
                                              absl::string_view tokens_field,
@@ -112,18 +172,41 @@ absl::StatusOr<PrefixKey> KeyFromTokensOrKey(bool has_tokens, const v1::TokenIds
 
 }  // namespace
 
+absl::Status StateCacheService::CheckRegisterQuota(Tenant& caller, ModelSpec* spec) {
+  return CheckRegisterQuotaImpl(*registry_, caller, spec);
+}
+
 StateCacheService::StateCacheService(Backend* backend, ModelRegistry* registry,
                                      std::shared_ptr<Metrics> metrics, Limits limits)
     : backend_(backend),
       registry_(registry),
       metrics_(std::move(metrics)),
       limits_(limits),
-      started_(absl::Now()) {}
+      started_(absl::Now()),
+      default_tenant_("", TenantQuota()) {}
+
+absl::StatusOr<Tenant*> StateCacheService::Authenticate(const grpc::ServerContext* ctx) {
+  if (tenants_ == nullptr) return &default_tenant_;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(
+        "authorization: missing (send metadata 'authorization: Bearer <token>')");
+  }
+  ASSIGN_OR_RETURN(std::string token,
+                   ParseBearer(absl::string_view(it->second.data(), it->second.size())));
+  return tenants_->Authenticate(token);
+}
 
 template <typename F>
-grpc::Status StateCacheService::Run(const char* method, F&& handler) {
+grpc::Status StateCacheService::Run(const grpc::ServerContext* ctx, const char* method,
+                                    F&& handler) {
   const absl::Time start = absl::Now();
-  const absl::Status status = handler();
+  const absl::Status status = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(Tenant * caller, Authenticate(ctx));
+    RETURN_IF_ERROR(caller->Admit(start));
+    return handler(*caller);
+  }();
   if (metrics_) metrics_->ObserveRpc(method, static_cast<int>(status.code()), Seconds(start));
   return ToGrpcStatus(status);
 }
@@ -148,7 +231,7 @@ void StateCacheService::FillModelInfo(const Model& m, v1::ModelInfo* info) {
                info->mutable_stats());
 }
 
-absl::Status StateCacheService::DoRegisterModel(const v1::RegisterModelRequest& req,
+absl::Status StateCacheService::DoRegisterModel(Tenant& caller, const v1::RegisterModelRequest& req,
                                                 v1::RegisterModelResponse* resp) {
   ModelSpec spec;
   spec.id = req.model_id();
@@ -165,7 +248,21 @@ absl::Status StateCacheService::DoRegisterModel(const v1::RegisterModelRequest& 
   spec.checkpoints = req.checkpoints();
   spec.max_state_bytes = req.max_state_bytes();
   spec.max_checkpoint_bytes = req.max_checkpoint_bytes();
+  spec.tenant = caller.name();
+  absl::MutexLock quota_lock(&caller.allocation_mu());
+  RETURN_IF_ERROR(CheckRegisterQuota(caller, &spec));
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model, registry_->Register(spec));
+  if (model_store_ != nullptr) {
+    // Acknowledged only once durable: persist what was resolved.
+    v1::RegisterModelRequest persisted = req;
+    persisted.set_slots(model->slots->capacity());
+    persisted.set_checkpoints(model->checkpoints ? model->checkpoints->capacity() : 0);
+    absl::Status saved = model_store_->Save(caller.name(), persisted);
+    if (!saved.ok()) {
+      registry_->Drop(caller.name(), model->id, /*force=*/true).IgnoreError();
+      return saved;
+    }
+  }
   FillModelInfo(*model, resp->mutable_model());
   const v1::ModelInfo& info = resp->model();
   LogEvent("model_registered",
@@ -179,54 +276,65 @@ absl::Status StateCacheService::DoRegisterModel(const v1::RegisterModelRequest& 
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::RegisterModel(grpc::ServerContext*,
+grpc::Status StateCacheService::RegisterModel(grpc::ServerContext* ctx,
                                               const v1::RegisterModelRequest* req,
                                               v1::RegisterModelResponse* resp) {
-  return Run("RegisterModel", [&] { return DoRegisterModel(*req, resp); });
+  return Run(ctx, "RegisterModel", [&](Tenant& caller) { return DoRegisterModel(caller, *req, resp); });
 }
 
-grpc::Status StateCacheService::ListModels(grpc::ServerContext*, const v1::ListModelsRequest*,
+grpc::Status StateCacheService::ListModels(grpc::ServerContext* ctx, const v1::ListModelsRequest*,
                                            v1::ListModelsResponse* resp) {
-  return Run("ListModels", [&] {
-    for (const auto& m : registry_->List()) FillModelInfo(*m, resp->add_models());
+  return Run(ctx, "ListModels", [&](Tenant& caller) {
+    for (const auto& m : registry_->List(caller.name())) FillModelInfo(*m, resp->add_models());
     return absl::OkStatus();
   });
 }
 
-absl::Status StateCacheService::DoDescribeModel(const v1::DescribeModelRequest& req,
+absl::Status StateCacheService::DoDescribeModel(Tenant& caller, const v1::DescribeModelRequest& req,
                                                 v1::ModelInfo* resp) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   FillModelInfo(*m, resp);
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::DescribeModel(grpc::ServerContext*,
+grpc::Status StateCacheService::DescribeModel(grpc::ServerContext* ctx,
                                               const v1::DescribeModelRequest* req,
                                               v1::ModelInfo* resp) {
-  return Run("DescribeModel", [&] { return DoDescribeModel(*req, resp); });
+  return Run(ctx, "DescribeModel", [&](Tenant& caller) { return DoDescribeModel(caller, *req, resp); });
 }
 
-absl::Status StateCacheService::DoDropModel(const v1::DropModelRequest& req) {
-  RETURN_IF_ERROR(registry_->Drop(req.model_id(), req.force()));
+absl::Status StateCacheService::DoDropModel(Tenant& caller, const v1::DropModelRequest& req) {
+  RETURN_IF_ERROR(registry_->Drop(caller.name(), req.model_id(), req.force()));
+  if (model_store_ != nullptr) RETURN_IF_ERROR(model_store_->Remove(caller.name(), req.model_id()));
   LogEvent("model_dropped",
            absl::StrCat("model=", req.model_id(), " force=", req.force() ? "true" : "false"));
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::DropModel(grpc::ServerContext*, const v1::DropModelRequest* req,
+grpc::Status StateCacheService::DropModel(grpc::ServerContext* ctx, const v1::DropModelRequest* req,
                                           v1::DropModelResponse*) {
-  return Run("DropModel", [&] { return DoDropModel(*req); });
+  return Run(ctx, "DropModel", [&](Tenant& caller) { return DoDropModel(caller, *req); });
 }
 
 // ---------------------------------------------------------------------------
 // Slots
 
-absl::Status StateCacheService::DoAllocateSlots(const v1::AllocateSlotsRequest& req,
+absl::Status StateCacheService::DoAllocateSlots(Tenant& caller, const v1::AllocateSlotsRequest& req,
                                                 v1::AllocateSlotsResponse* resp) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   if (req.count() < 1 || req.count() > limits_.max_allocate) {
     return absl::InvalidArgumentError(absl::StrCat("count: ", req.count(), " is outside 1..",
                                                    limits_.max_allocate));
+  }
+  absl::MutexLock quota_lock(&caller.allocation_mu());
+  if (caller.quota().max_slots > 0) {
+    int64_t used = 0;
+    for (const auto& mine : registry_->List(caller.name())) used += mine->slots->stats().allocated;
+    if (used + req.count() > caller.quota().max_slots) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "quota max_slots: tenant '", caller.name(), "' has ", used, " slots allocated; ",
+          req.count(), " more would exceed its quota of ", caller.quota().max_slots));
+    }
   }
   ASSIGN_OR_RETURN(std::vector<SlotHandle> handles, m->slots->Allocate(req.count()));
   for (const SlotHandle& h : handles) HandleToProto(h, resp->add_slots());
@@ -236,14 +344,14 @@ absl::Status StateCacheService::DoAllocateSlots(const v1::AllocateSlotsRequest& 
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::AllocateSlots(grpc::ServerContext*,
+grpc::Status StateCacheService::AllocateSlots(grpc::ServerContext* ctx,
                                               const v1::AllocateSlotsRequest* req,
                                               v1::AllocateSlotsResponse* resp) {
-  return Run("AllocateSlots", [&] { return DoAllocateSlots(*req, resp); });
+  return Run(ctx, "AllocateSlots", [&](Tenant& caller) { return DoAllocateSlots(caller, *req, resp); });
 }
 
-absl::Status StateCacheService::DoReleaseSlots(const v1::ReleaseSlotsRequest& req) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+absl::Status StateCacheService::DoReleaseSlots(Tenant& caller, const v1::ReleaseSlotsRequest& req) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   RETURN_IF_ERROR(m->slots->Release(HandlesFromProto(req.slots())));
   LogEvent("slots_released", absl::StrCat("model=", m->id, " count=", req.slots_size(),
                                           " used=", m->slots->stats().allocated, "/",
@@ -251,21 +359,22 @@ absl::Status StateCacheService::DoReleaseSlots(const v1::ReleaseSlotsRequest& re
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::ReleaseSlots(grpc::ServerContext*,
+grpc::Status StateCacheService::ReleaseSlots(grpc::ServerContext* ctx,
                                              const v1::ReleaseSlotsRequest* req,
                                              v1::ReleaseSlotsResponse*) {
-  return Run("ReleaseSlots", [&] { return DoReleaseSlots(*req); });
+  return Run(ctx, "ReleaseSlots", [&](Tenant& caller) { return DoReleaseSlots(caller, *req); });
 }
 
 // ---------------------------------------------------------------------------
 // Compute
 
-absl::Status StateCacheService::DoUpdate(const v1::UpdateRequest& req, v1::UpdateResponse* resp) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest& req, v1::UpdateResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   const ModelGeometry& g = m->layout.geometry();
   RETURN_IF_ERROR(CheckLayer(*m, req.layer()));
   const int b = req.slots_size();
   RETURN_IF_ERROR(CheckBatch(b, limits_.max_batch, "slots"));
+  RETURN_IF_ERROR(CheckWork(int64_t{b} * g.h_v, limits_.max_work_heads, "slots"));
   ASSIGN_OR_RETURN(TensorBytes q, CheckTensor(req.q(), "q", kInputDTypes, {b, g.h_qk, g.d_k}));
   ASSIGN_OR_RETURN(TensorBytes k, CheckTensor(req.k(), "k", {q.dtype}, {b, g.h_qk, g.d_k}));
   ASSIGN_OR_RETURN(TensorBytes v, CheckTensor(req.v(), "v", {q.dtype}, {b, g.h_v, g.d_v}));
@@ -316,22 +425,28 @@ absl::Status StateCacheService::DoUpdate(const v1::UpdateRequest& req, v1::Updat
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::Update(grpc::ServerContext*, const v1::UpdateRequest* req,
+grpc::Status StateCacheService::Update(grpc::ServerContext* ctx, const v1::UpdateRequest* req,
                                        v1::UpdateResponse* resp) {
-  return Run("Update", [&] {
+  return Run(ctx, "Update", [&](Tenant& caller) {
     resp->set_sequence(req->sequence());
-    return DoUpdate(*req, resp);
+    return DoUpdate(caller, *req, resp);
   });
 }
 
 grpc::Status StateCacheService::UpdateStream(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::UpdateResponse, v1::UpdateRequest>* stream) {
+  absl::StatusOr<Tenant*> caller = Authenticate(ctx);
+  if (!caller.ok()) {
+    if (metrics_) metrics_->ObserveRpc("UpdateStream", static_cast<int>(caller.status().code()), 0);
+    return ToGrpcStatus(caller.status());
+  }
   v1::UpdateRequest req;
   while (stream->Read(&req)) {
     const absl::Time start = absl::Now();
     v1::UpdateResponse resp;
-    absl::Status status = DoUpdate(req, &resp);
+    absl::Status status = (*caller)->Admit(start);
+    if (status.ok()) status = DoUpdate(**caller, req, &resp);
     if (!status.ok()) {
       resp.Clear();
       resp.mutable_error()->set_code(static_cast<int>(status.code()));
@@ -347,14 +462,15 @@ grpc::Status StateCacheService::UpdateStream(
   return grpc::Status::OK;
 }
 
-absl::Status StateCacheService::DoPrefill(const v1::PrefillRequest& req,
+absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillRequest& req,
                                           v1::PrefillResponse* resp) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   const ModelGeometry& g = m->layout.geometry();
   const int b = req.slots_size();
   RETURN_IF_ERROR(CheckBatch(b, limits_.max_batch, "slots"));
 
   if (req.input_case() == v1::PrefillRequest::kStates) {
+    RETURN_IF_ERROR(CheckWork(int64_t{b} * g.layers * g.h_v, limits_.max_work_heads, "states"));
     ASSIGN_OR_RETURN(TensorBytes states,
                      CheckTensor(req.states(), "states", kFp32Only,
                                  {b, g.layers, g.h_v, g.d_k, g.d_v}));
@@ -391,6 +507,7 @@ absl::Status StateCacheService::DoPrefill(const v1::PrefillRequest& req,
     return absl::InvalidArgumentError(absl::StrCat("tokens.q.shape[1]: T = ", tokens,
                                                    " is outside 1..", limits_.max_prefill_tokens));
   }
+  RETURN_IF_ERROR(CheckWork(int64_t{b} * tokens * g.h_v, limits_.max_work_heads, "tokens"));
   ASSIGN_OR_RETURN(TensorBytes q,
                    CheckTensor(t.q(), "tokens.q", kInputDTypes, {b, tokens, g.h_qk, g.d_k}));
   ASSIGN_OR_RETURN(TensorBytes k,
@@ -450,17 +567,17 @@ absl::Status StateCacheService::DoPrefill(const v1::PrefillRequest& req,
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::Prefill(grpc::ServerContext*, const v1::PrefillRequest* req,
+grpc::Status StateCacheService::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
                                         v1::PrefillResponse* resp) {
-  return Run("Prefill", [&] { return DoPrefill(*req, resp); });
+  return Run(ctx, "Prefill", [&](Tenant& caller) { return DoPrefill(caller, *req, resp); });
 }
 
 // ---------------------------------------------------------------------------
 // Prefix cache
 
-absl::Status StateCacheService::DoSnapshot(const v1::SnapshotRequest& req,
+absl::Status StateCacheService::DoSnapshot(Tenant& caller, const v1::SnapshotRequest& req,
                                            v1::SnapshotResponse* resp) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   ASSIGN_OR_RETURN(PrefixKey key,
                    KeyFromTokensOrKey(req.prefix_case() == v1::SnapshotRequest::kTokens,
                                       req.tokens(), req.prefix_case() == v1::SnapshotRequest::kKey,
@@ -497,14 +614,14 @@ absl::Status StateCacheService::DoSnapshot(const v1::SnapshotRequest& req,
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* req,
+grpc::Status StateCacheService::Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,
                                          v1::SnapshotResponse* resp) {
-  return Run("Snapshot", [&] { return DoSnapshot(*req, resp); });
+  return Run(ctx, "Snapshot", [&](Tenant& caller) { return DoSnapshot(caller, *req, resp); });
 }
 
-absl::Status StateCacheService::DoRestore(const v1::RestoreRequest& req,
+absl::Status StateCacheService::DoRestore(Tenant& caller, const v1::RestoreRequest& req,
                                           v1::RestoreResponse* resp) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   if (!req.has_key() || req.key().num_tokens() < 1) {
     return absl::InvalidArgumentError("key: missing or num_tokens < 1");
   }
@@ -528,14 +645,14 @@ absl::Status StateCacheService::DoRestore(const v1::RestoreRequest& req,
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::Restore(grpc::ServerContext*, const v1::RestoreRequest* req,
+grpc::Status StateCacheService::Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* req,
                                         v1::RestoreResponse* resp) {
-  return Run("Restore", [&] { return DoRestore(*req, resp); });
+  return Run(ctx, "Restore", [&](Tenant& caller) { return DoRestore(caller, *req, resp); });
 }
 
-absl::Status StateCacheService::DoLookupPrefix(const v1::LookupPrefixRequest& req,
+absl::Status StateCacheService::DoLookupPrefix(Tenant& caller, const v1::LookupPrefixRequest& req,
                                                v1::LookupPrefixResponse* resp) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   std::vector<PrefixKey> candidates;
   if (req.candidates_case() == v1::LookupPrefixRequest::kTokens) {
     if (req.tokens().ids_size() > limits_.max_lookup_tokens) {
@@ -585,17 +702,17 @@ absl::Status StateCacheService::DoLookupPrefix(const v1::LookupPrefixRequest& re
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::LookupPrefix(grpc::ServerContext*,
+grpc::Status StateCacheService::LookupPrefix(grpc::ServerContext* ctx,
                                              const v1::LookupPrefixRequest* req,
                                              v1::LookupPrefixResponse* resp) {
-  return Run("LookupPrefix", [&] { return DoLookupPrefix(*req, resp); });
+  return Run(ctx, "LookupPrefix", [&](Tenant& caller) { return DoLookupPrefix(caller, *req, resp); });
 }
 
 // ---------------------------------------------------------------------------
 // Transfer
 
-absl::Status StateCacheService::DoExport(const v1::ExportRequest& req, v1::ExportResponse* resp) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+absl::Status StateCacheService::DoExport(Tenant& caller, const v1::ExportRequest& req, v1::ExportResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
                    m->slots->Acquire({HandleFromProto(req.slot())}, "slot"));
   TagsToProto(m->id, m->layout, resp->mutable_tags());
@@ -605,13 +722,13 @@ absl::Status StateCacheService::DoExport(const v1::ExportRequest& req, v1::Expor
   return backend_->CopyOut(packed->data(), m->slots->view().slot(access.indices()[0]), bytes);
 }
 
-grpc::Status StateCacheService::Export(grpc::ServerContext*, const v1::ExportRequest* req,
+grpc::Status StateCacheService::Export(grpc::ServerContext* ctx, const v1::ExportRequest* req,
                                        v1::ExportResponse* resp) {
-  return Run("Export", [&] { return DoExport(*req, resp); });
+  return Run(ctx, "Export", [&](Tenant& caller) { return DoExport(caller, *req, resp); });
 }
 
-absl::Status StateCacheService::DoImport(const v1::ImportRequest& req) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+absl::Status StateCacheService::DoImport(Tenant& caller, const v1::ImportRequest& req) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   if (!req.has_tags()) return absl::InvalidArgumentError("tags: missing");
   RETURN_IF_ERROR(CheckTagsMatch(req.tags(), m->id, m->layout));
   const int64_t bytes = m->slots->slot_bytes();
@@ -652,15 +769,15 @@ absl::Status StateCacheService::DoImport(const v1::ImportRequest& req) {
                              dst.at<int32_t>(d_idx), 1);
 }
 
-grpc::Status StateCacheService::Import(grpc::ServerContext*, const v1::ImportRequest* req,
+grpc::Status StateCacheService::Import(grpc::ServerContext* ctx, const v1::ImportRequest* req,
                                        v1::ImportResponse*) {
-  return Run("Import", [&] { return DoImport(*req); });
+  return Run(ctx, "Import", [&](Tenant& caller) { return DoImport(caller, *req); });
 }
 
 // ---------------------------------------------------------------------------
 // Observability
 
-absl::Status StateCacheService::DoGetStats(const v1::GetStatsRequest& req,
+absl::Status StateCacheService::DoGetStats(Tenant& caller, const v1::GetStatsRequest& req,
                                            v1::GetStatsResponse* resp) {
   resp->set_backend(backend_->name());
   resp->set_backend_description(backend_->Describe());
@@ -672,9 +789,9 @@ absl::Status StateCacheService::DoGetStats(const v1::GetStatsRequest& req,
   resp->set_version("statecache v1");
   std::vector<std::shared_ptr<Model>> models;
   if (req.model_id().empty()) {
-    models = registry_->List();
+    models = registry_->List(caller.name());
   } else {
-    ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(req.model_id()));
+    ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
     models.push_back(std::move(m));
   }
   for (const auto& m : models) {
@@ -687,9 +804,9 @@ absl::Status StateCacheService::DoGetStats(const v1::GetStatsRequest& req,
   return absl::OkStatus();
 }
 
-grpc::Status StateCacheService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest* req,
+grpc::Status StateCacheService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
                                          v1::GetStatsResponse* resp) {
-  return Run("GetStats", [&] { return DoGetStats(*req, resp); });
+  return Run(ctx, "GetStats", [&](Tenant& caller) { return DoGetStats(caller, *req, resp); });
 }
 
 }  // namespace statecache

@@ -26,8 +26,10 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend/backend.h"
 #include "proto/statecache/v1/statecache.grpc.pb.h"
+#include "server/auth/tenants.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
+#include "server/model_store.h"
 
 namespace statecache {
 
@@ -43,6 +45,9 @@ class StateCacheService final : public v1::StateCache::Service {
     int64_t max_prefill_tokens = 1 << 16;
     int64_t max_aux_bytes = 64 << 20;   // per checkpoint, all layers
     int64_t max_lookup_tokens = 1 << 20;
+    // Head updates per request: B x h_v (Update), B x T x h_v (Prefill of
+    // tokens), B x layers x h_v (Prefill of states).
+    int64_t max_work_heads = int64_t{1} << 24;
     bool log_cache_events = false;      // one line per snapshot / restore / lookup
   };
 
@@ -82,36 +87,57 @@ class StateCacheService final : public v1::StateCache::Service {
   grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
                         v1::GetStatsResponse* resp) override;
 
-  // The absl-level handlers (also used by tests without gRPC).
-  absl::Status DoRegisterModel(const v1::RegisterModelRequest& req,
+  // Authentication (issue 8). With a directory, every call must carry
+  // metadata "authorization: Bearer <token>" of one of its tenants
+  // (kUnauthenticated otherwise) and sees only that tenant's models; without
+  // one (the default) authentication is off and every caller is the single
+  // default tenant "" (local development mode). Set before serving; the
+  // directory must outlive the service.
+  void set_tenants(const TenantDirectory* tenants) { tenants_ = tenants; }
+  // Persist registrations (RegisterModel / DropModel) in `store` (--data_dir).
+  // Set before serving; must outlive the service.
+  void set_model_store(ModelStore* store) { model_store_ = store; }
+  // The tenant of the unauthenticated mode.
+  Tenant& default_tenant() { return default_tenant_; }
+
+  // The absl-level handlers (also used by tests without gRPC), on behalf of
+  // `caller` (default_tenant() when authentication is off).
+  absl::Status DoRegisterModel(Tenant& caller, const v1::RegisterModelRequest& req,
                                v1::RegisterModelResponse* resp);
-  absl::Status DoDescribeModel(const v1::DescribeModelRequest& req, v1::ModelInfo* resp);
-  absl::Status DoDropModel(const v1::DropModelRequest& req);
-  absl::Status DoAllocateSlots(const v1::AllocateSlotsRequest& req,
+  absl::Status DoDescribeModel(Tenant& caller, const v1::DescribeModelRequest& req, v1::ModelInfo* resp);
+  absl::Status DoDropModel(Tenant& caller, const v1::DropModelRequest& req);
+  absl::Status DoAllocateSlots(Tenant& caller, const v1::AllocateSlotsRequest& req,
                                v1::AllocateSlotsResponse* resp);
-  absl::Status DoReleaseSlots(const v1::ReleaseSlotsRequest& req);
-  absl::Status DoUpdate(const v1::UpdateRequest& req, v1::UpdateResponse* resp);
-  absl::Status DoPrefill(const v1::PrefillRequest& req, v1::PrefillResponse* resp);
-  absl::Status DoSnapshot(const v1::SnapshotRequest& req, v1::SnapshotResponse* resp);
-  absl::Status DoRestore(const v1::RestoreRequest& req, v1::RestoreResponse* resp);
-  absl::Status DoLookupPrefix(const v1::LookupPrefixRequest& req,
+  absl::Status DoReleaseSlots(Tenant& caller, const v1::ReleaseSlotsRequest& req);
+  absl::Status DoUpdate(Tenant& caller, const v1::UpdateRequest& req, v1::UpdateResponse* resp);
+  absl::Status DoPrefill(Tenant& caller, const v1::PrefillRequest& req, v1::PrefillResponse* resp);
+  absl::Status DoSnapshot(Tenant& caller, const v1::SnapshotRequest& req, v1::SnapshotResponse* resp);
+  absl::Status DoRestore(Tenant& caller, const v1::RestoreRequest& req, v1::RestoreResponse* resp);
+  absl::Status DoLookupPrefix(Tenant& caller, const v1::LookupPrefixRequest& req,
                               v1::LookupPrefixResponse* resp);
-  absl::Status DoExport(const v1::ExportRequest& req, v1::ExportResponse* resp);
-  absl::Status DoImport(const v1::ImportRequest& req);
-  absl::Status DoGetStats(const v1::GetStatsRequest& req, v1::GetStatsResponse* resp);
+  absl::Status DoExport(Tenant& caller, const v1::ExportRequest& req, v1::ExportResponse* resp);
+  absl::Status DoImport(Tenant& caller, const v1::ImportRequest& req);
+  absl::Status DoGetStats(Tenant& caller, const v1::GetStatsRequest& req, v1::GetStatsResponse* resp);
 
   // Fills a ModelInfo (geometry, format, tags, sizes, stats).
   static void FillModelInfo(const Model& model, v1::ModelInfo* info);
 
  private:
+  // Authenticates the call, applies the rate quota, runs handler(Tenant&),
+  // records the RPC metric.
   template <typename F>
-  grpc::Status Run(const char* method, F&& handler);
+  grpc::Status Run(const grpc::ServerContext* ctx, const char* method, F&& handler);
+  absl::StatusOr<Tenant*> Authenticate(const grpc::ServerContext* ctx);
+  absl::Status CheckRegisterQuota(Tenant& caller, ModelSpec* spec);
 
   Backend* const backend_;
   ModelRegistry* const registry_;
   const std::shared_ptr<Metrics> metrics_;
   const Limits limits_;
   const absl::Time started_;
+  const TenantDirectory* tenants_ = nullptr;
+  ModelStore* model_store_ = nullptr;
+  Tenant default_tenant_;
 };
 
 }  // namespace statecache

@@ -4,7 +4,10 @@
 // reflection) over gRPC and Prometheus metrics over HTTP, on the CUDA backend
 // when a GPU is usable and the CPU backend otherwise. SIGTERM / SIGINT drain
 // in-flight calls (up to --shutdown_grace_ms) and exit 0. States are volatile:
-// a restart loses slots and checkpoints.
+// a restart loses slots and checkpoints (registrations survive with
+// --data_dir). Security: TLS / mutual TLS from --tls_* files, bearer-token
+// tenants from --tenants_file; plaintext only on loopback unless
+// --allow_insecure_remote.
 //
 //   statecached --listen=127.0.0.1:50051 --backend=cpu --state_memory_bytes=1073741824
 #include <signal.h>
@@ -27,8 +30,31 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address: host:port (port 0 picks a free port), [::]:port for all "
-          "interfaces, or unix:/path/to.sock for co-located workers. Plaintext; bind to "
-          "loopback unless the network is trusted.");
+          "interfaces, or unix:/path/to.sock for co-located workers. Without "
+          "--tls_cert_file the listener is plaintext and must be loopback or a unix socket "
+          "(see --allow_insecure_remote).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain of the server; with --tls_key_file enables TLS.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: enables mutual TLS (clients must present a certificate it signed).");
+ABSL_FLAG(bool, allow_insecure_remote, false,
+          "Allow a plaintext (no TLS) listener on a non-loopback address. Trusted networks "
+          "only: bearer tokens and states then travel in clear.");
+ABSL_FLAG(std::string, tenants_file, "",
+          "Tenants file (bearer-token SHA-256 digests -> tenants, per-tenant quotas; format in "
+          "server/auth/tenants.h). Empty = NO AUTHENTICATION: single-tenant local development "
+          "mode, every caller is the default tenant.");
+ABSL_FLAG(std::string, data_dir, "",
+          "Directory where model registrations (geometry, format, layout) are persisted and "
+          "reloaded at start-up. States (slots, checkpoints) are volatile and never persisted. "
+          "Empty = nothing persisted.");
+ABSL_FLAG(int64_t, slot_idle_timeout_ms, 600000,
+          "Slot lease: an allocated slot with no call for this long is released (its handle "
+          "goes stale), so a dead client's slots come back. 0 = never.");
+ABSL_FLAG(int64_t, max_work_heads, int64_t{1} << 24,
+          "Per-request work bound: batch x tokens x value heads of one Update / Prefill "
+          "(batch x layers x heads for a Prefill of states).");
 ABSL_FLAG(int, max_message_bytes, 256 << 20,
           "Largest gRPC request/response in bytes. Inline-tensor Updates carry "
           "B*(2*h_qk*d_k + h_v*d_v)*dtype_bytes + gates; a Prefill of T tokens T times that; an "
@@ -137,6 +163,14 @@ int Main() {
   options.limits.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
   options.limits.max_aux_bytes = absl::GetFlag(FLAGS_max_aux_bytes);
   options.limits.log_cache_events = absl::GetFlag(FLAGS_log_cache_events);
+  options.limits.max_work_heads = absl::GetFlag(FLAGS_max_work_heads);
+  options.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.security.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.security.allow_insecure_remote = absl::GetFlag(FLAGS_allow_insecure_remote);
+  options.security.tenants_file = absl::GetFlag(FLAGS_tenants_file);
+  options.persistence.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.slot_idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_slot_idle_timeout_ms));
 
   absl::StatusOr<ModelGeometry> report = ParseGeometry(absl::GetFlag(FLAGS_report_geometry));
   if (!report.ok()) {

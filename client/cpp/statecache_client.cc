@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -82,7 +84,9 @@ absl::StatusOr<std::unique_ptr<StateCacheClient>> StateCacheClient::Connect(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(
+      target, options.credentials ? options.credentials : grpc::InsecureChannelCredentials(),
+      args);
   if (channel == nullptr) {
     return absl::UnavailableError(absl::StrCat("target: cannot create a channel to ", target));
   }
@@ -95,6 +99,32 @@ StateCacheClient::StateCacheClient(std::shared_ptr<grpc::Channel> channel, Optio
 void StateCacheClient::SetDeadline(grpc::ClientContext* ctx) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::microseconds(absl::ToInt64Microseconds(options_.timeout)));
+  if (!options_.bearer_token.empty()) {
+    ctx->AddMetadata("authorization", "Bearer " + options_.bearer_token);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> StateCacheClient::TlsCredentials(
+    const std::string& root_ca_file, const std::string& cert_file, const std::string& key_file) {
+  auto read = [](const std::string& path, absl::string_view field) -> absl::StatusOr<std::string> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  if (cert_file.empty() != key_file.empty()) {
+    return absl::InvalidArgumentError("cert_file / key_file: give both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!root_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, read(root_ca_file, "root_ca_file"));
+  }
+  if (!cert_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain, read(cert_file, "cert_file"));
+    ASSIGN_OR_RETURN(ssl.pem_private_key, read(key_file, "key_file"));
+  }
+  return grpc::SslCredentials(ssl);
 }
 
 absl::Status StateCacheClient::WaitForReady(absl::Duration timeout) {
@@ -251,8 +281,11 @@ absl::StatusOr<std::vector<float>> StateCacheClient::Update(absl::string_view mo
 }
 
 absl::StatusOr<std::unique_ptr<UpdateStream>> StateCacheClient::OpenUpdateStream() {
-  auto stream = std::unique_ptr<UpdateStream>(
-      new UpdateStream(this, std::make_unique<grpc::ClientContext>()));
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  if (!options_.bearer_token.empty()) {
+    ctx->AddMetadata("authorization", "Bearer " + options_.bearer_token);
+  }
+  auto stream = std::unique_ptr<UpdateStream>(new UpdateStream(this, std::move(ctx)));
   if (stream->stream_ == nullptr) return absl::UnavailableError("UpdateStream: cannot open");
   return stream;
 }

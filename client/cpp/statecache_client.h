@@ -152,9 +152,23 @@ class StateCacheClient {
     int max_message_bytes = 256 << 20;
     // Per-call deadline (streams: none).
     absl::Duration timeout = absl::Seconds(120);
+    // Sent as "authorization: Bearer <token>" on every call when non-empty
+    // (servers with --tenants_file require it).
+    std::string bearer_token;
+    // Channel credentials; null = plaintext. See TlsCredentials().
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
   };
 
-  // Plaintext channel to `target` ("host:port" or "unix:/path"). Does not
+  // TLS channel credentials from PEM files: `root_ca_file` verifies the
+  // server (empty = system roots); `cert_file` + `key_file` (both or neither)
+  // are the client's certificate for mutual TLS. kInvalidArgument naming an
+  // unreadable file.
+  static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsCredentials(
+      const std::string& root_ca_file, const std::string& cert_file = "",
+      const std::string& key_file = "");
+
+  // Channel to `target` ("host:port" or "unix:/path"), plaintext unless
+  // options.credentials is set. Does not
   // wait for the server; calls fail with kUnavailable until it is up.
   static absl::StatusOr<std::unique_ptr<StateCacheClient>> Connect(const std::string& target,
                                                                    Options options);

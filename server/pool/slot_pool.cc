@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
 #include "server/pool/staging.h"
 
@@ -100,7 +101,11 @@ absl::StatusOr<std::vector<SlotHandle>> SlotPool::Allocate(int64_t n) {
     return backend_->ZeroSlots(view_, StagedData<int32_t>(*staged), static_cast<int>(n));
   }();
   absl::MutexLock lock(&mu_);
-  for (int32_t idx : indices) slots_[idx].busy = false;
+  const absl::Time now = absl::Now();
+  for (int32_t idx : indices) {
+    slots_[idx].busy = false;
+    slots_[idx].last_used = now;
+  }
   unbusy_.SignalAll();
   if (!zeroed.ok()) {
     for (int32_t idx : indices) {
@@ -188,9 +193,27 @@ absl::StatusOr<SlotPool::SlotAccess> SlotPool::Acquire(absl::Span<const SlotHand
 }
 
 void SlotPool::Unbusy(const std::vector<int32_t>& indices) {
+  const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
-  for (int32_t idx : indices) slots_[idx].busy = false;
+  for (int32_t idx : indices) {
+    slots_[idx].busy = false;
+    slots_[idx].last_used = now;
+  }
   unbusy_.SignalAll();
+}
+
+int64_t SlotPool::ReleaseIdle(absl::Time cutoff) {
+  absl::MutexLock lock(&mu_);
+  int64_t released = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (!s.live || s.busy || s.last_used >= cutoff) continue;
+    s.live = false;
+    free_list_.push_back(static_cast<int32_t>(i));
+    ++released;
+  }
+  allocated_ -= released;
+  return released;
 }
 
 SlotPoolStats SlotPool::stats() const {

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend/backend.h"
 #include "kernels/backend/pool_view.h"
@@ -110,6 +111,13 @@ class SlotPool {
   absl::StatusOr<SlotAccess> Acquire(absl::Span<const SlotHandle> handles,
                                      absl::string_view field) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Slot leases: releases every allocated slot that no call holds and that
+  // was last allocated or used (end of an Acquire) before `cutoff`, as if its
+  // owner had called Release (its handle becomes stale). This is how slots of
+  // a client that died come back (the server runs it every few seconds with
+  // cutoff = now - --slot_idle_timeout_ms). Returns the number released.
+  int64_t ReleaseIdle(absl::Time cutoff) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The arena as the kernels see it (fixed for the pool's lifetime).
   const PoolView& view() const { return view_; }
   int64_t capacity() const { return view_.num_slots; }
@@ -128,6 +136,7 @@ class SlotPool {
     uint32_t generation = 0;
     bool live = false;
     bool busy = false;
+    absl::Time last_used;  // allocation or end of the last access
   };
 
   SlotPool(Backend* backend, std::unique_ptr<BackendBuffer> arena, PoolView view,

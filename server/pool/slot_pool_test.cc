@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/time/clock.h"
 #include "server/pool/testing/fake_backend.h"
 
 namespace statecache {
@@ -187,6 +188,32 @@ TEST_F(SlotPoolTest, ConcurrentAllocateAcquireReleaseKeepsInvariants) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(pool_->stats().allocated, 0);
+}
+
+TEST_F(SlotPoolTest, ReleaseIdleReturnsOnlyIdleUnheldSlots) {
+  auto old = pool_->Allocate(2);
+  ASSERT_TRUE(old.ok());
+  const absl::Time between = absl::Now() + absl::Milliseconds(1);
+  absl::SleepFor(absl::Milliseconds(5));
+  auto fresh = pool_->Allocate(1);
+  ASSERT_TRUE(fresh.ok());
+  {
+    // A held slot is never reclaimed, however old.
+    auto access = pool_->Acquire({(*old)[0]}, "slots");
+    ASSERT_TRUE(access.ok());
+    EXPECT_EQ(pool_->ReleaseIdle(between), 1);  // only (*old)[1]
+    EXPECT_TRUE(pool_->CheckInvariants().ok());
+  }
+  // (*old)[0] was just used (end of the access): not idle before `between`.
+  EXPECT_EQ(pool_->ReleaseIdle(between), 0);
+  EXPECT_EQ(pool_->stats().allocated, 2);
+  EXPECT_EQ(pool_->Acquire({(*old)[1]}, "slots").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(pool_->Acquire({(*fresh)[0]}, "slots").ok());
+  EXPECT_EQ(pool_->ReleaseIdle(absl::InfiniteFuture()), 2);
+  EXPECT_EQ(pool_->stats().allocated, 0);
+  // Everything comes back: all 4 slots allocatable again.
+  EXPECT_TRUE(pool_->Allocate(4).ok());
 }
 
 }  // namespace
