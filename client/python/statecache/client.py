@@ -34,25 +34,56 @@ def _handles(slots: Iterable[SlotHandle]):
     return [pb2().SlotHandle(id=s.id, generation=s.generation) for s in slots]
 
 
+def _read(path_or_bytes) -> Optional[bytes]:
+    if path_or_bytes is None or isinstance(path_or_bytes, bytes):
+        return path_or_bytes
+    with open(path_or_bytes, "rb") as f:
+        return f.read()
+
+
 class Client:
     """One statecached server.
 
     target: "host:port" or any gRPC target ("unix:/run/statecache.sock").
     timeout: default deadline in seconds for unary calls (None = none).
+    token: bearer token, sent as "authorization: Bearer <token>" on every call
+      (servers started with --tenants_file require one; UNAUTHENTICATED without).
+    tls: use TLS. root_certificates (PEM bytes or a file path; None = system
+      roots) verifies the server; private_key + certificate_chain present a
+      client certificate (mutual TLS, --tls_client_ca_file on the server);
+      server_name overrides the name checked against the certificate.
+      Any TLS argument implies tls=True. Without TLS the server accepts only
+      loopback / unix-socket connections (unless --allow_insecure_remote).
     channel: use this channel instead of creating one (not closed by close()).
     """
 
     def __init__(self, target: str = "127.0.0.1:50051", *, timeout: Optional[float] = None,
+                 token: Optional[str] = None, tls: bool = False,
+                 root_certificates=None, private_key=None, certificate_chain=None,
+                 server_name: Optional[str] = None,
                  channel: Optional[grpc.Channel] = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  options: Sequence = ()):
         self.target = target
         self.timeout = timeout
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._owns_channel = channel is None
         if channel is None:
             opts = [("grpc.max_send_message_length", max_message_bytes),
                     ("grpc.max_receive_message_length", max_message_bytes)] + list(options)
-            channel = grpc.insecure_channel(target, options=opts)
+            tls = tls or any(x is not None for x in (root_certificates, private_key,
+                                                      certificate_chain, server_name))
+            if tls:
+                if (private_key is None) != (certificate_chain is None):
+                    raise ValueError("tls: give both private_key and certificate_chain, or neither")
+                creds = grpc.ssl_channel_credentials(
+                    root_certificates=_read(root_certificates), private_key=_read(private_key),
+                    certificate_chain=_read(certificate_chain))
+                if server_name:
+                    opts.append(("grpc.ssl_target_name_override", server_name))
+                channel = grpc.secure_channel(target, creds, options=opts)
+            else:
+                channel = grpc.insecure_channel(target, options=opts)
         self.channel = channel
         self._stub = pb2_grpc().StateCacheStub(channel)
 
@@ -70,7 +101,8 @@ class Client:
     def _call(self, method: str, request, timeout: Optional[float] = None):
         try:
             return getattr(self._stub, method)(
-                request, timeout=self.timeout if timeout is None else timeout)
+                request, timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata)
         except grpc.RpcError as e:
             raise error_from_rpc(e, method) from None
 
@@ -88,7 +120,8 @@ class Client:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         stub = health_pb2_grpc.HealthStub(self.channel)
         try:
-            r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout,
+                           metadata=self._metadata)
         except grpc.RpcError as e:
             raise error_from_rpc(e, "Health.Check") from None
         return r.status == health_pb2.HealthCheckResponse.SERVING

@@ -37,7 +37,8 @@ class UpdateStream:
         self._next_seq = 0
         self._lock = threading.Lock()
         self._closed = False
-        self._responses = client._stub.UpdateStream(self._request_iter())
+        self._responses = client._stub.UpdateStream(self._request_iter(),
+                                                    metadata=client._metadata)
 
     def _request_iter(self):
         while True:
