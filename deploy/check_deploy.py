@@ -6,16 +6,24 @@
 2. Every flag in the Kubernetes ConfigMap and the systemd flag file is an
    ABSL_FLAG of server/statecached_main.cc.
 3. Kubernetes manifests: the Deployment requests and limits nvidia.com/gpu,
-   has CPU/memory limits and gRPC health probes on the gRPC port; the headless
-   Service has clusterIP None; Services select the Deployment's pods.
+   has CPU/memory limits and gRPC health probes on the gRPC port; every file
+   or directory flag of the ConfigMap lies on a mounted volume; a plaintext
+   non-loopback listener carries --allow_insecure_remote (as the server
+   demands); the headless Service has clusterIP None; Services and the
+   NetworkPolicy select the Deployment's pods; tenants.example parses.
+4. With a statecached binary: the server really starts from each flag file
+   (ports, backend and paths overridden for the test) and stops cleanly.
 
-    python3 deploy/check_deploy.py <repo root>     # exit 1 and a list of problems
+    python3 deploy/check_deploy.py <repo root> [statecached]   # exit 1 + problems
 """
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 import yaml
 
@@ -27,7 +35,42 @@ def check(cond, msg):
         problems.append(msg)
 
 
-def main(root):
+def flag_lines(text):
+    return [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+
+
+def starts(binary, flagfile_text, overrides):
+    """True when statecached starts from these flags (plus overrides) and
+    exits 0 on SIGTERM; otherwise records the log as a problem."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
+        ff = os.path.join(tmp, "flags")
+        with open(ff, "w") as f:
+            f.write(flagfile_text)
+        args = [binary, f"--flagfile={ff}", "--listen=127.0.0.1:0", "--metrics_port=0",
+                "--metrics_host=127.0.0.1", "--backend=cpu", f"--data_dir={tmp}",
+                f"--state_memory_bytes={8 << 20}", f"--checkpoint_memory_bytes={4 << 20}",
+                *[o.replace("$TMP", tmp) for o in overrides]]
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log = []
+        deadline = time.time() + 30
+        for line in p.stderr:
+            log.append(line)
+            if "server_started" in line or time.time() > deadline:
+                break
+        ok = any("server_started" in l for l in log)
+        p.send_signal(signal.SIGTERM)
+        try:
+            rest, _ = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rest, _ = p.communicate()
+        log.append(rest or "")
+        check(ok and p.returncode == 0,
+              f"statecached did not start/stop cleanly from {args}:\n{''.join(log)[-1500:]}")
+        return ok
+
+
+def main(root, binary=None):
     metrics_cc = open(os.path.join(root, "server", "metrics.cc")).read()
     main_cc = open(os.path.join(root, "server", "statecached_main.cc")).read()
     exported = set(re.findall(r'"(statecache_[a-z0-9_]+)"', metrics_cc))
@@ -74,14 +117,15 @@ def main(root):
                  "systemd/statecached.flags": open(os.path.join(d, "systemd",
                                                                 "statecached.flags")).read()}
     for where, text in flagfiles.items():
-        lines = [l.strip() for l in text.splitlines() if l.strip()]
+        lines = flag_lines(text)
         check(lines, f"{where}: no flags")
         for line in lines:
             m = re.fullmatch(r"--(\w+)=(.*)", line)
             check(m is not None and m.group(1) in flags, f"{where}: unknown flag line {line!r}")
 
     kinds = {}
-    for f in ("deployment.yaml", "service.yaml", "configmap.yaml", "namespace.yaml"):
+    for f in ("deployment.yaml", "service.yaml", "configmap.yaml", "namespace.yaml",
+              "networkpolicy.yaml"):
         for doc in yaml.safe_load_all(open(os.path.join(d, "kubernetes", f))):
             kinds.setdefault(doc["kind"], []).append(doc)
     dep = kinds["Deployment"][0]
@@ -96,10 +140,41 @@ def main(root):
         check(c.get(probe, {}).get("grpc", {}).get("port") == grpc_port,
               f"{probe} is not a gRPC probe on port {grpc_port}")
     check(any(a.startswith("--flagfile=") for a in c["args"]), "container does not use --flagfile")
+    cm_flags = dict(re.fullmatch(r"--(\w+)=(.*)", l).groups()
+                    for l in flag_lines(flagfiles["kubernetes/configmap.yaml"]))
+    mounts = [m["mountPath"] for m in c.get("volumeMounts", [])]
+    for f in ("tenants_file", "data_dir", "tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+        if f in cm_flags:
+            check(any(cm_flags[f].startswith(m.rstrip("/") + "/") or cm_flags[f] == m
+                      for m in mounts), f"--{f}={cm_flags[f]} is on no mounted volume")
+    listen = cm_flags.get("listen", "")
+    loopback = listen.startswith(("127.", "localhost", "[::1]", "unix:"))
+    if not loopback and "tls_cert_file" not in cm_flags:
+        check(cm_flags.get("allow_insecure_remote") == "true",
+              "plaintext non-loopback --listen without --allow_insecure_remote=true")
+    check(any(a.startswith("--flagfile=/etc/statecache/") for a in c["args"]),
+          "--flagfile is not under the ConfigMap mount")
+    labels = pod["metadata"]["labels"]
+    for np_ in kinds.get("NetworkPolicy", []):
+        sel = np_["spec"]["podSelector"]["matchLabels"]
+        check(all(labels.get(k) == v for k, v in sel.items()),
+              "NetworkPolicy does not select the Deployment's pods")
+        ports = {p["port"] for rule in np_["spec"]["ingress"] for p in rule["ports"]}
+        check({grpc_port, 9464} <= ports, f"NetworkPolicy does not open {grpc_port} and 9464")
+    check(len(kinds.get("NetworkPolicy", [])) == 1, "no NetworkPolicy")
+    tenants_example = open(os.path.join(d, "kubernetes", "tenants.example")).read()
+    declared = set()
+    for line in flag_lines(tenants_example):
+        parts = line.split()
+        if parts[0] == "tenant":
+            declared.add(parts[1])
+        else:
+            check(parts[0] == "token" and len(parts) == 3 and parts[1] in declared and
+                  re.fullmatch(r"sha256:[0-9a-f]{64}", parts[2]) is not None,
+                  f"tenants.example: bad line {line!r}")
     services = {s["metadata"]["name"]: s for s in kinds["Service"]}
     check(services.get("statecached-headless", {}).get("spec", {}).get("clusterIP") == "None",
           "headless Service missing or has a cluster IP")
-    labels = pod["metadata"]["labels"]
     for name, s in services.items():
         sel = s["spec"]["selector"]
         check(all(labels.get(k) == v for k, v in sel.items()),
@@ -111,6 +186,16 @@ def main(root):
     check(f"statecached-headless.{ns}.svc.cluster.local" in dns,
           "prometheus.yml does not discover pods through the headless Service")
 
+    if binary:
+        starts(binary, flagfiles["systemd/statecached.flags"], [])
+        with tempfile.NamedTemporaryFile("w", suffix=".tenants", delete=False,
+                                         dir=os.environ.get("TEST_TMPDIR")) as t:
+            t.write(tenants_example)
+        starts(binary, flagfiles["kubernetes/configmap.yaml"], [f"--tenants_file={t.name}"])
+        os.unlink(t.name)
+    else:
+        print("check_deploy: no statecached given; flag files not started")
+
     for p in problems:
         print("check_deploy: " + p)
     print(f"check_deploy: {len(used)} metric names, {len(flags)} flags, "
@@ -120,4 +205,5 @@ def main(root):
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else
-                  os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                  os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                  sys.argv[2] if len(sys.argv) > 2 else None))

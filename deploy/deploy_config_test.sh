@@ -3,7 +3,8 @@
 #  - promtool check config / check rules / test rules (Debian `prometheus`,
 #    installed by .ci/setup_extra.sh; a missing promtool FAILS the test);
 #  - check_deploy.py: metric names vs server/metrics.cc, flags vs
-#    server/statecached_main.cc, Kubernetes manifests, dashboard regenerated;
+#    server/statecached_main.cc, Kubernetes manifests, dashboard regenerated,
+#    and the real statecached started from each shipped flag file;
 #  - systemd-analyze verify of the unit (where systemd-analyze exists).
 set -euo pipefail
 root="${TEST_SRCDIR:+$TEST_SRCDIR/statecache}"
@@ -26,7 +27,9 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "FAIL: no Python venv at $venv; run: bash .ci/setup_extra.sh" >&2
   exit 1
 fi
-PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" "$d/check_deploy.py" "$root"
+statecached="$root/server/statecached"
+[ -x "$statecached" ] || statecached="$root/bazel-bin/server/statecached"
+PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" "$d/check_deploy.py" "$root" "$statecached"
 
 if command -v systemd-analyze >/dev/null; then
   tmp=$(mktemp -d "${TEST_TMPDIR:-/tmp}/unit.XXXXXX")
