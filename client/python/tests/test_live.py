@@ -96,6 +96,23 @@ def test_update_matches_numpy_reference(client, model):
         client.release_slots("fp32m", slots)
 
 
+def test_bf16_inputs_match_fp32_of_the_rounded_values(client, model):
+    from statecache.tensor import bf16_bits
+    rng = np.random.default_rng(8)
+    slots = client.allocate_slots("fp32m", 2)
+    try:
+        q, k, v, g, beta = inputs(rng, 1)
+        bits = [bf16_bits(x) for x in (q, k, v)]
+        rounded = [(b.astype(np.uint32) << 16).view(np.float32) for b in bits]
+        a = client.update("fp32m", 0, slots[:1], *bits, g, beta, dtype="bf16").o
+        b = client.update("fp32m", 0, slots[1:], *rounded, g, beta).o
+        np.testing.assert_array_equal(a, b)  # bf16 is widened exactly on the server
+        with pytest.raises(ValueError, match="q: array of uint16 cannot be sent as fp16"):
+            client.update("fp32m", 0, slots[:1], *bits, g, beta, dtype="fp16")
+    finally:
+        client.release_slots("fp32m", slots)
+
+
 def test_update_errors(client, model):
     rng = np.random.default_rng(2)
     slots = client.allocate_slots("fp32m", 2)

@@ -90,3 +90,13 @@ def test_torch_roundtrip():
     assert torch.equal(sc.to_torch(tb), b)
     with pytest.raises(ValueError):
         sc.to_tensor(torch.zeros(2, dtype=torch.int64))
+
+
+def test_ml_dtypes_bfloat16_array():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.array([[1.0, -2.5], [0.15625, 3.0]], np.float32)
+    a = x.astype(ml_dtypes.bfloat16)
+    t = sc.to_tensor(a, name="q")
+    assert t.dtype == st.BF16 and list(t.shape) == [2, 2]
+    np.testing.assert_array_equal(st.to_numpy(t, bf16_as="uint16"), st.bf16_bits(x))
+    np.testing.assert_array_equal(st.to_numpy(t), x)
