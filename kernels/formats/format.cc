@@ -20,6 +20,8 @@ const char* FormatName(StateFormat format) {
     case StateFormat::kDamp: return "damp";
     case StateFormat::kDampSr: return "damp-sr";
   }
+  if (format == kStepQuant6) return "stepquant-6";
+  if (format == kStepQuant4) return "stepquant-4";
   return "unknown";
 }
 
@@ -36,10 +38,17 @@ std::vector<StateFormat> AllStateFormats() {
   return all;
 }
 
+std::vector<StateFormat> AllFormatsWithStepQuant() {
+  std::vector<StateFormat> all = AllStateFormats();
+  all.push_back(kStepQuant6);
+  all.push_back(kStepQuant4);
+  return all;
+}
+
 absl::StatusOr<FormatSpec> ParseFormatSpec(absl::string_view text) {
   std::pair<absl::string_view, absl::string_view> parts =
       absl::StrSplit(text, absl::MaxSplits(':', 1));
-  for (StateFormat f : AllStateFormats()) {
+  for (StateFormat f : AllFormatsWithStepQuant()) {
     if (parts.first != FormatName(f)) continue;
     FormatSpec spec{f, IsMixedFormat(f) ? kDefaultKHi : 0};
     if (text.find(':') == absl::string_view::npos) return spec;
@@ -54,13 +63,13 @@ absl::StatusOr<FormatSpec> ParseFormatSpec(absl::string_view text) {
     return spec;
   }
   std::string known;
-  for (StateFormat f : AllStateFormats()) absl::StrAppend(&known, known.empty() ? "" : ", ", FormatName(f));
+  for (StateFormat f : AllFormatsWithStepQuant()) absl::StrAppend(&known, known.empty() ? "" : ", ", FormatName(f));
   return absl::InvalidArgumentError(
       absl::StrCat("format: unknown state format '", text, "' (known: ", known, ")"));
 }
 
 absl::Status ValidateFormatSpec(const FormatSpec& spec, int d_k) {
-  if (static_cast<int>(spec.format) < 0 || static_cast<int>(spec.format) >= kNumStateFormats) {
+  if (static_cast<int>(spec.format) < 0 || static_cast<int>(spec.format) >= kNumAllStateFormats) {
     return absl::InvalidArgumentError(
         absl::StrCat("format: unknown format code ", static_cast<int>(spec.format)));
   }

@@ -32,8 +32,28 @@ enum class StateFormat : uint8_t {
   kNvfp4 = 8,
   kDamp = 9,
   kDampSr = 10,
+  // STEPQuant (issue 9, seed 002) formats 11 and 12 are the constants
+  // kStepQuant6 / kStepQuant4 below, not enumerators: see there.
 };
+// Formats listed by AllStateFormats(): the uniform-head formats of DESIGN.md
+// section 3 that every backend, table and sweep handles.
 inline constexpr int kNumStateFormats = 11;
+
+// STEPQuant (seed 002): per-unit code widths (whole heads for GDN, key rows
+// for KDA) from a calibrated bit map at a nominal budget of 6 or 4 bits per
+// value, FP16 pivot units, and dual-axis FP16 row x column scales per head
+// (kernels/formats/stepquant_codec.h). Heads have per-(layer, head) sizes.
+//
+// They are constants of the enum type rather than enumerators on purpose:
+// kernels/cuda dispatches with exhaustive `switch (format)` statements and is
+// compiled with nvcc -Werror=all-warnings, so a new enumerator breaks that
+// build (-Werror=switch) until the CUDA kernel handles it. When the fused
+// STEPQuant kernel lands, its owner moves these into the enum (same values).
+// Not listed by AllStateFormats(); see AllFormatsWithStepQuant().
+inline constexpr StateFormat kStepQuant6 = static_cast<StateFormat>(11);
+inline constexpr StateFormat kStepQuant4 = static_cast<StateFormat>(12);
+// Every format code ParseFormatSpec / ValidateFormatSpec accept.
+inline constexpr int kNumAllStateFormats = 13;
 
 // How one key row of d_v values is stored.
 enum class RowCodec : uint8_t {
@@ -46,6 +66,9 @@ enum class RowCodec : uint8_t {
   kFp8E4m3 = 6,   // e4m3[d_v] + fp32 s per 32 values
   kNvfp4 = 7,     // e2m1[d_v] (low nibble first) + e4m3 scale per 16 values;
                   // one fp32 global scale per head
+  kStepQuant = 8, // stepquant: per-row width from the layout's bit map, fp16
+                  // row scale, one fp16 column-scale vector per head; coded by
+                  // stepquant_codec.h, not row by row
 };
 
 // The value-axis map M of DESIGN.md section 7: the packed head stores S M.
@@ -70,12 +93,15 @@ struct FormatSpec {
 };
 
 // Canonical names: "fp32", "fp16", "bf16", "int8", "int8-hadamard", "int4",
-// "int4-hadamard", "fp8-e4m3", "nvfp4", "damp", "damp-sr".
+// "int4-hadamard", "fp8-e4m3", "nvfp4", "damp", "damp-sr", "stepquant-6",
+// "stepquant-4".
 const char* FormatName(StateFormat format);
 // "damp:16" for mixed formats, the plain name otherwise.
 std::string FormatSpecName(const FormatSpec& spec);
-// All formats in enum order.
+// The kNumStateFormats uniform-head formats in enum order (no STEPQuant).
 std::vector<StateFormat> AllStateFormats();
+// AllStateFormats() followed by kStepQuant6, kStepQuant4.
+std::vector<StateFormat> AllFormatsWithStepQuant();
 
 // Parses "<name>" or "<name>:<k_hi>" (the suffix only for damp/damp-sr).
 // Unknown names and malformed suffixes give kInvalidArgument naming the text.
@@ -84,6 +110,15 @@ absl::StatusOr<FormatSpec> ParseFormatSpec(absl::string_view text);
 // Checks k_hi against d_k: kInvalidArgument if k_hi < 0, k_hi > d_k, or
 // k_hi != 0 for a uniform format.
 absl::Status ValidateFormatSpec(const FormatSpec& spec, int d_k);
+
+SC_HD_CONSTEXPR bool IsStepQuantFormat(StateFormat f) {
+  return f == kStepQuant6 || f == kStepQuant4;
+}
+
+// Nominal average code width of a STEPQuant format (6 or 4); 0 otherwise.
+SC_HD_CONSTEXPR int StepQuantNominalBits(StateFormat f) {
+  return f == kStepQuant6 ? 6 : (f == kStepQuant4 ? 4 : 0);
+}
 
 SC_HD_CONSTEXPR bool IsMixedFormat(StateFormat f) {
   return f == StateFormat::kDamp || f == StateFormat::kDampSr;
@@ -109,6 +144,7 @@ SC_HD_CONSTEXPR RowCodec LoRowCodec(StateFormat f) {
     case StateFormat::kNvfp4: return RowCodec::kNvfp4;
     case StateFormat::kDampSr: return RowCodec::kSymI8;
   }
+  if (IsStepQuantFormat(f)) return RowCodec::kStepQuant;
   return RowCodec::kFp32;
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/formats/format.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace statecache {
@@ -16,6 +17,18 @@ TEST(FormatTest, NamesRoundTrip) {
     EXPECT_EQ(*again, *spec);
   }
   EXPECT_EQ(AllStateFormats().size(), 11u);
+  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+    absl::StatusOr<FormatSpec> spec = ParseFormatSpec(FormatName(f));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(*spec, (FormatSpec{f, 0}));
+    EXPECT_TRUE(ValidateFormatSpec(*spec, 128).ok());
+    EXPECT_EQ(ParseFormatSpec(absl::StrCat(FormatName(f), ":4")).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(FormatName(kStepQuant6), std::string("stepquant-6"));
+  EXPECT_EQ(FormatName(kStepQuant4), std::string("stepquant-4"));
+  EXPECT_EQ(StepQuantNominalBits(kStepQuant4), 4);
+  EXPECT_EQ(AllFormatsWithStepQuant().size(), 13u);
 }
 
 TEST(FormatTest, KHiSuffix) {

@@ -7,6 +7,11 @@
 // implementations, used by the CPU backend and as the specification the CUDA
 // kernels must match byte for byte; they are __host__ __device__ so a GPU
 // test can run them too.
+//
+// STEPQuant: EncodeHead / DecodeHead of a MakeHeadLayout(stepquant-N) layout
+// code the NOMINAL head (all rows at N bits, unit row impact, no pivots) via
+// stepquant_codec.h. A calibrated STEPQuant layout has per-head layouts
+// (StateLayout::step_head) and must use StepEncodeHead / StepDecodeHead.
 #ifndef STATECACHE_KERNELS_FORMATS_HEAD_CODEC_H_
 #define STATECACHE_KERNELS_FORMATS_HEAD_CODEC_H_
 
@@ -18,42 +23,10 @@
 #include "kernels/formats/group_quant.h"
 #include "kernels/formats/head_layout.h"
 #include "kernels/formats/numeric.h"
+#include "kernels/formats/packed_bytes.h"
+#include "kernels/formats/stepquant_codec.h"
 
 namespace statecache {
-
-// Aligned little-endian loads/stores of metadata words inside a packed head.
-SC_HD uint16_t LoadU16(const uint8_t* p) {
-#if defined(__CUDA_ARCH__)
-  return *reinterpret_cast<const uint16_t*>(p);
-#else
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-#endif
-}
-SC_HD void StoreU16(uint8_t* p, uint16_t v) {
-#if defined(__CUDA_ARCH__)
-  *reinterpret_cast<uint16_t*>(p) = v;
-#else
-  std::memcpy(p, &v, 2);
-#endif
-}
-SC_HD float LoadF32(const uint8_t* p) {
-#if defined(__CUDA_ARCH__)
-  return *reinterpret_cast<const float*>(p);
-#else
-  float v;
-  std::memcpy(&v, p, 4);
-  return v;
-#endif
-}
-SC_HD void StoreF32(uint8_t* p, float v) {
-#if defined(__CUDA_ARCH__)
-  *reinterpret_cast<float*>(p) = v;
-#else
-  std::memcpy(p, &v, 4);
-#endif
-}
 
 SC_HD float AbsMax(const float* x, int n) {
   float m = 0.0f;
@@ -132,6 +105,8 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
       }
       return;
     }
+    case RowCodec::kStepQuant:
+      return;  // not row-separable (column scales): EncodeHead handles it
   }
 }
 
@@ -189,12 +164,18 @@ SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int 
       }
       return;
     }
+    case RowCodec::kStepQuant:
+      return;  // not row-separable: DecodeHead handles it
   }
 }
 
 // Encodes the working state w[d_k][d_v] into `head` (head_bytes, 16-aligned).
 // Padding bytes are written as zero so equal states give equal bytes.
 SC_HD void EncodeHead(const PackedHeadLayout& l, const float* w, uint8_t* head) {
+  if (l.lo == RowCodec::kStepQuant) {
+    StepEncodeHead(MakeUniformStepHeadLayout(l.d_k, l.d_v, l.step_bits), nullptr, w, head);
+    return;
+  }
   for (int64_t i = 0; i < l.head_bytes; ++i) head[i] = 0;
   float global_scale = 0.0f;
   if (l.has_global_scale) {
@@ -213,6 +194,10 @@ SC_HD void EncodeHead(const PackedHeadLayout& l, const float* w, uint8_t* head) 
 
 // Decodes `head` into the working state w[d_k][d_v].
 SC_HD void DecodeHead(const PackedHeadLayout& l, const uint8_t* head, float* w) {
+  if (l.lo == RowCodec::kStepQuant) {
+    StepDecodeHead(MakeUniformStepHeadLayout(l.d_k, l.d_v, l.step_bits), head, w);
+    return;
+  }
   const float global_scale = l.has_global_scale ? LoadF32(head + l.global_offset) : 0.0f;
   for (int r = 0; r < l.k_hi; ++r) {
     DecodeRow(l.hi, head + l.hi_offset + r * l.hi_row_bytes, nullptr, l.d_v, 0.0f, w + r * l.d_v);

@@ -12,6 +12,13 @@
 // model's layout, so the k_hi protected rows come first. For DAMP at
 // d_k = d_v = 128, k_hi = 16 this is 4096 + 14336 + 1792 = 20224 bytes
 // (seed 000, appendix A.5). Everything here is constexpr / __host__ __device__.
+//
+// STEPQuant formats (stepquant-6 / -4) have per-(layer, head) layouts made
+// from the calibrated bit map (StepHeadLayout in stepquant_codec.h). For them
+// MakeHeadLayout returns the NOMINAL head - every row at the nominal width,
+// no pivots: codes [d_k][d_v * bits / 8], row scales fp16 [d_k] (lo meta),
+// column scales fp16 [d_v] at global_offset (head_meta_bytes) - which is also
+// exactly the head of an uncalibrated (StateLayout::Identity) layout.
 #ifndef STATECACHE_KERNELS_FORMATS_HEAD_LAYOUT_H_
 #define STATECACHE_KERNELS_FORMATS_HEAD_LAYOUT_H_
 
@@ -42,6 +49,7 @@ SC_HD_CONSTEXPR int64_t RowCodeBytes(RowCodec c, int d_v) {
     case RowCodec::kFp8E4m3: return d_v;
     case RowCodec::kAffineU4:
     case RowCodec::kNvfp4: return d_v / 2;
+    case RowCodec::kStepQuant: return 0;  // per-row width: StepHeadLayout
   }
   return 0;
 }
@@ -76,6 +84,10 @@ struct PackedHeadLayout {
   int64_t lo_code_row_bytes = 0;
   int64_t lo_meta_row_bytes = 0;
   bool has_global_scale = false;
+  // STEPQuant only (0 otherwise): nominal code width, and the per-head
+  // metadata bytes (fp16 column scales [d_v]) at global_offset.
+  int step_bits = 0;
+  int64_t head_meta_bytes = 0;
 
   SC_HD int lo_rows() const { return d_k - k_hi; }
 
@@ -84,7 +96,8 @@ struct PackedHeadLayout {
   // one fp32 per head.
   double PayloadBitsPerValue() const {
     const double bytes = static_cast<double>(k_hi) * hi_row_bytes +
-                         static_cast<double>(lo_rows()) * (lo_code_row_bytes + lo_meta_row_bytes);
+                         static_cast<double>(lo_rows()) * (lo_code_row_bytes + lo_meta_row_bytes) +
+                         static_cast<double>(head_meta_bytes);
     return bytes * 8.0 / (static_cast<double>(d_k) * d_v);
   }
   // Bits per value actually allocated (head_bytes * 8 / values).
@@ -107,6 +120,12 @@ SC_HD PackedHeadLayout MakeHeadLayout(const FormatSpec& spec, int d_k, int d_v) 
   l.lo_code_row_bytes = RowCodeBytes(l.lo, d_v);
   l.lo_meta_row_bytes = RowMetaBytes(l.lo, d_v);
   l.has_global_scale = l.lo == RowCodec::kNvfp4;
+  if (l.lo == RowCodec::kStepQuant) {
+    l.step_bits = StepQuantNominalBits(spec.format);
+    l.lo_code_row_bytes = int64_t{d_v} * l.step_bits / 8;
+    l.lo_meta_row_bytes = 2;            // fp16 row scale
+    l.head_meta_bytes = 2LL * d_v;      // fp16 column scales
+  }
   int64_t off = 0;
   l.hi_offset = off;
   off = AlignUp(off + l.k_hi * l.hi_row_bytes, kHeadAlignment);
@@ -116,6 +135,7 @@ SC_HD PackedHeadLayout MakeHeadLayout(const FormatSpec& spec, int d_k, int d_v) 
   off = AlignUp(off + l.lo_rows() * l.lo_meta_row_bytes, kHeadAlignment);
   l.global_offset = off;
   if (l.has_global_scale) off = AlignUp(off + 4, kHeadAlignment);
+  if (l.head_meta_bytes > 0) off = AlignUp(off + l.head_meta_bytes, kHeadAlignment);
   l.head_bytes = off;
   return l;
 }

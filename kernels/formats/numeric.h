@@ -86,7 +86,14 @@ SC_HD float HalfBitsToFloatPortable(uint16_t h) {
 }
 
 SC_HD uint16_t FloatToHalfBits(float f) {
-#if !defined(__CUDA_ARCH__) && defined(__F16C__)
+#if defined(__CUDA_ARCH__)
+  // CUDA: the hardware RNE conversion, identical once clamped (GPU tests
+  // compare against the portable path's bytes).
+  unsigned short h;
+  const float c = fminf(fmaxf(f, -kFp16Max), kFp16Max);
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(c));
+  return h;
+#elif defined(__F16C__)
   // x86 F16C: RNE conversion, identical once clamped to the finite range.
   const float c = f > kFp16Max ? kFp16Max : (f < -kFp16Max ? -kFp16Max : f);
   return _cvtss_sh(c, _MM_FROUND_TO_NEAREST_INT);
@@ -96,7 +103,11 @@ SC_HD uint16_t FloatToHalfBits(float f) {
 }
 
 SC_HD float HalfBitsToFloat(uint16_t h) {
-#if !defined(__CUDA_ARCH__) && defined(__F16C__)
+#if defined(__CUDA_ARCH__)
+  float f;  // exact
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(h)));
+  return f;
+#elif defined(__F16C__)
   return _cvtsh_ss(h);
 #else
   return HalfBitsToFloatPortable(h);
