@@ -9,17 +9,19 @@
 // the kernel's tree (DecodeTiling) instead of a serial loop. The math is that
 // of DESIGN.md section 2 on the stored-order working state (section 7):
 //
-//   w = a_r w                       a_r = exp(g) (GDN) or exp(g_r) (KDA)
-//   db_j = beta (v'_j - sum_r k_r w_rj)
-//   w_rj = fma(k_r, db_j, w_rj)
-//   o'_j = sum_r qs_r w_rj          qs_r = scale * q_r
+//   a_r = exp(g) (GDN) or exp(g_r) (KDA), qs_r = scale * q_r
+//   db_j = beta (v'_j - sum_r (k_r a_r) w_rj)
+//   w_rj = fma(k_r, db_j, a_r w_rj)
+//   o'_j = fma(qk, db_j, sum_r (qs_r a_r) w_rj),  qk = sum_r qs_r k_r
 //
 // Tiling (the kernel's thread map, which fixes the summation tree): column
 // stripes of 32 values; each warp owns one stripe and 64 consecutive rows
 // (4 steps of 16 rows); lane = 2 * rl + cl holds rows (wr*4 + i)*16 + rl,
 // i = 0..3, and the 16 columns stripe*32 + cl*16 + c. A column sum is, per
 // lane, a serial fma chain over i; then a butterfly over rl (pairs differing
-// in rl bit 3, then 2, 1, 0); then a serial sum over the row warps wr.
+// in rl bit 3, then 2, 1, 0); then a serial sum over the row warps wr. The
+// readout uses o' = S_new^T qs = S_bar^T qs + (qs . k) db, so both sums read
+// the state once, before the update.
 //
 //   DecodeTiling t = MakeDecodeTiling(128, 128);   // 4 stripes x 2 row warps
 #ifndef STATECACHE_KERNELS_CUDA_DECODE_MATH_H_
@@ -101,11 +103,17 @@ SC_HD float WarpTreeSum(const float* p) {
 // One token of the recurrence on the working state w[d_k][d_v] (stored order,
 // transformed value domain), in the kernel's exact arithmetic.
 //   a[d_k]: decay per stored row; k[d_k]; qs[d_k] = scale * q (stored order);
-//   vp[d_v] = M^T v; op[d_v] receives o' = w^T qs (map back with M^-T).
+//   vp[d_v] = M^T v; op[d_v] receives o' = w_new^T qs (map back with M^-T).
+// Both row sums read the state before the update, so the kernel needs one
+// reduction phase: with ka_r = k_r a_r and qa_r = qs_r a_r,
+//   kS_j = sum_r ka_r w_rj,  qS_j = sum_r qa_r w_rj,  qk = sum_r qs_r k_r,
+//   db_j = beta (v'_j - kS_j),  w_rj = fma(k_r, db_j, a_r w_rj),
+//   o'_j = fma(qk, db_j, qS_j)        (= sum_r qs_r w_new_rj).
 SC_HD void ReferenceHeadStep(int d_k, int d_v, const float* a, const float* k, const float* qs,
                              float beta, const float* vp, float* w, float* op) {
   const DecodeTiling t = MakeDecodeTiling(d_k, d_v);
-  for (int j = 0; j < d_v; ++j) {
+  // Row sums of one column (or of qs*k when col < 0) in the kernel's tree.
+  auto tree = [&](int col, bool use_q) {
     float total = 0.0f;
     for (int wr = 0; wr < t.row_warps; ++wr) {
       float p[16];
@@ -114,34 +122,27 @@ SC_HD void ReferenceHeadStep(int d_k, int d_v, const float* a, const float* k, c
         for (int i = 0; i < kTileSteps; ++i) {
           const int r = (wr * kTileSteps + i) * kTileRowsPerStep + rl;
           if (r >= d_k) continue;
-          float& x = w[r * d_v + j];
-          x = a[r] * x;
-          acc = Fma(k[r], x, acc);
+          if (col < 0) {
+            acc = Fma(qs[r], k[r], acc);
+          } else {
+            const float c = use_q ? qs[r] * a[r] : k[r] * a[r];
+            acc = Fma(c, w[r * d_v + col], acc);
+          }
         }
         p[rl] = acc;
       }
       const float s = WarpTreeSum(p);
       total = wr == 0 ? s : total + s;
     }
-    const float db = beta * (vp[j] - total);
-    total = 0.0f;
-    for (int wr = 0; wr < t.row_warps; ++wr) {
-      float p[16];
-      for (int rl = 0; rl < 16; ++rl) {
-        float acc = 0.0f;
-        for (int i = 0; i < kTileSteps; ++i) {
-          const int r = (wr * kTileSteps + i) * kTileRowsPerStep + rl;
-          if (r >= d_k) continue;
-          float& x = w[r * d_v + j];
-          x = Fma(k[r], db, x);
-          acc = Fma(qs[r], x, acc);
-        }
-        p[rl] = acc;
-      }
-      const float s = WarpTreeSum(p);
-      total = wr == 0 ? s : total + s;
-    }
-    op[j] = total;
+    return total;
+  };
+  const float qk = tree(-1, false);
+  for (int j = 0; j < d_v; ++j) {
+    const float ks = tree(j, false);
+    const float qsum = tree(j, true);
+    const float db = beta * (vp[j] - ks);
+    for (int r = 0; r < d_k; ++r) w[r * d_v + j] = Fma(k[r], db, a[r] * w[r * d_v + j]);
+    op[j] = Fma(qk, db, qsum);
   }
 }
 

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kMaxTileThreads) PackKernel(const PackParams p
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
   const PackItem it = MakePackItem(p);
   if (it.slot < 0) return;
-  const LaneMap m = MakeLaneMap(t.stripes);
+  const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
   constexpr ValueTransform kVt = ValueTransformOf(F);
   float s[kTileSteps][kTileColsPerLane];
 #pragma unroll
@@ -75,13 +75,14 @@ __global__ void __launch_bounds__(kMaxTileThreads) PackKernel(const PackParams p
     if constexpr (kVt == ValueTransform::kScaleReorder) {
 #pragma unroll
       for (int c = 0; c < kTileColsPerLane; ++c) {
-        const int oj = it.order[m.col0 + c];
+        const int oj = it.order[m.stripe * kTileStripe + m.ColOf(c)];
         s[i][c] = src[oj] / it.scale[oj];
       }
     } else {
 #pragma unroll
       for (int c4 = 0; c4 < 4; ++c4) {
-        const float4 v = reinterpret_cast<const float4*>(src + m.col0)[c4];
+        const float4 v =
+            *reinterpret_cast<const float4*>(src + m.stripe * kTileStripe + m.ColOf(4 * c4));
         s[i][4 * c4] = v.x;
         s[i][4 * c4 + 1] = v.y;
         s[i][4 * c4 + 2] = v.z;
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kMaxTileThreads) UnpackKernel(const PackParams
   const PackedHeadLayout& l = geo.layout;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
   const PackItem it = MakePackItem(p);
-  const LaneMap m = MakeLaneMap(t.stripes);
+  const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
   if (it.slot < 0) {
     for (int64_t i = threadIdx.x; i < int64_t{geo.d_k} * geo.d_v; i += blockDim.x) {
       it.state[i] = 0.0f;
@@ -131,13 +132,13 @@ __global__ void __launch_bounds__(kMaxTileThreads) UnpackKernel(const PackParams
     if constexpr (kVt == ValueTransform::kScaleReorder) {
 #pragma unroll
       for (int c = 0; c < kTileColsPerLane; ++c) {
-        const int oj = it.order[m.col0 + c];
+        const int oj = it.order[m.stripe * kTileStripe + m.ColOf(c)];
         dst[oj] = s[i][c] * it.scale[oj];
       }
     } else {
 #pragma unroll
       for (int c4 = 0; c4 < 4; ++c4) {
-        reinterpret_cast<float4*>(dst + m.col0)[c4] =
+        *reinterpret_cast<float4*>(dst + m.stripe * kTileStripe + m.ColOf(4 * c4)) =
             make_float4(s[i][4 * c4], s[i][4 * c4 + 1], s[i][4 * c4 + 2], s[i][4 * c4 + 3]);
       }
     }

@@ -1,14 +1,25 @@
-// The fused decode / prefill kernel: one CTA per (batch item, value head).
+// The fused decode / prefill kernels.
 //
-// Each lane keeps its 4 x 16 slice of the head in registers from the load to
-// the store (the head is read once and written once): dequantize, then per
-// token decay + S^T k (reduce-scatter over the warp's row lanes, then over the
-// row warps through shared memory), delta, rank-1 update + S^T q, readout;
-// after the last token requantize with fresh group parameters in place.
-// The value-axis map runs once per head on v and o (DESIGN.md section 7), so
-// the per-element work is the same for every format apart from the codec.
-// The arithmetic is decode_math.h's ReferenceHeadStep, bit for bit.
+// Both keep each lane's 4 x 16 slice of a head in registers from the decode
+// to the encode (the head is read once and written once) and run
+// TokenStep (decode_math.h's arithmetic): one sweep computes both row sums
+// (S^T k and S^T q, before the update), one reduction phase, then the rank-1
+// update; the value-axis map runs once per head on v and o (DESIGN.md
+// section 7), so the per-element work is codec + 4 FP32 ops for every format.
+//
+//  - PipelinedDecodeKernel (decode, T = 1, the serving path): persistent
+//    CTAs, 2 per SM; each walks items (batch item, value head) with a stride
+//    of gridDim.x. The next item's packed head and its inputs (q, k, v, KDA
+//    gates, permutation, damp-sr maps) are fetched into shared memory by the
+//    bulk-copy engine (cp.async.bulk, completing on an mbarrier) while the
+//    current item computes, so DRAM streams continuously.
+//  - RecurrenceKernel (prefill, and decode when pointers / sizes are not
+//    16-byte aligned): one CTA per item, direct loads, T tokens.
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdint>
 
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/tile_common.cuh"
@@ -17,22 +28,118 @@ namespace statecache {
 namespace cuda_internal {
 namespace {
 
-template <StateFormat F>
+// ---- Common per-item helpers ------------------------------------------------
+
+// Per-row inputs of one token for the lane's rows, from q/k/g arrays indexed
+// by key channel (either global tensors offset to this token's key head, or
+// the staged copies in shared memory).
+__device__ __forceinline__ void GatherRows(const LaneMap& m, int d_k, const int32_t* perm,
+                                           int dtype, const void* q, const void* k,
+                                           const float* g_kda, float a_head, float scale,
+                                           float (&kk)[kTileSteps], float (&qs)[kTileSteps],
+                                           float (&a)[kTileSteps]) {
+#pragma unroll
+  for (int i = 0; i < kTileSteps; ++i) {
+    const int r = m.row(i);
+    if (r < d_k) {
+      const int c = perm != nullptr ? perm[r] : r;
+      kk[i] = LoadInput(dtype, k, c);
+      qs[i] = scale * LoadInput(dtype, q, c);
+      a[i] = g_kda != nullptr ? DecayExp(g_kda[c]) : a_head;
+    } else {
+      kk[i] = 0.0f;
+      qs[i] = 0.0f;
+      a[i] = 0.0f;
+    }
+  }
+}
+
+// v' = M^T v at the lane's reduced column (v indexed by value channel).
+template <ValueTransform kVt>
+__device__ __forceinline__ float StoredValue(const LaneMap& m, int dtype, const void* v,
+                                             const int32_t* order, const float* scale) {
+  if constexpr (kVt == ValueTransform::kScaleReorder) {
+    const int oj = order[m.jc];
+    return LoadInput(dtype, v, oj) / scale[oj];
+  } else {
+    float x = LoadInput(dtype, v, m.jc);
+    if constexpr (kVt == ValueTransform::kHadamard32) x = StripeHadamard(x, m.c32);
+    return x;
+  }
+}
+
+// o = M^-T o' (all lanes of row warp 0 call it; o indexed by value channel).
+template <ValueTransform kVt>
+__device__ __forceinline__ void StoreOutput(const LaneMap& m, float os, float* o,
+                                            const int32_t* order, const float* scale) {
+  if constexpr (kVt == ValueTransform::kScaleReorder) {
+    const int oj = order[m.jc];
+    o[oj] = os * scale[oj];
+  } else if constexpr (kVt == ValueTransform::kHadamard32) {
+    o[m.jc] = StripeHadamard(os, m.c32);
+  } else {
+    o[m.jc] = os;
+  }
+}
+
+// The geometry a kernel instantiation sees: kFixed pins d_k = d_v = 128 and
+// the default k_hi, so the packed layout and the tiling fold to constants
+// (the common model shape; other shapes use the runtime instantiation).
+template <StateFormat F, bool kFixed>
+__device__ __forceinline__ HeadGeometry EffectiveGeometry(const HeadGeometry& in) {
+  HeadGeometry g = in;
+  if constexpr (kFixed) {
+    g.d_k = 128;
+    g.d_v = 128;
+    g.layout = MakeHeadLayout(FormatSpec{F, IsMixedFormat(F) ? kDefaultKHi : 0}, 128, 128);
+  }
+  return g;
+}
+
+__device__ __forceinline__ uint8_t* HeadPtr(const RecurrenceParams& p, const HeadGeometry& geo,
+                                           int32_t slot, int h) {
+  return p.pool.base + slot * p.pool.slot_bytes +
+         (int64_t{p.layer} * geo.h_v + h) * geo.layout.head_bytes;
+}
+
+// Scratch: [2 parities] x (red_k, red_q [row_warps][d_v], red_qk [row_warps]),
+// wbuf [warps][32], red [warps].
+// Each part starts 16-byte aligned (wbuf is read as float4).
+__host__ __device__ inline int64_t ScratchPer(const DecodeTiling& t, int d_v) {
+  return (2 * int64_t{t.row_warps} * d_v + t.row_warps + 3) / 4 * 4;
+}
+__host__ __device__ inline int64_t ScratchFloats(const DecodeTiling& t, int d_v) {
+  return 2 * ScratchPer(t, d_v) + t.warps * 32 + t.warps;
+}
+
+__device__ __forceinline__ StepScratch MakeScratch(float* base, const DecodeTiling& t, int d_v,
+                                                   const LaneMap& m, int parity) {
+  const int64_t per = ScratchPer(t, d_v);
+  float* p = base + parity * per;
+  StepScratch sc;
+  sc.red_k = p;
+  sc.red_q = p + t.row_warps * d_v;
+  sc.red_qk = p + 2 * t.row_warps * d_v;
+  sc.wbuf = base + 2 * per + m.warp * 32;
+  return sc;
+}
+__device__ __forceinline__ float* GlobalScaleScratch(float* base, const DecodeTiling& t, int d_v) {
+  return base + 2 * ScratchPer(t, d_v) + t.warps * 32;
+}
+
+// ---- Simple kernel: prefill and unaligned decode ---------------------------
+
+template <StateFormat F, bool kFixed>
 __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const RecurrenceParams p) {
   extern __shared__ float smem[];
-  const HeadGeometry& geo = p.geo;
+  const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
-  // smem: red_k [row_warps][d_v] | red_o [row_warps][d_v] | dbuf [warps][32] | red [warps]
-  float* red_k = smem;
-  float* red_o = red_k + t.row_warps * geo.d_v;
-  float* dbuf = red_o + t.row_warps * geo.d_v;
-  float* red = dbuf + t.warps * 32;
-
   const int b = blockIdx.x / geo.h_v;
   const int h = blockIdx.x % geo.h_v;
   const int32_t slot = p.slots[b];
-  const LaneMap m = MakeLaneMap(t.stripes);
+  const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
+  constexpr ValueTransform kVt = ValueTransformOf(F);
 
   if (slot < 0) {  // skipped item: o is zeroed, the pool is untouched
     if (p.o != nullptr && m.row_warp == 0) {
@@ -43,134 +150,320 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
     }
     return;
   }
-
-  uint8_t* head = p.pool.base + slot * p.pool.slot_bytes +
-                  (int64_t{p.layer} * geo.h_v + h) * l.head_bytes;
-  const float global_scale = l.has_global_scale ? *reinterpret_cast<const float*>(head + l.global_offset) : 0.0f;
-
+  uint8_t* head = HeadPtr(p, geo, slot, h);
+  const float global_scale =
+      l.has_global_scale ? *reinterpret_cast<const float*>(head + l.global_offset) : 0.0f;
   float s[kTileSteps][kTileColsPerLane];
   LoadTile<F>(l, head, m, global_scale, s);
 
   const int kh = h / (geo.h_v / geo.h_qk);
   const int32_t* perm = p.maps.key_perm != nullptr ? p.maps.key_perm + int64_t{h} * geo.d_k : nullptr;
-  constexpr ValueTransform kVt = ValueTransformOf(F);
   const int32_t* vorder = kVt == ValueTransform::kScaleReorder ? p.maps.value_order + int64_t{h} * geo.d_v : nullptr;
   const float* vscale = kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + int64_t{h} * geo.d_v : nullptr;
-  const int c32 = m.cl * 16 + m.rl;
+  const int ds = p.dtype == 0 ? 4 : 2;
 
   for (int tok = 0; tok < p.tokens; ++tok) {
     const int64_t row = int64_t{b} * p.tokens + tok;
     const int64_t qk_base = (row * geo.h_qk + kh) * geo.d_k;
     const int64_t v_base = (row * geo.h_v + h) * geo.d_v;
     const int64_t gh = row * geo.h_v + h;
-    const float beta = p.beta[gh];
     float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
-    const float a_head = geo.kda ? 0.0f : DecayExp(p.g[gh]);
-#pragma unroll
-    for (int i = 0; i < kTileSteps; ++i) {
-      const int r = m.row(i);
-      if (r < geo.d_k) {
-        const int c = perm != nullptr ? perm[r] : r;
-        kk[i] = LoadInput(p.dtype, p.k, qk_base + c);
-        qs[i] = geo.scale * LoadInput(p.dtype, p.q, qk_base + c);
-        a[i] = geo.kda ? DecayExp(p.g[gh * geo.d_k + c]) : a_head;
-      } else {
-        kk[i] = 0.0f;
-        qs[i] = 0.0f;
-        a[i] = 0.0f;
-      }
-    }
-    // v' = M^T v for this lane's reduced column.
-    float vp;
-    if constexpr (kVt == ValueTransform::kScaleReorder) {
-      const int oj = vorder[m.jc];
-      vp = LoadInput(p.dtype, p.v, v_base + oj) / vscale[oj];
-    } else {
-      vp = LoadInput(p.dtype, p.v, v_base + m.jc);
-      if constexpr (kVt == ValueTransform::kHadamard32) vp = StripeHadamard(vp, c32);
-    }
-
-    // Pass 1: decay and the S^T k partials.
-    float part[kTileColsPerLane];
-#pragma unroll
-    for (int c = 0; c < kTileColsPerLane; ++c) part[c] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kTileSteps; ++i) {
-#pragma unroll
-      for (int c = 0; c < kTileColsPerLane; ++c) {
-        s[i][c] = a[i] * s[i][c];
-        part[c] = Fma(kk[i], s[i][c], part[c]);
-      }
-    }
-    float ks = WarpReduceScatter16(part, m.lane);
-    if (t.row_warps > 1) {
-      red_k[m.row_warp * geo.d_v + m.jc] = ks;
-      __syncthreads();
-      ks = red_k[m.jc];
-      for (int w = 1; w < t.row_warps; ++w) ks = ks + red_k[w * geo.d_v + m.jc];
-    }
-    const float db = beta * (vp - ks);
-    // All-gather the 16 deltas of this lane's columns through shared memory.
-    float* wbuf = dbuf + m.warp * 32;
-    wbuf[c32] = db;
-    __syncwarp();
-    float d[kTileColsPerLane];
-#pragma unroll
-    for (int c4 = 0; c4 < 4; ++c4) {
-      const float4 v4 = reinterpret_cast<const float4*>(wbuf + m.cl * 16)[c4];
-      d[4 * c4] = v4.x;
-      d[4 * c4 + 1] = v4.y;
-      d[4 * c4 + 2] = v4.z;
-      d[4 * c4 + 3] = v4.w;
-    }
-
-    // Pass 2: rank-1 update and the S^T q partials.
-#pragma unroll
-    for (int c = 0; c < kTileColsPerLane; ++c) part[c] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kTileSteps; ++i) {
-#pragma unroll
-      for (int c = 0; c < kTileColsPerLane; ++c) {
-        s[i][c] = Fma(kk[i], d[c], s[i][c]);
-        part[c] = Fma(qs[i], s[i][c], part[c]);
-      }
-    }
-    float os = WarpReduceScatter16(part, m.lane);
-    if (t.row_warps > 1) {
-      red_o[m.row_warp * geo.d_v + m.jc] = os;
-      __syncthreads();
-      os = red_o[m.jc];
-      for (int w = 1; w < t.row_warps; ++w) os = os + red_o[w * geo.d_v + m.jc];
-    }
-    if (p.o != nullptr && m.row_warp == 0) {
-      float* o = p.o + v_base;
-      if constexpr (kVt == ValueTransform::kScaleReorder) {
-        const int oj = vorder[m.jc];
-        o[oj] = os * vscale[oj];
-      } else if constexpr (kVt == ValueTransform::kHadamard32) {
-        o[m.jc] = StripeHadamard(os, c32);
-      } else {
-        o[m.jc] = os;
-      }
-    }
+    GatherRows(m, geo.d_k, perm, p.dtype, static_cast<const uint8_t*>(p.q) + qk_base * ds,
+               static_cast<const uint8_t*>(p.k) + qk_base * ds,
+               geo.kda ? p.g + gh * geo.d_k : nullptr, geo.kda ? 0.0f : DecayExp(p.g[gh]),
+               geo.scale, kk, qs, a);
+    const float vp = StoredValue<kVt>(m, p.dtype, static_cast<const uint8_t*>(p.v) + v_base * ds,
+                                      vorder, vscale);
+    const StepScratch sc = MakeScratch(smem, t, geo.d_v, m, tok & 1);
+    const float os = TokenStep(s, kk, qs, a, vp, p.beta[gh], m, t, geo.d_v, sc);
+    if (p.o != nullptr && m.row_warp == 0) StoreOutput<kVt>(m, os, p.o + v_base, vorder, vscale);
   }
 
-  const float gs = TileGlobalScale<F>(l, m, s, red, t.warps);
+  const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(smem, t, geo.d_v), t.warps);
   StoreTile<F>(l, head, m, gs, s);
   if (l.has_global_scale && threadIdx.x == 0) {
     *reinterpret_cast<float*>(head + l.global_offset) = gs;
   }
 }
 
+// ---- Pipelined decode kernel -------------------------------------------------
+
+// Byte offsets inside one shared-memory stage (all multiples of 16).
+struct StageLayout {
+  int header = 0;      // int32 slot of the staged item
+  int head = 0;        // packed head [head_bytes]
+  int q = 0, k = 0;    // [d_k] dtype
+  int v = 0;           // [d_v] dtype
+  int g = 0;           // KDA [d_k] fp32
+  int perm = 0;        // [d_k] int32 (when the layout has a permutation)
+  int order = 0;       // damp-sr [d_v] int32
+  int scale = 0;       // damp-sr [d_v] fp32
+  int bytes = 0;       // stage size
+  int stages = 1;      // 1 or 2
+  int64_t scratch_bytes = 0;
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Bulk copies of a head are split into chunks (one 64 KB copy streams slower
+// than several 4 KB ones; one copy per 128-byte row is slower still, and so is
+// spreading the issue over a warp: measured on the H200).
+inline constexpr int kBulkChunk = 4096;
+
+// Thread 0 only: stage item `item` (pool slot `slot`) into `stage`: the packed
+// head, then one copy per input vector; all complete on `bar`.
+__device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadGeometry& geo,
+                                          const StageLayout& sl, uint8_t* stage, uint64_t* bar,
+                                          int item, int32_t slot) {
+  *reinterpret_cast<int32_t*>(stage + sl.header) = slot;
+  if (slot < 0) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+    return;
+  }
+  const int b = item / geo.h_v;
+  const int h = item % geo.h_v;
+  const int kh = h / (geo.h_v / geo.h_qk);
+  const int ds = p.dtype == 0 ? 4 : 2;
+  const int hb = static_cast<int>(geo.layout.head_bytes);
+  int total = hb + 2 * geo.d_k * ds + geo.d_v * ds;
+  if (geo.kda) total += geo.d_k * 4;
+  if (p.maps.key_perm != nullptr) total += geo.d_k * 4;
+  if (p.maps.value_order != nullptr) total += 2 * geo.d_v * 4;
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(total)
+               : "memory");
+  const uint8_t* src = HeadPtr(p, geo, slot, h);
+  for (int off = 0; off < hb; off += kBulkChunk) {
+    BulkCopy(stage + sl.head + off, src + off, hb - off < kBulkChunk ? hb - off : kBulkChunk, bar);
+  }
+  const int64_t qk_off = (int64_t{b} * geo.h_qk + kh) * geo.d_k * ds;
+  BulkCopy(stage + sl.q, static_cast<const uint8_t*>(p.q) + qk_off, geo.d_k * ds, bar);
+  BulkCopy(stage + sl.k, static_cast<const uint8_t*>(p.k) + qk_off, geo.d_k * ds, bar);
+  BulkCopy(stage + sl.v,
+           static_cast<const uint8_t*>(p.v) + (int64_t{b} * geo.h_v + h) * geo.d_v * ds,
+           geo.d_v * ds, bar);
+  if (geo.kda) BulkCopy(stage + sl.g, p.g + int64_t{item} * geo.d_k, geo.d_k * 4, bar);
+  if (p.maps.key_perm != nullptr) {
+    BulkCopy(stage + sl.perm, p.maps.key_perm + int64_t{h} * geo.d_k, geo.d_k * 4, bar);
+  }
+  if (p.maps.value_order != nullptr) {
+    BulkCopy(stage + sl.order, p.maps.value_order + int64_t{h} * geo.d_v, geo.d_v * 4, bar);
+    BulkCopy(stage + sl.scale, p.maps.value_scale + int64_t{h} * geo.d_v, geo.d_v * 4, bar);
+  }
+}
+
+template <StateFormat F, bool kFixed>
+__global__ void __launch_bounds__(kMaxTileThreads, 2)
+    PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl) {
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t bars[2];
+  const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
+  const PackedHeadLayout& l = geo.layout;
+  const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
+  const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
+  constexpr ValueTransform kVt = ValueTransformOf(F);
+  const int items = p.batch * geo.h_v;
+  const int stride = gridDim.x;
+  float* scratch = reinterpret_cast<float*>(smem_raw);
+  uint8_t* stage_base = smem_raw + sl.scratch_bytes;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < sl.stages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(SmemAddr(&bars[s])) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < sl.stages; ++s) {
+      const int item = blockIdx.x + s * stride;
+      if (item < items) {
+        IssueItem(p, geo, sl, stage_base + s * sl.bytes, &bars[s], item, p.slots[item / geo.h_v]);
+      }
+    }
+  }
+  __syncthreads();
+
+  for (int n = 0, item = blockIdx.x; item < items; ++n, item += stride) {
+    const int st = sl.stages == 2 ? (n & 1) : 0;
+    const uint32_t parity = static_cast<uint32_t>((sl.stages == 2 ? n >> 1 : n) & 1);
+    uint8_t* stage = stage_base + st * sl.bytes;
+    const int h = item % geo.h_v;
+    const int next = item + sl.stages * stride;
+    // Small loads issued before the wait so their latency overlaps it.
+    const int32_t next_slot = (threadIdx.x == 0 && next < items) ? p.slots[next / geo.h_v] : -1;
+    const float beta = p.beta[item];
+    const float g_head = geo.kda ? 0.0f : p.g[item];
+    BarrierWait(&bars[st], parity);
+    const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
+    float* o = p.o + int64_t{item} * geo.d_v;
+    if (slot < 0) {
+      if (m.row_warp == 0) o[m.jc] = 0.0f;
+      __syncthreads();
+      if (threadIdx.x == 0 && next < items) IssueItem(p, geo, sl, stage, &bars[st], next, next_slot);
+      continue;
+    }
+    // Registers <- staged head and inputs.
+    const uint8_t* head_s = stage + sl.head;
+    const float global_scale =
+        l.has_global_scale ? *reinterpret_cast<const float*>(head_s + l.global_offset) : 0.0f;
+    float s[kTileSteps][kTileColsPerLane];
+    LoadTile<F, Src::kShared>(l, head_s, m, global_scale, s);
+    float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
+    GatherRows(m, geo.d_k,
+               p.maps.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + sl.perm) : nullptr,
+               p.dtype, stage + sl.q, stage + sl.k,
+               geo.kda ? reinterpret_cast<const float*>(stage + sl.g) : nullptr,
+               geo.kda ? 0.0f : DecayExp(g_head), geo.scale, kk, qs, a);
+    const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
+    const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
+    const float vp = StoredValue<kVt>(m, p.dtype, stage + sl.v, order_s, scale_s);
+    // damp-sr: the output scatter needs the maps after the stage is reused.
+    int oj = m.jc;
+    float oscale = 1.0f;
+    if constexpr (kVt == ValueTransform::kScaleReorder) {
+      oj = order_s[m.jc];
+      oscale = scale_s[oj];
+    }
+    __syncthreads();  // the stage is free: fetch the item after next into it
+    if (threadIdx.x == 0 && next < items) IssueItem(p, geo, sl, stage, &bars[st], next, next_slot);
+
+    const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, 0);
+    const float os = TokenStep(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
+    if (m.row_warp == 0) {
+      if constexpr (kVt == ValueTransform::kScaleReorder) {
+        o[oj] = os * oscale;
+      } else {
+        StoreOutput<kVt>(m, os, o, nullptr, nullptr);
+      }
+    }
+    uint8_t* head = HeadPtr(p, geo, slot, h);
+    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
+    StoreTile<F>(l, head, m, gs, s);
+    if (l.has_global_scale && threadIdx.x == 0) {
+      *reinterpret_cast<float*>(head + l.global_offset) = gs;
+    }
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// The bulk-copy path needs 16-byte aligned sources and sizes.
+bool PipelineEligible(const RecurrenceParams& p) {
+  const HeadGeometry& geo = p.geo;
+  const int ds = p.dtype == 0 ? 4 : 2;
+  if (p.tokens != 1 || p.o == nullptr) return false;
+  if ((geo.d_k * ds) % 16 != 0 || (geo.d_v * ds) % 16 != 0 || (geo.d_k * 4) % 16 != 0 ||
+      (geo.d_v * 4) % 16 != 0) {
+    return false;
+  }
+  if (!Aligned16(p.pool.base) || p.pool.slot_bytes % 16 != 0 || geo.layout.head_bytes % 16 != 0) {
+    return false;
+  }
+  for (const void* ptr : {static_cast<const void*>(p.q), p.k, p.v,
+                          static_cast<const void*>(p.maps.key_perm),
+                          static_cast<const void*>(p.maps.value_order),
+                          static_cast<const void*>(p.maps.value_scale)}) {
+    if (!Aligned16(ptr)) return false;
+  }
+  return !geo.kda || Aligned16(p.g);
+}
+
+StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm) {
+  const HeadGeometry& geo = p.geo;
+  const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
+  const int ds = p.dtype == 0 ? 4 : 2;
+  StageLayout sl;
+  sl.scratch_bytes = AlignUp(ScratchFloats(t, geo.d_v) * 4, 128);
+  int off = 16;  // header
+  sl.head = off;
+  off += static_cast<int>(geo.layout.head_bytes);
+  sl.q = off;
+  off += geo.d_k * ds;
+  sl.k = off;
+  off += geo.d_k * ds;
+  sl.v = off;
+  off += geo.d_v * ds;
+  sl.g = off;
+  if (geo.kda) off += geo.d_k * 4;
+  sl.perm = off;
+  if (p.maps.key_perm != nullptr) off += geo.d_k * 4;
+  sl.order = off;
+  sl.scale = off + geo.d_v * 4;
+  if (p.maps.value_order != nullptr) off += 2 * geo.d_v * 4;
+  sl.bytes = static_cast<int>(AlignUp(off, 128));
+  // Two stages when two CTAs per SM still fit, else one.
+  sl.stages = 2 * (sl.scratch_bytes + 2 * sl.bytes) + 2048 <= max_smem_per_sm ? 2 : 1;
+  return sl;
+}
+
+template <StateFormat F, bool kFixed>
+int LaunchT(const RecurrenceParams& p, void* stream) {
+  const DecodeTiling t = MakeDecodeTiling(p.geo.d_k, p.geo.d_v);
+  const int64_t items = int64_t{p.batch} * p.geo.h_v;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  // STATECACHE_CUDA_PIPELINE=0 forces the unpipelined kernel (A/B benchmarks).
+  static const bool pipeline_enabled = [] {
+    const char* e = std::getenv("STATECACHE_CUDA_PIPELINE");
+    return e == nullptr || e[0] != '0';
+  }();
+  if (pipeline_enabled && PipelineEligible(p)) {
+    static int max_smem_per_sm = -1, sms = 0;
+    if (max_smem_per_sm < 0) {
+      int dev = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      cudaDeviceGetAttribute(&max_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    }
+    const StageLayout sl = MakeStageLayout(p, max_smem_per_sm);
+    const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
+    cudaError_t e = cudaFuncSetAttribute(PipelinedDecodeKernel<F, kFixed>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+    int per_sm = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PipelinedDecodeKernel<F, kFixed>,
+                                                      t.threads, smem);
+    if (e != cudaSuccess) return e;
+    if (per_sm > 0) {
+      const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
+      PipelinedDecodeKernel<F, kFixed><<<static_cast<unsigned>(grid), t.threads, smem, st>>>(p, sl);
+      return cudaGetLastError();
+    }
+  }
+  const size_t smem = sizeof(float) * ScratchFloats(t, p.geo.d_v);
+  RecurrenceKernel<F, kFixed><<<static_cast<unsigned>(items), t.threads, smem, st>>>(p);
+  return cudaGetLastError();
+}
+
 template <StateFormat F>
 int Launch(const RecurrenceParams& p, void* stream) {
-  const DecodeTiling t = MakeDecodeTiling(p.geo.d_k, p.geo.d_v);
-  const size_t smem = sizeof(float) * (2 * t.row_warps * p.geo.d_v + t.warps * 32 + t.warps);
-  const int64_t blocks = int64_t{p.batch} * p.geo.h_v;
-  if (blocks == 0) return cudaSuccess;
-  RecurrenceKernel<F><<<static_cast<unsigned>(blocks), t.threads, smem,
-                        static_cast<cudaStream_t>(stream)>>>(p);
-  return cudaGetLastError();
+  if (int64_t{p.batch} * p.geo.h_v == 0) return cudaSuccess;
+  const PackedHeadLayout fixed =
+      MakeHeadLayout(FormatSpec{F, IsMixedFormat(F) ? kDefaultKHi : 0}, 128, 128);
+  const bool is_fixed = p.geo.d_k == 128 && p.geo.d_v == 128 &&
+                        p.geo.layout.k_hi == fixed.k_hi &&
+                        p.geo.layout.head_bytes == fixed.head_bytes;
+  return is_fixed ? LaunchT<F, true>(p, stream) : LaunchT<F, false>(p, stream);
 }
 
 }  // namespace

@@ -32,11 +32,29 @@ __device__ __forceinline__ uint4 LdStream(const uint8_t* p) {
 __device__ __forceinline__ uint2 LdStream8(const uint8_t* p) {
   return __ldcs(reinterpret_cast<const uint2*>(p));
 }
+// Write-back stores use the default (write-back) policy: a lane pair's
+// 16-byte halves of a 32-byte sector arrive in separate instructions and
+// must merge in L2 before the line goes to DRAM.
 __device__ __forceinline__ void StStream(uint8_t* p, uint4 v) {
-  __stcs(reinterpret_cast<uint4*>(p), v);
+  *reinterpret_cast<uint4*>(p) = v;
 }
 __device__ __forceinline__ void StStream8(uint8_t* p, uint2 v) {
-  __stcs(reinterpret_cast<uint2*>(p), v);
+  *reinterpret_cast<uint2*>(p) = v;
+}
+
+// Where a tile is read from: kGlobal (streaming loads from the pool) or
+// kShared (a copy of the head staged in shared memory by the bulk-copy engine).
+enum class Src { kGlobal, kShared };
+
+template <Src S>
+__device__ __forceinline__ uint4 Ld16(const uint8_t* p) {
+  if constexpr (S == Src::kGlobal) return LdStream(p);
+  return *reinterpret_cast<const uint4*>(p);
+}
+template <Src S>
+__device__ __forceinline__ uint2 Ld8(const uint8_t* p) {
+  if constexpr (S == Src::kGlobal) return LdStream8(p);
+  return *reinterpret_cast<const uint2*>(p);
 }
 
 // float(2^23 + byte) - (2^23 + z) == byte - z exactly.
@@ -49,37 +67,63 @@ __device__ __forceinline__ int32_t RintSmall(float y) {
   return __float_as_int(__fadd_rn(y, kMagicRound)) - kMagicRoundBits;
 }
 
+// Pairwise trees (depth log2 N instead of a serial chain); min / max are
+// exact, so the order does not change the result.
 template <int N>
 __device__ __forceinline__ void LaneMinMax(const float* x, float* mn, float* mx) {
-  float a = x[0], b = x[0];
+  float a[N / 2], b[N / 2];
 #pragma unroll
-  for (int c = 1; c < N; ++c) {
-    a = fminf(a, x[c]);
-    b = fmaxf(b, x[c]);
+  for (int c = 0; c < N / 2; ++c) {
+    a[c] = fminf(x[2 * c], x[2 * c + 1]);
+    b[c] = fmaxf(x[2 * c], x[2 * c + 1]);
   }
-  *mn = a;
-  *mx = b;
+#pragma unroll
+  for (int w = N / 4; w >= 1; w >>= 1) {
+#pragma unroll
+    for (int c = 0; c < w; ++c) {
+      a[c] = fminf(a[c], a[c + w]);
+      b[c] = fmaxf(b[c], b[c + w]);
+    }
+  }
+  *mn = a[0];
+  *mx = b[0];
 }
 
 template <int N>
 __device__ __forceinline__ float LaneAbsMax(const float* x) {
-  float m = 0.0f;
+  float a[N / 2];
 #pragma unroll
-  for (int c = 0; c < N; ++c) m = fmaxf(m, fabsf(x[c]));
-  return m;
+  for (int c = 0; c < N / 2; ++c) a[c] = fmaxf(fabsf(x[2 * c]), fabsf(x[2 * c + 1]));
+#pragma unroll
+  for (int w = N / 4; w >= 1; w >>= 1) {
+#pragma unroll
+    for (int c = 0; c < w; ++c) a[c] = fmaxf(a[c], a[c + w]);
+  }
+  return a[0];
+}
+
+// Lane column interleave: a lane pair splits its 32-column stripe into runs of
+// W columns (lane cl holds runs cl, cl + 2, ...). W = 16 gives each lane 16
+// contiguous columns (the quantized codecs, whose groups / blocks need it);
+// W = 4 (fp32) and W = 8 (fp16 / bf16) make every 16-byte access of the pair
+// land in one full 32-byte sector, so stores do not write half sectors.
+// Column (within the stripe) of the lane's value c: ((c / W) * 2 + cl) * W + c % W.
+template <int W>
+__device__ __forceinline__ int ChunkCol(int v, int n) {
+  return ((v * n) / W) * 2 * W + (v * n) % W;
 }
 
 // ---- Row codec: load 16 values ------------------------------------------------
 // codes: start of this row's codes; meta: start of this row's metadata;
-// col0: first column of the lane (multiple of 16).
+// col0: the lane's first column, stripe * 32 + cl * W.
 
-template <RowCodec C>
+template <RowCodec C, Src S = Src::kGlobal, int W = 16>
 __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* meta, int col0,
                                           float global_scale, float* x) {
   if constexpr (C == RowCodec::kFp32) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      const uint4 u = LdStream(codes + 4 * col0 + 16 * v);
+      const uint4 u = Ld16<S>(codes + 4 * (col0 + ChunkCol<W>(v, 4)));
       x[4 * v + 0] = __uint_as_float(u.x);
       x[4 * v + 1] = __uint_as_float(u.y);
       x[4 * v + 2] = __uint_as_float(u.z);
@@ -88,7 +132,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
   } else if constexpr (C == RowCodec::kFp16 || C == RowCodec::kBf16) {
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
-      const uint4 u = LdStream(codes + 2 * col0 + 16 * v);
+      const uint4 u = Ld16<S>(codes + 2 * (col0 + ChunkCol<W>(v, 8)));
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -103,7 +147,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
       }
     }
   } else if constexpr (C == RowCodec::kAffineU8) {
-    const uint4 u = LdStream(codes + col0);
+    const uint4 u = Ld16<S>(codes + col0);
     const uint32_t m = *reinterpret_cast<const uint32_t*>(meta + 4 * (col0 / kGroupSize));
     const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
@@ -117,7 +161,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
       x[4 * e + 3] = s * ByteMinus(w[e], 0x7653u, bias);
     }
   } else if constexpr (C == RowCodec::kAffineU4) {
-    const uint2 u = LdStream8(codes + col0 / 2);
+    const uint2 u = Ld8<S>(codes + col0 / 2);
     const uint32_t m = *reinterpret_cast<const uint32_t*>(meta + 4 * (col0 / kGroupSize));
     const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
@@ -129,7 +173,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
       x[e] = s * (__uint_as_float(0x4B000000u | q) - bias);
     }
   } else if constexpr (C == RowCodec::kSymI8) {
-    const uint4 u = LdStream(codes + col0);
+    const uint4 u = Ld16<S>(codes + col0);
     const float s = *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
     const float bias = kMagicByte + 128.0f;
     const uint32_t w[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u,
@@ -142,7 +186,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
       x[4 * e + 3] = s * ByteMinus(w[e], 0x7653u, bias);
     }
   } else if constexpr (C == RowCodec::kFp8E4m3) {
-    const uint4 u = LdStream(codes + col0);
+    const uint4 u = Ld16<S>(codes + col0);
     const float s = *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -150,7 +194,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
       x[e] = Fp8Decode(static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4))), s);
     }
   } else if constexpr (C == RowCodec::kNvfp4) {
-    const uint2 u = LdStream8(codes + col0 / 2);
+    const uint2 u = Ld8<S>(codes + col0 / 2);
     const float mult = Nvfp4BlockMultiplier(meta[col0 / kNvfp4BlockSize], global_scale);
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
@@ -168,13 +212,13 @@ __device__ __forceinline__ uint32_t PackBytes(int32_t a, int32_t b, int32_t c, i
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
-template <RowCodec C>
+template <RowCodec C, int W = 16>
 __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int col0,
                                            float global_scale, bool write_meta, const float* x) {
   if constexpr (C == RowCodec::kFp32) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      StStream(codes + 4 * col0 + 16 * v,
+      StStream(codes + 4 * (col0 + ChunkCol<W>(v, 4)),
                make_uint4(__float_as_uint(x[4 * v]), __float_as_uint(x[4 * v + 1]),
                           __float_as_uint(x[4 * v + 2]), __float_as_uint(x[4 * v + 3])));
     }
@@ -193,8 +237,8 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
                (static_cast<uint32_t>(FloatToBf16Bits(x[2 * e + 1])) << 16);
       }
     }
-    StStream(codes + 2 * col0, make_uint4(w[0], w[1], w[2], w[3]));
-    StStream(codes + 2 * col0 + 16, make_uint4(w[4], w[5], w[6], w[7]));
+    StStream(codes + 2 * (col0 + ChunkCol<W>(0, 8)), make_uint4(w[0], w[1], w[2], w[3]));
+    StStream(codes + 2 * (col0 + ChunkCol<W>(1, 8)), make_uint4(w[4], w[5], w[6], w[7]));
   } else if constexpr (C == RowCodec::kAffineU8 || C == RowCodec::kAffineU4) {
     constexpr int kQmax = C == RowCodec::kAffineU8 ? 255 : 15;
     float mn, mx;
@@ -209,7 +253,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
       const int32_t zi = static_cast<int32_t>(p.z);
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
-        q[e] = min(max(RintSmall(__fmul_rn(x[e], p.inv_s)) + zi, 0), kQmax);
+        q[e] = __vimin_s32_relu(RintSmall(__fmul_rn(x[e], p.inv_s)) + zi, kQmax);
       }
     } else {
 #pragma unroll

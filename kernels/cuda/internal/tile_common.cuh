@@ -16,14 +16,27 @@
 namespace statecache {
 namespace cuda_internal {
 
-// Where this lane sits in the tile (see decode_math.h).
+// Column interleave of a format's lane pairs (tile_codec.cuh, ChunkCol).
+template <StateFormat F>
+constexpr int LaneWidth() {
+  return F == StateFormat::kFp32 ? 4
+         : (F == StateFormat::kFp16 || F == StateFormat::kBf16) ? 8
+                                                                : kTileColsPerLane;
+}
+
+// Where this lane sits in the tile (see decode_math.h). Its value c is
+// column stripe * 32 + ColOf(c).
 struct LaneMap {
   int warp, lane, stripe, row_warp, rl, cl;
-  int col0;  // first of the lane's 16 columns
-  int jc;    // the single column this lane holds after a reduce-scatter
+  int w;     // column interleave W
+  int col0;  // stripe * 32 + cl * W: the lane's first column
+  int c32;   // column (within the stripe) this lane holds after a reduce-scatter
+  int jc;    // stripe * 32 + c32
   __device__ int row(int i) const { return (row_warp * kTileSteps + i) * kTileRowsPerStep + rl; }
+  __device__ int ColOf(int c) const { return ((c / w) * 2 + cl) * w + c % w; }
 };
 
+template <int W>
 __device__ __forceinline__ LaneMap MakeLaneMap(int stripes) {
   LaneMap m;
   m.warp = threadIdx.x >> 5;
@@ -32,13 +45,15 @@ __device__ __forceinline__ LaneMap MakeLaneMap(int stripes) {
   m.row_warp = m.warp / stripes;
   m.rl = m.lane >> 1;
   m.cl = m.lane & 1;
-  m.col0 = m.stripe * kTileStripe + m.cl * kTileColsPerLane;
-  m.jc = m.col0 + m.rl;
+  m.w = W;
+  m.col0 = m.stripe * kTileStripe + m.cl * W;
+  m.c32 = m.ColOf(m.rl);
+  m.jc = m.stripe * kTileStripe + m.c32;
   return m;
 }
 
 // Loads the lane's kTileSteps x 16 values of a packed head (rows >= d_k are 0).
-template <StateFormat F>
+template <StateFormat F, Src S = Src::kGlobal>
 __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_t* head,
                                          const LaneMap& m, float global_scale,
                                          float (&s)[kTileSteps][kTileColsPerLane]) {
@@ -51,10 +66,10 @@ __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_
 #pragma unroll
       for (int c = 0; c < kTileColsPerLane; ++c) s[i][c] = 0.0f;
     } else if (IsMixedFormat(F) && r < l.k_hi) {
-      LoadRow16<kHi>(head + l.hi_offset + r * l.hi_row_bytes, nullptr, m.col0, 0.0f, s[i]);
+      LoadRow16<kHi, S, LaneWidth<F>()>(head + l.hi_offset + r * l.hi_row_bytes, nullptr, m.col0, 0.0f, s[i]);
     } else {
       const int lr = r - l.k_hi;
-      LoadRow16<kLo>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
+      LoadRow16<kLo, S, LaneWidth<F>()>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
                      head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0, global_scale,
                      s[i]);
     }
@@ -103,11 +118,11 @@ __device__ __forceinline__ void StoreTile(const PackedHeadLayout& l, uint8_t* he
     // A lane pair shares r, so both lanes take the same branch.
     if (r >= l.d_k) continue;
     if (IsMixedFormat(F) && r < l.k_hi) {
-      StoreRow16<kHi>(head + l.hi_offset + r * l.hi_row_bytes, nullptr, m.col0, 0.0f, false,
+      StoreRow16<kHi, LaneWidth<F>()>(head + l.hi_offset + r * l.hi_row_bytes, nullptr, m.col0, 0.0f, false,
                       s[i]);
     } else {
       const int lr = r - l.k_hi;
-      StoreRow16<kLo>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
+      StoreRow16<kLo, LaneWidth<F>()>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
                       head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0, global_scale,
                       m.cl == 0, s[i]);
     }
@@ -183,6 +198,86 @@ __device__ __forceinline__ float WarpReduceScatter16(const float (&p)[16], int l
   const float send = u2 ? a2[0] : a2[1];
   const float keep = u2 ? a2[1] : a2[0];
   return keep + __shfl_xor_sync(0xffffffffu, send, 2);
+}
+
+// Reduction scratch of one token step (shared memory).
+struct StepScratch {
+  float* red_k;   // [row_warps][d_v]
+  float* red_q;   // [row_warps][d_v]
+  float* red_qk;  // [row_warps]
+  float* wbuf;    // [32] of this warp
+};
+
+// One recurrence token on the lane's registers (decode_math.h's
+// ReferenceHeadStep, bit for bit). kk, qs, a: the lane's rows (0 for rows
+// >= d_k); vp: v' at column m.jc; returns o' at column m.jc. Contains one
+// __syncthreads when row_warps > 1: every thread of the CTA must call it.
+__device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLane],
+                                           const float (&kk)[kTileSteps],
+                                           const float (&qs)[kTileSteps],
+                                           const float (&a)[kTileSteps], float vp, float beta,
+                                           const LaneMap& m, const DecodeTiling& t, int d_v,
+                                           const StepScratch& sc) {
+  float ka[kTileSteps], qa[kTileSteps];
+  float qk = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kTileSteps; ++i) {
+    ka[i] = kk[i] * a[i];
+    qa[i] = qs[i] * a[i];
+    qk = Fma(qs[i], kk[i], qk);
+  }
+  float pk[kTileColsPerLane], pq[kTileColsPerLane];
+#pragma unroll
+  for (int c = 0; c < kTileColsPerLane; ++c) {
+    pk[c] = 0.0f;
+    pq[c] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kTileSteps; ++i) {
+#pragma unroll
+    for (int c = 0; c < kTileColsPerLane; ++c) {
+      pk[c] = Fma(ka[i], s[i][c], pk[c]);
+      pq[c] = Fma(qa[i], s[i][c], pq[c]);
+    }
+  }
+  float ks = WarpReduceScatter16(pk, m.lane);
+  float qsum = WarpReduceScatter16(pq, m.lane);
+#pragma unroll
+  for (int off = 16; off >= 2; off >>= 1) qk = qk + __shfl_xor_sync(0xffffffffu, qk, off);
+  if (t.row_warps > 1) {
+    sc.red_k[m.row_warp * d_v + m.jc] = ks;
+    sc.red_q[m.row_warp * d_v + m.jc] = qsum;
+    if (m.stripe == 0 && m.lane == 0) sc.red_qk[m.row_warp] = qk;
+    __syncthreads();
+    ks = sc.red_k[m.jc];
+    qsum = sc.red_q[m.jc];
+    qk = sc.red_qk[0];
+    for (int w = 1; w < t.row_warps; ++w) {
+      ks = ks + sc.red_k[w * d_v + m.jc];
+      qsum = qsum + sc.red_q[w * d_v + m.jc];
+      qk = qk + sc.red_qk[w];
+    }
+  }
+  const float db = beta * (vp - ks);
+  // All-gather the 16 deltas of this lane's columns.
+  __syncwarp();
+  sc.wbuf[m.c32] = db;
+  __syncwarp();
+  float d[kTileColsPerLane];
+#pragma unroll
+  for (int c4 = 0; c4 < 4; ++c4) {
+    const float4 v4 = *reinterpret_cast<const float4*>(sc.wbuf + m.ColOf(4 * c4));
+    d[4 * c4] = v4.x;
+    d[4 * c4 + 1] = v4.y;
+    d[4 * c4 + 2] = v4.z;
+    d[4 * c4 + 3] = v4.w;
+  }
+#pragma unroll
+  for (int i = 0; i < kTileSteps; ++i) {
+#pragma unroll
+    for (int c = 0; c < kTileColsPerLane; ++c) s[i][c] = Fma(kk[i], d[c], a[i] * s[i][c]);
+  }
+  return Fma(qk, db, qsum);
 }
 
 __device__ __forceinline__ float LoadInput(int dtype, const void* p, int64_t i) {
