@@ -785,6 +785,22 @@ absl::Status StateCacheService::DoGetStats(Tenant& caller, const v1::GetStatsReq
   resp->set_state_memory_reserved_bytes(registry_->state_reserved_bytes());
   resp->set_checkpoint_memory_budget_bytes(registry_->checkpoint_budget_bytes());
   resp->set_checkpoint_memory_reserved_bytes(registry_->checkpoint_reserved_bytes());
+  if (tenants_ != nullptr) {
+    // Authenticated: report only the caller's own reservations and quotas,
+    // nothing about other tenants.
+    int64_t state = 0, checkpoint = 0;
+    for (const auto& m : registry_->List(caller.name())) {
+      state += m->state_bytes;
+      checkpoint += m->checkpoint_bytes;
+    }
+    const TenantQuota& q = caller.quota();
+    resp->set_state_memory_budget_bytes(q.max_state_bytes > 0 ? q.max_state_bytes
+                                                              : registry_->state_budget_bytes());
+    resp->set_state_memory_reserved_bytes(state);
+    resp->set_checkpoint_memory_budget_bytes(
+        q.max_checkpoint_bytes > 0 ? q.max_checkpoint_bytes : registry_->checkpoint_budget_bytes());
+    resp->set_checkpoint_memory_reserved_bytes(checkpoint);
+  }
   resp->set_uptime_seconds(Seconds(started_));
   resp->set_version("statecache v1");
   std::vector<std::shared_ptr<Model>> models;

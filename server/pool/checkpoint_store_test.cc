@@ -248,7 +248,12 @@ TEST(CheckpointStoreConcurrencyTest, ManyThreadsKeepRefcountsConsistent) {
         }
         if (hit->hit) {
           auto r = store->Restore(hit->key, i % 2 ? hit->lease_id : 0, pool->view(), dst);
-          if (!r.ok()) ++unexpected;
+          // Without the lease (even i) the key may have been replaced and the
+          // replacement evicted meanwhile: kNotFound is the documented outcome
+          // (TSan's scheduling makes this interleaving common).
+          const bool unleased_miss =
+              i % 2 == 0 && r.status().code() == absl::StatusCode::kNotFound;
+          if (!r.ok() && !unleased_miss) ++unexpected;
           if (i % 2 == 0) (void)store->ReleaseLease(hit->lease_id);
         }
       }
