@@ -44,6 +44,7 @@ calibration options:
   --horizon=256            H of the seed 001 horizon score
   --tau=1e-4               persistence cap of seed 000 eq. 9
   --threads=0              worker threads (0 = all cores)
+  --prefetch=2             trajectories loaded (or generated) concurrently ahead
   --no-progress            never draw the progress bar (drawn on a TTY only)
   --json=PATH              machine-readable report ('-' = stdout instead of tables)
 )";
@@ -118,6 +119,7 @@ absl::StatusOr<CalibrationOptions> MakeCalibrationOptions(const CliFlags& f, Pro
   ASSIGN_OR_RETURN(o.sample_every, f.GetInt("sample-every", 8));
   ASSIGN_OR_RETURN(o.horizon, f.GetInt("horizon", 256));
   ASSIGN_OR_RETURN(o.threads, f.GetInt("threads", 0));
+  ASSIGN_OR_RETURN(o.prefetch, f.GetInt("prefetch", 2));
   o.progress = [bar](const CalibrationProgress& p) {
     bar->Update(absl::StrCat("calibrate pass ", p.pass, "/", p.passes), p.done, p.total);
   };
@@ -270,7 +272,7 @@ absl::Status Calibrate(const CliFlags& f, int* exit_code) {
     if (stab.ok()) {
       PrintStability(*stab, st.geometry, absl::StrCat(FormatSpecName(spec), "/", SelectorName(selector)));
     } else if (!f.Has("no-stability")) {
-      std::printf("stability: %s\n", std::string(stab.status().message()).c_str());
+      std::printf("%s\n", std::string(stab.status().message()).c_str());
     }
   }
   if (f.Has("json")) {
@@ -468,7 +470,7 @@ absl::Status Evaluate(const CliFlags& f, int* exit_code) {
 int RunCommand(int argc, char** argv, const char* help, std::set<std::string> value_flags,
                std::set<std::string> bool_flags,
                absl::Status (*body)(const CliFlags&, int*)) {
-  for (const char* v : {"trajectories", "synthetic", "sample-every", "horizon", "tau", "threads", "json"}) {
+  for (const char* v : {"trajectories", "synthetic", "sample-every", "horizon", "tau", "threads", "prefetch", "json"}) {
     value_flags.insert(v);
   }
   bool_flags.insert({"no-progress", "help"});

@@ -140,7 +140,11 @@ SyntheticSpec HeldOutSpec(const SyntheticSpec& spec, int docs) {
   SyntheticSpec h = spec;
   h.docs = docs;
   h.seed = spec.seed + 1000003;
-  h.text = absl::StrCat(spec.text, " (held out: docs=", docs, ", seed=", h.seed, ")");
+  const ModelGeometry& g = h.base.geometry;
+  h.text = absl::StrCat("arch=", ArchName(g.arch), ",layers=", g.layers, ",h_qk=", g.h_qk,
+                        ",h_v=", g.h_v, ",d_k=", g.d_k, ",d_v=", g.d_v, ",docs=", docs,
+                        ",tokens=", h.base.tokens, ",domains=", h.domains, ",seed=", h.seed,
+                        ",model_seed=", h.base.seed_layout, " (held out: same model, other seeds)");
   return h;
 }
 

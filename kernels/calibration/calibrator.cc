@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <future>
 #include <map>
@@ -331,22 +332,25 @@ absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
   auto load_async = [&](int i) {
     return std::async(std::launch::async, [&source, i] { return source.load(i); });
   };
+  const int prefetch = std::max(1, options.prefetch);
   for (int pass = 3 - passes; pass <= 2; ++pass) {
     seen_in_domain.clear();
-    std::future<absl::StatusOr<std::shared_ptr<const Trajectory>>> next = load_async(0);
+    // Up to `prefetch` trajectories load concurrently ahead of the one in use
+    // (futures from std::async join on destruction, also on early returns).
+    std::deque<std::future<absl::StatusOr<std::shared_ptr<const Trajectory>>>> ahead;
+    int next_to_load = 0;
     for (int i = 0; i < source.count; ++i) {
-      const Clock::time_point wait = Clock::now();
-      absl::StatusOr<std::shared_ptr<const Trajectory>> loaded = next.get();
-      load_seconds += Seconds(wait, Clock::now());
-      if (i + 1 < source.count) next = load_async(i + 1);
-      if (!loaded.ok()) {
-        if (i + 1 < source.count) next.wait();
-        return loaded.status();
+      while (next_to_load < source.count && next_to_load < i + prefetch) {
+        ahead.push_back(load_async(next_to_load++));
       }
+      const Clock::time_point wait = Clock::now();
+      absl::StatusOr<std::shared_ptr<const Trajectory>> loaded = ahead.front().get();
+      ahead.pop_front();
+      load_seconds += Seconds(wait, Clock::now());
+      if (!loaded.ok()) return loaded.status();
       const Trajectory& traj = **loaded;
       absl::Status valid = traj.Validate();
       if (!valid.ok()) {
-        if (i + 1 < source.count) next.wait();
         return absl::InvalidArgumentError(absl::StrCat("trajectory ", i, ": ", valid.message()));
       }
       if (!have_geometry) {
@@ -359,7 +363,6 @@ absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
                       options.damp_sr ? 1 + static_cast<int>(options.sr_alphas.size()) : 0);
         have_geometry = true;
       } else if (traj.geometry != st.geometry) {
-        if (i + 1 < source.count) next.wait();
         return absl::InvalidArgumentError(absl::StrCat(
             "trajectory ", i, ": geometry ", traj.geometry.DebugString(),
             " differs from the first trajectory's ", st.geometry.DebugString()));

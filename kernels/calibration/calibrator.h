@@ -31,8 +31,8 @@
 // the stability report.
 //
 // Work is parallel over (layer, head) on `threads` threads; trajectories are
-// streamed one at a time (the next one loads while the current one runs), so
-// memory stays at one or two trajectories plus the statistics.
+// streamed one at a time (the next `prefetch` load while the current one
+// runs), so memory stays at a few trajectories plus the statistics.
 //
 //   ASSIGN_OR_RETURN(CalibrationStats st, Calibrate(TrajectoriesFromFiles(paths), {}));
 #ifndef STATECACHE_KERNELS_CALIBRATION_CALIBRATOR_H_
@@ -74,6 +74,7 @@ struct CalibrationOptions {
   bool damp_sr = true;   // also collect damp-sr statistics (one extra FP32 pass)
   std::vector<double> sr_alphas = {0.0, 0.5, 0.75, 1.0};
   int threads = 0;       // 0 = hardware concurrency
+  int prefetch = 2;      // trajectories loading concurrently ahead of the current one
   std::function<void(const CalibrationProgress&)> progress;  // optional
 };
 
