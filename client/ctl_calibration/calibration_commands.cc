@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -208,7 +209,7 @@ std::string SrChoiceText(const CalibrationStats& st, const BuiltLayout& b) {
 constexpr char kCalibrateHelp[] = R"(statecachectl calibrate: trajectories -> DAMP layout file
 output:
   --format=damp:16         damp:K or damp-sr:K (other formats need no calibration)
-  --selector=NAME          random | energy | e | p | ep | horizon
+  --selector=NAME          random | energy | e | p | ep | horizon | epq
                            (default: ep for damp, horizon for damp-sr)
   --out=PATH               layout file to write (safetensors, versioned, checksummed)
   --save-synthetic=DIR     also write the --synthetic documents as trajectory files
@@ -296,6 +297,7 @@ held-out set (one of; with --synthetic the default is 4 fresh documents of the s
   --heldout-docs=4         number of SYNTHETIC held-out documents
 evaluation:
   --sections=formats,selectors,k_sweep   which tables to produce
+  --only=CASES             keep only these cases of the sections, e.g. damp:16/ep,int8-hadamard
   --layout=PATHS           also evaluate these layout files (comma-separated)
   --no-sr                  skip damp-sr (one FP32 calibration pass instead of two)
   --backend=cpu            cpu | cuda | auto
@@ -386,6 +388,14 @@ absl::Status Evaluate(const CliFlags& f, int* exit_code) {
     }
   }
   std::vector<EvalCase> plan = StandardEvalPlan(st.geometry, sections, opts.damp_sr);
+  if (f.Has("only")) {
+    const std::vector<std::string> only = absl::StrSplit(f.Get("only", ""), ',', absl::SkipEmpty());
+    std::vector<EvalCase> kept;
+    for (const EvalCase& c : plan) {
+      if (std::count(only.begin(), only.end(), CaseName(c)) > 0) kept.push_back(c);
+    }
+    plan = std::move(kept);
+  }
   std::vector<std::unique_ptr<LayoutFile>> files;
   if (f.Has("layout")) {
     for (absl::string_view p : absl::StrSplit(f.Get("layout", ""), ',', absl::SkipEmpty())) {
@@ -498,7 +508,7 @@ int RunCalibrateCommand(int argc, char** argv) {
 
 int RunEvaluateCommand(int argc, char** argv) {
   return RunCommand(argc, argv, kEvaluateHelp,
-                    {"heldout", "heldout-docs", "sections", "layout", "backend"},
+                    {"heldout", "heldout-docs", "sections", "only", "layout", "backend"},
                     {"no-sr", "per-layer"}, &Evaluate);
 }
 

@@ -8,6 +8,7 @@
 
 #include "client/ctl_calibration/cli_flags.h"
 #include "gtest/gtest.h"
+#include "kernels/calibration/scores.h"
 #include "kernels/io/json.h"
 #include "kernels/layout/layout_file.h"
 
@@ -104,7 +105,7 @@ TEST(CalibrationCommandsTest, EvaluateJsonHasEverySection) {
     EXPECT_EQ(row.Find("layers")->size(), 1u);
   }
   EXPECT_EQ(formats, 11);
-  EXPECT_EQ(selectors, 12);
+  EXPECT_EQ(selectors, 2 * kNumSelectors);
   EXPECT_EQ(sweep, 2 * 5);  // K_hi in {0, 4, 8, 16, 32} (<= d_k = 32), damp and damp-sr
 }
 

@@ -30,12 +30,12 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 // Offsets of each statistic inside one head's block of sums.
 struct Offsets {
   int d_k = 0, d_v = 0, candidates = 0;
-  int64_t energy = 0, e_had = 0, h_had = 0, log_a = 0, e_sr = 0, h_sr = 0, h16_sr = 0, colsq = 0;
+  int64_t energy = 0, e_had = 0, h_had = 0, log_a = 0, q2 = 0, e_sr = 0, h_sr = 0, h16_sr = 0, colsq = 0;
   int64_t stride = 0;
 
   Offsets(int dk, int dv, int c) : d_k(dk), d_v(dv), candidates(c) {
     int64_t o = 0;
-    for (int64_t* f : {&energy, &e_had, &h_had, &log_a}) {
+    for (int64_t* f : {&energy, &e_had, &h_had, &log_a, &q2}) {
       *f = o;
       o += d_k;
     }
@@ -113,6 +113,10 @@ void ProcessHead(const Trajectory& traj, int layer, int head, const Offsets& off
   }
   if (pass == 2) {
     for (int u = 0; u < d_k; ++u) acc[off.log_a + u] += g_sum[kda ? u : 0];
+    for (int t = 0; t < T; ++t) {
+      const float* q = in.q.data() + (int64_t{t} * geo.h_qk + kh) * d_k;
+      for (int u = 0; u < d_k; ++u) acc[off.q2 + u] += double{q[u]} * q[u];
+    }
   }
   // Tail ratio of the horizon beyond the end: this trajectory's a_eff^2.
   std::vector<double> tail(gw);
@@ -286,6 +290,7 @@ ChannelStatsView CalibrationStats::View(Split split, int64_t head_index, int sr_
   v.d_k = geometry.d_k;
   v.energy = h.energy.data();
   v.log_a = h.log_a.data();
+  v.q2 = h.q2.data();
   if (sr_candidate < 0) {
     v.error = h.e_had.data();
     v.horizon = h.h_had.data();
@@ -440,6 +445,7 @@ absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
       BalancedMean(groups, num_domains, split, h, off.stride, off.e_had, geo.d_k, 2, false, &hs.e_had);
       BalancedMean(groups, num_domains, split, h, off.stride, off.h_had, geo.d_k, 2, false, &hs.h_had);
       BalancedMean(groups, num_domains, split, h, off.stride, off.log_a, geo.d_k, 2, true, &hs.log_a);
+      BalancedMean(groups, num_domains, split, h, off.stride, off.q2, geo.d_k, 2, true, &hs.q2);
       if (C > 0) {
         const int64_t n = int64_t{C} * geo.d_k;
         BalancedMean(groups, num_domains, split, h, off.stride, off.e_sr, n, 2, false, &hs.e_sr);

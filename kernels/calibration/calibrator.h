@@ -14,6 +14,7 @@
 //               tail continues geometrically with this trajectory's own
 //               a_eff,u (documented in docs/BENCHMARKS.md).
 //   log a_u   over every token (state write) -> a_eff,u = exp(E[log a_u])
+//   q_u^2     over every token (the readout weight of the "epq" selector)
 // and, when `damp_sr` is set, the same error terms for every damp-sr value
 // scaling / reordering candidate (symmetric int8 of S D^-1 P^T, error
 // measured after restoring scale and order; plus the FP16 error of the row,
@@ -92,6 +93,7 @@ struct SrCandidate {
 // [candidate][d_k] flattened.
 struct HeadStats {
   std::vector<double> energy, e_had, h_had, log_a;  // [d_k]
+  std::vector<double> q2;                           // [d_k] E[q_u^2] over tokens
   std::vector<double> e_sr, h_sr, h16_sr;           // [candidates * d_k]
 };
 

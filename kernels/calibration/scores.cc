@@ -18,6 +18,7 @@ const char* SelectorName(Selector s) {
     case Selector::kPersistence: return "p";
     case Selector::kErrorPersistence: return "ep";
     case Selector::kHorizon: return "horizon";
+    case Selector::kReadout: return "epq";
   }
   return "?";
 }
@@ -27,12 +28,13 @@ absl::StatusOr<Selector> ParseSelector(absl::string_view name) {
     if (name == SelectorName(s)) return s;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "selector: unknown '", name, "' (expected random, energy, e, p, ep or horizon)"));
+      "selector: unknown '", name, "' (expected random, energy, e, p, ep, horizon or epq)"));
 }
 
 std::vector<Selector> AllSelectors() {
-  return {Selector::kRandom, Selector::kEnergy,           Selector::kError,
-          Selector::kPersistence, Selector::kErrorPersistence, Selector::kHorizon};
+  return {Selector::kRandom,           Selector::kEnergy,  Selector::kError,
+          Selector::kPersistence,      Selector::kErrorPersistence,
+          Selector::kHorizon,          Selector::kReadout};
 }
 
 double Persistence(double a_eff, double tau) { return 1.0 / std::max(1.0 - a_eff * a_eff, tau); }
@@ -54,6 +56,7 @@ std::vector<double> ChannelScores(Selector selector, const ChannelStatsView& st,
       case Selector::kPersistence: c[i] = p; break;
       case Selector::kErrorPersistence: c[i] = st.error[i] * p; break;
       case Selector::kHorizon: c[i] = st.horizon[i]; break;
+      case Selector::kReadout: c[i] = st.error[i] * p * st.q2[i]; break;
       case Selector::kRandom: break;
     }
   }

@@ -28,10 +28,15 @@ enum class Selector : uint8_t {
   kPersistence = 3,       // P_u only (degenerate within a GDN head)
   kErrorPersistence = 4,  // C_u = E_u * P_u (seed 000, DAMP's default)
   kHorizon = 5,           // C_u = E[e_u (1 + sum_j prod_r a^2)], H steps (seed 001)
+  // Not in the seeds: E_u * P_u * E[q_u^2], the readout-weighted risk. The
+  // output error of channel u is q_u * dS_u, so its expected energy is
+  // E[q_u^2] E||dS_u||^2 under independence; E*P ignores how much the
+  // readout looks at the channel.
+  kReadout = 6,
 };
-inline constexpr int kNumSelectors = 6;
+inline constexpr int kNumSelectors = 7;
 
-// "random", "energy", "e", "p", "ep", "horizon".
+// "random", "energy", "e", "p", "ep", "horizon", "epq".
 const char* SelectorName(Selector s);
 // Parses the names above; kInvalidArgument naming the text otherwise.
 absl::StatusOr<Selector> ParseSelector(absl::string_view name);
@@ -46,6 +51,7 @@ struct ChannelStatsView {
   const double* error = nullptr;    // E_u = E[e_u] of the deployed Q_lo
   const double* horizon = nullptr;  // E[e_u W_u], W_u = 1 + sum_{j<=H} prod_{r<=j} a_{t+r,u}^2
   const double* log_a = nullptr;    // E[log a_u]; a_eff = exp(log_a)
+  const double* q2 = nullptr;       // E[q_u^2] of the (unscaled) query; kReadout only
   int d_k = 0;
 };
 

@@ -21,7 +21,8 @@ struct TwoChannels {
   double error[2] = {4.0, 1.0};
   double horizon[2] = {5.0, 7.0};
   double log_a[2] = {std::log(0.5), std::log(0.9)};
-  ChannelStatsView View() const { return {energy, error, horizon, log_a, 2}; }
+  double q2[2] = {0.5, 0.25};
+  ChannelStatsView View() const { return {energy, error, horizon, log_a, q2, 2}; }
 };
 
 TEST(ScoresTest, HandComputedTwoChannelExample) {
@@ -36,6 +37,10 @@ TEST(ScoresTest, HandComputedTwoChannelExample) {
   EXPECT_NEAR(c[0], 16.0 / 3.0, 1e-12);
   EXPECT_NEAR(c[1], 1.0 / 0.19, 1e-9);
   EXPECT_THAT(ChannelScores(Selector::kHorizon, t.View(), o), ElementsAre(5.0, 7.0));
+  // Readout-weighted: 16/3 * 0.5 = 2.667 vs 5.263 * 0.25 = 1.316.
+  const std::vector<double> r = ChannelScores(Selector::kReadout, t.View(), o);
+  EXPECT_NEAR(r[0], 8.0 / 3.0, 1e-12);
+  EXPECT_NEAR(r[1], 0.25 / 0.19, 1e-9);
   EXPECT_THAT(TopK(c, 1), ElementsAre(0));
   EXPECT_THAT(TopK(p, 1), ElementsAre(1));
   EXPECT_THAT(TopK(ChannelScores(Selector::kEnergy, t.View(), o), 1), ElementsAre(1));
