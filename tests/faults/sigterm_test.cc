@@ -1,0 +1,212 @@
+// SIGTERM during load, against the real statecached binary: clients run the
+// multi-turn workload and register models while the server gets SIGTERM.
+// The server must drain and exit 0; calls fail only with UNAVAILABLE /
+// CANCELLED; every acknowledged registration is there after a restart on the
+// same --data_dir; and every conversation that completed before the signal
+// has exactly the outputs of a serial replay on the restarted server (no
+// acknowledged write was lost or corrupted).
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "client/cpp/statecache_client.h"
+#include "tests/load/workload.h"
+
+extern char** environ;
+
+namespace statecache {
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class ServerProcess {
+ public:
+  ServerProcess(const std::string& data_dir, const std::string& log) : log_(log) {
+    std::vector<std::string> args = {"server/statecached",
+                                     "--listen=127.0.0.1:0",
+                                     "--backend=cpu",
+                                     "--metrics_port=-1",
+                                     "--state_memory_bytes=67108864",
+                                     "--checkpoint_memory_bytes=67108864",
+                                     "--shutdown_grace_ms=10000",
+                                     "--log_cache_events=false",
+                                     "--data_dir=" + data_dir};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    // The port is in the server_started line.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline && port_ == 0) {
+      const std::string text = ReadAll(log);
+      const size_t at = text.find("server_started");
+      if (at != std::string::npos) {
+        const size_t p = text.find(" port=", at);
+        const size_t end = text.find(' ', p + 6);
+        int port = 0;
+        if (p != std::string::npos && absl::SimpleAtoi(text.substr(p + 6, end - p - 6), &port)) {
+          port_ = port;
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !waited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  int port() const { return port_; }
+  std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
+  void Signal(int sig) { kill(pid_, sig); }
+  // Exit status, or -1 when it did not exit normally in time.
+  int Wait(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        waited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return -1;
+  }
+  std::string log() const { return ReadAll(log_); }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool waited_ = false;
+};
+
+TEST(SigtermTest, DrainsLosesNoAcknowledgedWriteAndReloadsModels) {
+  const std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string data_dir = absl::StrCat(tmp, "/data-", getpid());
+  WorkloadSpec spec;
+  spec.model_id = "sigterm-gdn";
+  spec.use_stream = false;
+  spec.slots = 32;
+  spec.checkpoints = 32;
+
+  std::map<int64_t, uint64_t> completed;  // conversation -> digest
+  std::vector<std::string> acked_models;
+  std::map<std::string, int> errors;
+  std::mutex mu;
+  {
+    ServerProcess server(data_dir, tmp + "/server1.log");
+    ASSERT_GT(server.port(), 0) << server.log();
+    auto admin = StateCacheClient::Connect(server.target()).value();
+    ASSERT_TRUE(RegisterWorkloadModel(*admin, spec).ok());
+
+    std::atomic<bool> signalled{false};
+    std::vector<std::thread> threads;
+    for (int c = 0; c < 4; ++c) {
+      threads.emplace_back([&, c] {
+        auto client = StateCacheClient::Connect(server.target()).value();
+        for (int64_t conv = c * 1000;; ++conv) {
+          WorkloadStats stats;
+          ConversationResult r = RunConversation(*client, spec, conv, &stats);
+          std::lock_guard<std::mutex> lock(mu);
+          for (const auto& [code, n] : stats.errors_by_code) errors[code] += n;
+          if (r.status.ok()) {
+            completed[conv] = r.digest;
+          } else {
+            break;  // the server is going away
+          }
+        }
+      });
+    }
+    threads.emplace_back([&] {
+      auto client = StateCacheClient::Connect(server.target()).value();
+      for (int i = 0;; ++i) {
+        ModelRegistration r;
+        r.model_id = absl::StrCat("reg-", i);
+        r.geometry = spec.geometry;
+        r.format = i % 2 ? "fp16" : "damp:8";
+        r.slots = 1;
+        r.checkpoints = 1;
+        absl::Status s = client->RegisterModel(r).status();
+        std::lock_guard<std::mutex> lock(mu);
+        if (s.ok()) {
+          acked_models.push_back(r.model_id);
+        } else {
+          ++errors[absl::StatusCodeToString(s.code())];
+          break;
+        }
+        if (i > 400) break;
+      }
+    });
+    absl::SleepFor(absl::Milliseconds(800));
+    server.Signal(SIGTERM);
+    signalled = true;
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(server.Wait(absl::Seconds(30)), 0) << server.log();
+    const std::string log = server.log();
+    EXPECT_NE(log.find("signal SIGTERM"), std::string::npos) << log;
+    EXPECT_NE(log.find("server_draining"), std::string::npos);
+    EXPECT_NE(log.find("server_stopped"), std::string::npos);
+  }
+  ASSERT_GT(completed.size(), 0u);
+  ASSERT_GT(acked_models.size(), 0u);
+  for (const auto& [code, n] : errors) {
+    EXPECT_TRUE(code == "UNAVAILABLE" || code == "CANCELLED") << code << " x" << n;
+  }
+  std::printf("completed conversations=%zu acknowledged registrations=%zu errors:",
+              completed.size(), acked_models.size());
+  for (const auto& [code, n] : errors) std::printf(" %s=%d", code.c_str(), n);
+  std::printf("\n");
+
+  ServerProcess restarted(data_dir, tmp + "/server2.log");
+  ASSERT_GT(restarted.port(), 0) << restarted.log();
+  auto client = StateCacheClient::Connect(restarted.target()).value();
+  for (const std::string& id : acked_models) {
+    EXPECT_TRUE(client->DescribeModel(id).ok()) << "acknowledged model lost: " << id;
+  }
+  auto workload_model = client->DescribeModel(spec.model_id);
+  ASSERT_TRUE(workload_model.ok());
+  EXPECT_EQ(workload_model->stats().slots_allocated(), 0);  // states are volatile
+  WorkloadSpec replay = spec;
+  replay.model_id = "sigterm-replay";
+  ASSERT_TRUE(RegisterWorkloadModel(*client, replay).ok());
+  int mismatches = 0;
+  for (const auto& [conv, digest] : completed) {
+    WorkloadStats stats;
+    ConversationResult r = RunConversation(*client, replay, conv, &stats);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    mismatches += r.digest != digest;
+  }
+  EXPECT_EQ(mismatches, 0);
+  restarted.Signal(SIGTERM);
+  EXPECT_EQ(restarted.Wait(absl::Seconds(30)), 0);
+}
+
+}  // namespace
+}  // namespace statecache
