@@ -1,6 +1,14 @@
 // PoolView: the only pool type shared with kernels - a plain index over one
 // arena of fixed-size slots. Metadata (which slot is free, leases) lives in
 // the pool above; this struct only maps (slot, layer, head) to bytes.
+//
+// Formats with per-head sizes (stepquant-*, StateLayout::head_offsets()):
+// head_bytes is the layout's mean head stride, so slot_bytes() and whole-slot
+// operations are unchanged, and `head_offsets` - when set - gives each
+// (layer, head)'s byte offset inside a slot. Pools above the backend leave it
+// null; a backend fills it (from its PreparedModel, in its own memory space)
+// before indexing heads of such a layout. nullptr keeps the uniform
+// (layer * heads + head) * head_bytes indexing of every other format.
 #ifndef STATECACHE_KERNELS_BACKEND_POOL_VIEW_H_
 #define STATECACHE_KERNELS_BACKEND_POOL_VIEW_H_
 
@@ -16,11 +24,13 @@ struct PoolView {
   int layers = 0;
   int heads = 0;            // value heads per layer
   int64_t head_bytes = 0;   // multiple of 16
+  const int64_t* head_offsets = nullptr;  // optional [layers * heads], see above
 
   SC_HD int64_t slot_bytes() const { return int64_t{layers} * heads * head_bytes; }
   SC_HD uint8_t* slot(int64_t s) const { return base + s * slot_bytes(); }
   SC_HD uint8_t* head(int64_t s, int layer, int h) const {
-    return slot(s) + (int64_t{layer} * heads + h) * head_bytes;
+    const int64_t i = int64_t{layer} * heads + h;
+    return slot(s) + (head_offsets != nullptr ? head_offsets[i] : i * head_bytes);
   }
 };
 

@@ -42,6 +42,32 @@ ValueMap MapOf(const StateLayout& layout, int layer, int head) {
                   layout.value_scale(layer, head)};
 }
 
+// The head codec of a layout: the uniform formats share one PackedHeadLayout;
+// STEPQuant heads each have their own (StateLayout::step_head) and row-impact
+// factors.
+void DecodeStoredHead(const StateLayout& layout, int layer, int h, const uint8_t* head, float* w) {
+  if (layout.head_offsets().empty()) {
+    DecodeHead(layout.head_layout(), head, w);
+  } else {
+    StepDecodeHead(layout.step_head(layer, h), head, w);
+  }
+}
+
+void EncodeStoredHead(const StateLayout& layout, int layer, int h, const float* w, uint8_t* head) {
+  if (layout.head_offsets().empty()) {
+    EncodeHead(layout.head_layout(), w, head);
+  } else {
+    StepEncodeHead(layout.step_head(layer, h), layout.row_impact(layer, h), w, head);
+  }
+}
+
+// The pool with the layout's per-head offsets (host memory) when it has them.
+PoolView HeadIndexed(const StateLayout& layout, const PoolView& pool) {
+  PoolView v = pool;
+  if (!layout.head_offsets().empty()) v.head_offsets = layout.head_offsets().data();
+  return v;
+}
+
 // Per-thread working memory for one head.
 struct HeadScratch {
   std::vector<float> w, q, k, g, v, o_stored, tmp;
@@ -142,7 +168,7 @@ absl::Status CpuBackend::DecodeUpdate(const PreparedModel& model, const PoolView
   const StateLayout& layout = model.layout();
   RETURN_IF_ERROR(ValidateDecodeInputs(layout, pool, layer, in));
   const ModelGeometry& geo = layout.geometry();
-  const PackedHeadLayout& hl = layout.head_layout();
+  const PoolView heads = HeadIndexed(layout, pool);
   threads_.ParallelFor(int64_t{in.batch} * geo.h_v, [&](int64_t item) {
     const int b = static_cast<int>(item / geo.h_v);
     const int h = static_cast<int>(item % geo.h_v);
@@ -153,8 +179,8 @@ absl::Status CpuBackend::DecodeUpdate(const PreparedModel& model, const PoolView
       return;
     }
     HeadScratch& s = ThreadScratch(geo.d_k, geo.d_v);
-    uint8_t* head = pool.head(slot, layer, h);
-    DecodeHead(hl, head, s.w.data());
+    uint8_t* head = heads.head(slot, layer, h);
+    DecodeStoredHead(layout, layer, h, head, s.w.data());
     const int kh = geo.KeyHeadOf(h);
     const TokenView t{in.dtype,
                       in.q,
@@ -167,7 +193,7 @@ absl::Status CpuBackend::DecodeUpdate(const PreparedModel& model, const PoolView
                       (int64_t{b} * geo.h_v + h) * geo.GateWidth(),
                       int64_t{b} * geo.h_v + h};
     RunToken(geo, layout.key_perm(layer, h), MapOf(layout, layer, h), t, s, o);
-    EncodeHead(hl, s.w.data(), head);
+    EncodeStoredHead(layout, layer, h, s.w.data(), head);
   });
   return absl::OkStatus();
 }
@@ -177,7 +203,7 @@ absl::Status CpuBackend::Prefill(const PreparedModel& model, const PoolView& poo
   const StateLayout& layout = model.layout();
   RETURN_IF_ERROR(ValidatePrefillInputs(layout, pool, layer, in));
   const ModelGeometry& geo = layout.geometry();
-  const PackedHeadLayout& hl = layout.head_layout();
+  const PoolView heads = HeadIndexed(layout, pool);
   threads_.ParallelFor(int64_t{in.batch} * geo.h_v, [&](int64_t item) {
     const int b = static_cast<int>(item / geo.h_v);
     const int h = static_cast<int>(item % geo.h_v);
@@ -191,8 +217,8 @@ absl::Status CpuBackend::Prefill(const PreparedModel& model, const PoolView& poo
       return;
     }
     HeadScratch& s = ThreadScratch(geo.d_k, geo.d_v);
-    uint8_t* head = pool.head(slot, layer, h);
-    DecodeHead(hl, head, s.w.data());
+    uint8_t* head = heads.head(slot, layer, h);
+    DecodeStoredHead(layout, layer, h, head, s.w.data());
     const int kh = geo.KeyHeadOf(h);
     const int32_t* perm = layout.key_perm(layer, h);
     const ValueMap map = MapOf(layout, layer, h);
@@ -210,7 +236,7 @@ absl::Status CpuBackend::Prefill(const PreparedModel& model, const PoolView& poo
                          row * geo.h_v + h};
       RunToken(geo, perm, map, tv, s, o_at(t));
     }
-    EncodeHead(hl, s.w.data(), head);
+    EncodeStoredHead(layout, layer, h, s.w.data(), head);
   });
   return absl::OkStatus();
 }
@@ -222,6 +248,7 @@ absl::Status CpuBackend::PackStates(const PreparedModel& model, const PoolView& 
   RETURN_IF_ERROR(ValidateSlots(pool, slots, n));
   const ModelGeometry& geo = layout.geometry();
   const int64_t head_values = int64_t{geo.d_k} * geo.d_v;
+  const PoolView heads = HeadIndexed(layout, pool);
   RETURN_IF_ERROR(
       ValidateFinite("states", DType::kFp32, states, n * geo.HeadsPerSlot() * head_values));
   threads_.ParallelFor(n * geo.HeadsPerSlot(), [&](int64_t item) {
@@ -237,7 +264,7 @@ absl::Status CpuBackend::PackStates(const PreparedModel& model, const PoolView& 
       ValueToStored(map, src + int64_t{perm[r]} * geo.d_v, s.w.data() + int64_t{r} * geo.d_v,
                     geo.d_v);
     }
-    EncodeHead(layout.head_layout(), s.w.data(), pool.head(slots[i], layer, h));
+    EncodeStoredHead(layout, layer, h, s.w.data(), heads.head(slots[i], layer, h));
   });
   return absl::OkStatus();
 }
@@ -249,6 +276,7 @@ absl::Status CpuBackend::UnpackStates(const PreparedModel& model, const PoolView
   RETURN_IF_ERROR(ValidateSlots(pool, slots, n));
   const ModelGeometry& geo = layout.geometry();
   const int64_t head_values = int64_t{geo.d_k} * geo.d_v;
+  const PoolView heads = HeadIndexed(layout, pool);
   threads_.ParallelFor(n * geo.HeadsPerSlot(), [&](int64_t item) {
     const int i = static_cast<int>(item / geo.HeadsPerSlot());
     const int lh = static_cast<int>(item % geo.HeadsPerSlot());
@@ -259,7 +287,7 @@ absl::Status CpuBackend::UnpackStates(const PreparedModel& model, const PoolView
       return;
     }
     HeadScratch& s = ThreadScratch(geo.d_k, geo.d_v);
-    DecodeHead(layout.head_layout(), pool.head(slots[i], layer, h), s.w.data());
+    DecodeStoredHead(layout, layer, h, heads.head(slots[i], layer, h), s.w.data());
     const int32_t* perm = layout.key_perm(layer, h);
     const ValueMap map = MapOf(layout, layer, h);
     for (int r = 0; r < geo.d_k; ++r) {

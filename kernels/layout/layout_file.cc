@@ -158,6 +158,14 @@ absl::StatusOr<LayoutFile> FromFile(const SafetensorsFile& f, const ModelGeometr
     ASSIGN_OR_RETURN(value_order, IntTensor(f, "value_order", v_shape));
     ASSIGN_OR_RETURN(value_scale, FloatTensor(f, "value_scale", v_shape));
   }
+  const bool step = IsStepQuantFormat(spec.format);
+  std::vector<int32_t> row_bits32;
+  std::vector<float> row_impact;
+  if (step) {
+    expected.insert({"row_bits", "row_impact"});
+    ASSIGN_OR_RETURN(row_bits32, IntTensor(f, "row_bits", k_shape));
+    ASSIGN_OR_RETURN(row_impact, FloatTensor(f, "row_impact", k_shape));
+  }
   std::vector<float> scores;
   if (f.contains("scores")) {
     expected.insert("scores");
@@ -169,9 +177,20 @@ absl::StatusOr<LayoutFile> FromFile(const SafetensorsFile& f, const ModelGeometr
                                                      " for state_format ", FormatSpecName(spec)));
     }
   }
-  ASSIGN_OR_RETURN(StateLayout layout,
-                   StateLayout::Create(geo, spec, std::move(key_perm), std::move(value_order),
-                                       std::move(value_scale)));
+  absl::StatusOr<StateLayout> created = absl::UnknownError("unset");
+  if (step) {
+    std::vector<int8_t> row_bits(row_bits32.size());
+    for (size_t i = 0; i < row_bits32.size(); ++i) {
+      const int32_t b = row_bits32[i];
+      row_bits[i] = static_cast<int8_t>(b >= -128 && b <= 127 ? b : 0);  // 0 is rejected
+    }
+    created = StateLayout::CreateStepQuant(geo, spec, std::move(key_perm), std::move(row_bits),
+                                           std::move(row_impact));
+  } else {
+    created = StateLayout::Create(geo, spec, std::move(key_perm), std::move(value_order),
+                                  std::move(value_scale));
+  }
+  ASSIGN_OR_RETURN(StateLayout layout, std::move(created));
   LayoutFile out{std::move(layout), {}, std::move(scores)};
   ASSIGN_OR_RETURN(std::string fp, Meta(f, "fingerprint"));
   const std::string want_fp = absl::StrFormat("%016x", out.layout.Fingerprint());
@@ -217,6 +236,11 @@ absl::StatusOr<std::string> SerializeLayout(const StateLayout& layout,
   if (layout.format().format == StateFormat::kDampSr) {
     RETURN_IF_ERROR(w.AddInt32("value_order", v_shape, layout.all_value_orders()));
     RETURN_IF_ERROR(w.AddFloat32("value_scale", v_shape, layout.all_value_scales()));
+  }
+  if (IsStepQuantFormat(layout.format().format)) {
+    const std::vector<int8_t>& b8 = layout.all_row_bits();
+    RETURN_IF_ERROR(w.AddInt32("row_bits", k_shape, std::vector<int32_t>(b8.begin(), b8.end())));
+    RETURN_IF_ERROR(w.AddFloat32("row_impact", k_shape, layout.all_row_impacts()));
   }
   if (!scores.empty()) {
     if (static_cast<int64_t>(scores.size()) != geo.HeadsPerSlot() * geo.d_k) {

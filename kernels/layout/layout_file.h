@@ -14,6 +14,9 @@
 //   value_order  I32 [layers, h_v, d_v]   damp-sr only
 //   value_scale  F32 [layers, h_v, d_v]   damp-sr only
 //   scores       F32 [layers, h_v, d_k]   optional: the selector's channel scores
+//   row_bits     I32 [layers, h_v, d_k]   stepquant-* only: stored-row widths
+//                                          (16 = fp16 pivot, else 2..8)
+//   row_impact   F32 [layers, h_v, d_k]   stepquant-* only: row-impact w_i
 //
 // checksum = FNV-1a 64 over, in this order: every metadata entry except
 // "checksum" as "key=value\n" in sorted key order, then for every tensor in

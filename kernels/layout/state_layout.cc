@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
@@ -49,6 +51,14 @@ absl::StatusOr<StateLayout> StateLayout::Identity(const ModelGeometry& geometry,
   }
   std::vector<int32_t> order;
   std::vector<float> scale;
+  if (IsStepQuantFormat(format.format)) {
+    RETURN_IF_ERROR(ValidateFormatSpec(format, geometry.d_k));
+    return CreateStepQuant(
+        geometry, format, std::move(key_perm),
+        std::vector<int8_t>(heads * geometry.d_k,
+                            static_cast<int8_t>(StepQuantNominalBits(format.format))),
+        std::vector<float>(heads * geometry.d_k, 1.0f));
+  }
   if (format.format == StateFormat::kDampSr) {
     order.resize(heads * geometry.d_v);
     for (int64_t h = 0; h < heads; ++h) {
@@ -67,6 +77,14 @@ absl::StatusOr<StateLayout> StateLayout::Create(const ModelGeometry& geometry,
   RETURN_IF_ERROR(geometry.Validate());
   RETURN_IF_ERROR(ValidateFormatSpec(format, geometry.d_k));
   const int64_t heads = geometry.HeadsPerSlot();
+  if (IsStepQuantFormat(format.format) && value_order.empty() && value_scale.empty()) {
+    // Uncalibrated widths: the nominal width everywhere, unit row impact.
+    return CreateStepQuant(
+        geometry, format, std::move(key_perm),
+        std::vector<int8_t>(heads * geometry.d_k,
+                            static_cast<int8_t>(StepQuantNominalBits(format.format))),
+        std::vector<float>(heads * geometry.d_k, 1.0f));
+  }
   if (static_cast<int64_t>(key_perm.size()) != heads * geometry.d_k) {
     return absl::InvalidArgumentError(absl::StrCat("key_perm: has ", key_perm.size(),
                                                    " entries, want layers*h_v*d_k = ",
@@ -110,6 +128,88 @@ absl::StatusOr<StateLayout> StateLayout::Create(const ModelGeometry& geometry,
   l.key_perm_ = std::move(key_perm);
   l.value_order_ = std::move(value_order);
   l.value_scale_ = std::move(value_scale);
+  l.payload_bits_ = l.head_layout_.PayloadBitsPerValue();
+  l.ComputeFingerprint();
+  return l;
+}
+
+absl::StatusOr<StateLayout> StateLayout::CreateStepQuant(const ModelGeometry& geometry,
+                                                         const FormatSpec& format,
+                                                         std::vector<int32_t> key_perm,
+                                                         std::vector<int8_t> row_bits,
+                                                         std::vector<float> row_impact) {
+  RETURN_IF_ERROR(geometry.Validate());
+  RETURN_IF_ERROR(ValidateFormatSpec(format, geometry.d_k));
+  if (!IsStepQuantFormat(format.format)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format: ", FormatSpecName(format), " has no row bit map (stepquant-6 / stepquant-4 only)"));
+  }
+  const int64_t heads = geometry.HeadsPerSlot();
+  const int d_k = geometry.d_k;
+  for (const auto& [name, size] : {std::pair<const char*, size_t>{"key_perm", key_perm.size()},
+                                   {"row_bits", row_bits.size()},
+                                   {"row_impact", row_impact.size()}}) {
+    if (static_cast<int64_t>(size) != heads * d_k) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": has ", size,
+                                                     " entries, want layers*h_v*d_k = ", heads * d_k));
+    }
+  }
+  StateLayout l;
+  l.geometry_ = geometry;
+  l.format_ = format;
+  const PackedHeadLayout nominal = MakeHeadLayout(format, d_k, geometry.d_v);
+  l.step_heads_.reserve(heads);
+  l.head_offsets_.reserve(heads);
+  int64_t total = 0;
+  double payload_bytes = 0;
+  for (int layer = 0; layer < geometry.layers; ++layer) {
+    for (int head = 0; head < geometry.h_v; ++head) {
+      const int64_t hi = int64_t{layer} * geometry.h_v + head;
+      const int32_t* kp = key_perm.data() + hi * d_k;
+      RETURN_IF_ERROR(CheckPermutation(kp, d_k, "key_perm", layer, head));
+      for (int i = 0; i < d_k; ++i) l.identity_key_perm_ &= kp[i] == i;
+      const int8_t* bits = row_bits.data() + hi * d_k;
+      const float* impact = row_impact.data() + hi * d_k;
+      for (int r = 0; r < d_k; ++r) {
+        if (!IsValidStepBits(bits[r])) {
+          return absl::InvalidArgumentError(absl::StrCat("row_bits: layer ", layer, " head ", head,
+                                                         " row ", r, " = ", int{bits[r]},
+                                                         " (want 16 for a pivot or 2..8)"));
+        }
+        if (r > 0 && bits[r] > bits[r - 1]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "row_bits: layer ", layer, " head ", head, " row ", r, " = ", int{bits[r]},
+              " is wider than row ", r - 1, " = ", int{bits[r - 1]},
+              " (stored rows must be in non-increasing width)"));
+        }
+        if (!(impact[r] > 0.0f) || !(impact[r] <= 1.0f)) {
+          return absl::InvalidArgumentError(absl::StrCat("row_impact: layer ", layer, " head ",
+                                                         head, " row ", r, " = ", impact[r],
+                                                         " (must be in (0, 1])"));
+        }
+      }
+      const StepHeadLayout sh = MakeStepHeadLayout(bits, d_k, geometry.d_v);
+      l.head_offsets_.push_back(total);
+      total += sh.head_bytes;
+      payload_bytes += sh.PayloadBitsPerValue() * d_k * geometry.d_v / 8.0;
+      l.step_heads_.push_back(sh);
+    }
+  }
+  l.head_layout_ = nominal;
+  const int64_t mean = AlignUp((total + heads - 1) / heads, kHeadAlignment);
+  l.head_layout_.head_bytes = std::max(nominal.head_bytes, mean);
+  l.payload_bits_ = payload_bytes * 8.0 / (static_cast<double>(heads) * d_k * geometry.d_v);
+  l.key_perm_ = std::move(key_perm);
+  l.row_bits_ = std::move(row_bits);
+  l.row_impact_ = std::move(row_impact);
+  l.ComputeFingerprint();
+  return l;
+}
+
+void StateLayout::ComputeFingerprint() {
+  const ModelGeometry& geometry = geometry_;
+  const FormatSpec& format = format_;
+  StateLayout& l = *this;
   Fnv1a h;
   h.AddValue(static_cast<int>(geometry.arch));
   for (int v : {geometry.layers, geometry.h_qk, geometry.h_v, geometry.d_k, geometry.d_v,
@@ -120,8 +220,11 @@ absl::StatusOr<StateLayout> StateLayout::Create(const ModelGeometry& geometry,
   h.Add(l.key_perm_.data(), l.key_perm_.size() * sizeof(int32_t));
   h.Add(l.value_order_.data(), l.value_order_.size() * sizeof(int32_t));
   h.Add(l.value_scale_.data(), l.value_scale_.size() * sizeof(float));
+  // STEPQuant maps (empty for every other format: their fingerprints are
+  // unchanged).
+  h.Add(l.row_bits_.data(), l.row_bits_.size());
+  h.Add(l.row_impact_.data(), l.row_impact_.size() * sizeof(float));
   l.fingerprint_ = h.value();
-  return l;
 }
 
 }  // namespace statecache
