@@ -1,5 +1,6 @@
 #include "server/statecache_service.h"
 
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -88,6 +89,44 @@ absl::Status CheckBatch(int batch, int max_batch, absl::string_view field) {
         absl::StrCat(field, ": ", batch, " slots exceed the limit of ", max_batch, " per call"));
   }
   return absl::OkStatus();
+}
+
+// Opt-in sanitizing (sanitize_non_finite): when `t` holds NaN / Inf, copies
+// it into `storage` with those values replaced by +0 and points `t` at the
+// copy. Returns the number replaced.
+int64_t SanitizeTensor(TensorBytes* t, std::string* storage) {
+  auto bad = [&](int64_t i) {
+    if (t->dtype == DType::kFp32) {
+      float x;
+      std::memcpy(&x, static_cast<const char*>(t->data) + 4 * i, 4);
+      return !std::isfinite(x);
+    }
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(t->data) + 2 * i, 2);
+    const uint16_t exp = t->dtype == DType::kBf16 ? 0x7f80 : 0x7c00;
+    return (h & exp) == exp;
+  };
+  int64_t n = 0;
+  for (int64_t i = 0; i < t->count; ++i) n += bad(i);
+  if (n == 0) return 0;
+  storage->assign(static_cast<const char*>(t->data), t->bytes);
+  const int64_t width = t->dtype == DType::kFp32 ? 4 : 2;
+  for (int64_t i = 0; i < t->count; ++i) {
+    if (bad(i)) std::memset(storage->data() + width * i, 0, width);
+  }
+  t->data = storage->data();
+  return n;
+}
+
+int64_t SanitizeFloats(std::vector<float>* v) {
+  int64_t n = 0;
+  for (float& x : *v) {
+    if (!std::isfinite(x)) {
+      x = 0.f;
+      ++n;
+    }
+  }
+  return n;
 }
 
 // Per-request work bound: head updates (B x T x h_v; Prefill of states:
@@ -382,10 +421,16 @@ absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest
   if (g.arch == Arch::kKda) g_shape.push_back(g.d_k);
   ASSIGN_OR_RETURN(TensorBytes gt, CheckTensor(req.g(), "g", kFp32Only, g_shape));
   ASSIGN_OR_RETURN(TensorBytes bt, CheckTensor(req.beta(), "beta", kFp32Only, {b, g.h_v}));
+  std::vector<float> gates = Floats(gt), betas = Floats(bt);
+  std::string q_clean, k_clean, v_clean;
+  if (req.sanitize_non_finite()) {
+    resp->set_sanitized_values(SanitizeTensor(&q, &q_clean) + SanitizeTensor(&k, &k_clean) +
+                               SanitizeTensor(&v, &v_clean) + SanitizeFloats(&gates) +
+                               SanitizeFloats(&betas));
+  }
   RETURN_IF_ERROR(ValidateFinite("q", q.dtype, q.data, q.count));
   RETURN_IF_ERROR(ValidateFinite("k", k.dtype, k.data, k.count));
   RETURN_IF_ERROR(ValidateFinite("v", v.dtype, v.data, v.count));
-  const std::vector<float> gates = Floats(gt), betas = Floats(bt);
   RETURN_IF_ERROR(ValidateGates(gates.data(), gt.count, betas.data(), bt.count));
 
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
@@ -519,10 +564,16 @@ absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillReque
   ASSIGN_OR_RETURN(TensorBytes gt, CheckTensor(t.g(), "tokens.g", kFp32Only, g_shape));
   ASSIGN_OR_RETURN(TensorBytes bt,
                    CheckTensor(t.beta(), "tokens.beta", kFp32Only, {b, tokens, g.h_v}));
+  std::vector<float> gates = Floats(gt), betas = Floats(bt);
+  std::string q_clean, k_clean, v_clean;
+  if (t.sanitize_non_finite()) {
+    resp->set_sanitized_values(SanitizeTensor(&q, &q_clean) + SanitizeTensor(&k, &k_clean) +
+                               SanitizeTensor(&v, &v_clean) + SanitizeFloats(&gates) +
+                               SanitizeFloats(&betas));
+  }
   RETURN_IF_ERROR(ValidateFinite("tokens.q", q.dtype, q.data, q.count));
   RETURN_IF_ERROR(ValidateFinite("tokens.k", k.dtype, k.data, k.count));
   RETURN_IF_ERROR(ValidateFinite("tokens.v", v.dtype, v.data, v.count));
-  const std::vector<float> gates = Floats(gt), betas = Floats(bt);
   {
     absl::Status gate_status = ValidateGates(gates.data(), gt.count, betas.data(), bt.count);
     if (!gate_status.ok()) {
