@@ -7,7 +7,10 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 rm -rf .device && mkdir -p .device/lib
-for bin in bazel-bin/kernels/cuda/cuda_backend_test bazel-bin/kernels/bench/decode_bench; do
+# The bazel-bin symlink can point at another output base (sanitizer builds);
+# ask this workspace's default server where its outputs are.
+bin_dir="$(bazel info bazel-bin 2>/dev/null)"
+for bin in "$bin_dir/kernels/cuda/cuda_backend_test" "$bin_dir/kernels/bench/decode_bench"; do
   cp -L "$bin" .device/
   ldd "$bin" | awk '/=>/ {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in

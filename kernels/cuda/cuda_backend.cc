@@ -216,11 +216,14 @@ class CudaBackend : public Backend {
     if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
     if (in.batch == 0) return absl::OkStatus();
     std::lock_guard<std::mutex> lock(mu_);
+    // Validation and the kernel go back to back; the kernel reads the error
+    // block first and writes nothing if validation failed, so one read-back
+    // at the end reports the error.
     RETURN_IF_ERROR(ValidateOnDevice(layout, pool, in.batch, 1, in.slots, in.dtype, in.q, in.k,
                                      in.v, in.g, in.beta));
     RETURN_IF_ERROR(EnqueueRecurrence(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k,
-                                      in.v, in.g, in.beta, in.o));
-    return CudaStatus(ci::StreamSynchronize(stream_), "decode update");
+                                      in.v, in.g, in.beta, in.o, errors_));
+    return FinishValidation(in.slots, nullptr, pool.num_slots, 0);
   }
 
   absl::Status Prefill(const PreparedModel& model, const PoolView& pool, int layer,
@@ -238,8 +241,8 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(ValidateOnDevice(layout, pool, in.batch, in.tokens, in.slots, in.dtype, in.q,
                                      in.k, in.v, in.g, in.beta));
     RETURN_IF_ERROR(EnqueueRecurrence(*m, pool, layer, in.batch, in.tokens, in.slots, in.dtype,
-                                      in.q, in.k, in.v, in.g, in.beta, in.o));
-    return CudaStatus(ci::StreamSynchronize(stream_), "prefill");
+                                      in.q, in.k, in.v, in.g, in.beta, in.o, errors_));
+    return FinishValidation(in.slots, nullptr, pool.num_slots, 0);
   }
 
   absl::Status PackStates(const PreparedModel& model, const PoolView& pool, const int32_t* slots,
@@ -306,7 +309,7 @@ class CudaBackend : public Backend {
     ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
     std::lock_guard<std::mutex> lock(mu_);
     return EnqueueRecurrence(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
-                             in.g, in.beta, in.o);
+                             in.g, in.beta, in.o, nullptr);
   }
   absl::Status EnqueueCopyUnchecked(const PoolView& src, const int32_t* src_slots,
                                     const PoolView& dst, const int32_t* dst_slots, int n) {
@@ -442,20 +445,23 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(BeginValidation(pool.num_slots));
     int rc = ci::LaunchValidateSlots(slots, batch, pool.num_slots, true, bitmap_, errors_,
                                      ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_);
-    if (rc == 0) rc = ci::LaunchValidateValues(dt, q, rows * geo.h_qk * geo.d_k, 0, errors_, ci::kErrQ, stream_);
-    if (rc == 0) rc = ci::LaunchValidateValues(dt, k, rows * geo.h_qk * geo.d_k, 0, errors_, ci::kErrK, stream_);
-    if (rc == 0) rc = ci::LaunchValidateValues(dt, v, rows * geo.h_v * geo.d_v, 0, errors_, ci::kErrV, stream_);
-    if (rc == 0) rc = ci::LaunchValidateValues(0, g, rows * geo.h_v * geo.GateWidth(), 1, errors_, ci::kErrG, stream_);
-    if (rc == 0) rc = ci::LaunchValidateValues(0, beta, rows * geo.h_v, 2, errors_, ci::kErrBeta, stream_);
-    RETURN_IF_ERROR(CudaStatus(rc, "validation kernels"));
-    return FinishValidation(slots, nullptr, pool.num_slots, 0);
+    ci::ValueChecks checks;
+    checks.check[0] = {dt, q, rows * geo.h_qk * geo.d_k, 0, ci::kErrQ};
+    checks.check[1] = {dt, k, rows * geo.h_qk * geo.d_k, 0, ci::kErrK};
+    checks.check[2] = {dt, v, rows * geo.h_v * geo.d_v, 0, ci::kErrV};
+    checks.check[3] = {0, g, rows * geo.h_v * geo.GateWidth(), 1, ci::kErrG};
+    checks.check[4] = {0, beta, rows * geo.h_v, 2, ci::kErrBeta};
+    checks.n = 5;
+    if (rc == 0) rc = ci::LaunchValidateValuesBatch(checks, errors_, stream_);
+    return CudaStatus(rc, "validation kernels");
   }
 
   absl::Status EnqueueRecurrence(const CudaPreparedModel& m, const PoolView& pool, int layer,
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
-                                 const float* beta, float* o) {
+                                 const float* beta, float* o, const int32_t* abort_if_error) {
     ci::RecurrenceParams p;
+    p.abort_if_error = abort_if_error;
     p.geo = m.Geometry();
     p.maps = m.Maps(layer);
     p.pool = PoolOf(pool);

@@ -54,6 +54,9 @@ struct RecurrenceParams {
   const float* g = nullptr;        // [batch, tokens, h_v] (GDN) or [.., h_v, d_k] (KDA)
   const float* beta = nullptr;     // [batch, tokens, h_v]
   float* o = nullptr;              // [batch, tokens, h_v, d_v] or nullptr
+  // Validation error block written earlier on the same stream, or nullptr:
+  // when any entry is not kNoError the kernel exits before writing anything.
+  const int32_t* abort_if_error = nullptr;  // [kNumValidationFields]
 };
 
 // Pack / unpack of natural-order FP32 states [n][layers][h_v][d_k][d_v].

@@ -47,6 +47,22 @@ int LaunchValidateSlots(const int32_t* slots, int n, int64_t num_slots, bool all
 int LaunchValidateValues(int dtype, const void* data, int64_t count, int mode, int32_t* errors,
                          int field, void* stream);
 
+// Several value checks (as LaunchValidateValues) in one launch, one grid row
+// per check. Up to kMaxValueChecks entries.
+struct ValueCheck {
+  int dtype = 0;
+  const void* data = nullptr;
+  int64_t count = 0;
+  int mode = 0;
+  int field = 0;
+};
+inline constexpr int kMaxValueChecks = 8;
+struct ValueChecks {
+  ValueCheck check[kMaxValueChecks];
+  int n = 0;
+};
+int LaunchValidateValuesBatch(const ValueChecks& checks, int32_t* errors, void* stream);
+
 // Reads `bytes` of `buf` (evicting L2) and writes one float to *sink.
 int LaunchReadFlush(const uint8_t* buf, int64_t bytes, float* sink, void* stream);
 

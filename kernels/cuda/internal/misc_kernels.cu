@@ -89,6 +89,24 @@ __global__ void ValidateValuesKernel(int dtype, const void* data, int64_t count,
   }
 }
 
+__global__ void ValidateValuesBatchKernel(const ValueChecks checks, int32_t* errors) {
+  const ValueCheck& c = checks.check[blockIdx.y];
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < c.count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float x;
+    if (c.dtype == 0) {
+      x = static_cast<const float*>(c.data)[i];
+    } else {
+      const uint16_t b = static_cast<const uint16_t*>(c.data)[i];
+      x = c.dtype == 1 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
+    }
+    bool bad = !isfinite(x);
+    if (c.mode == 1) bad |= x > 0.0f;
+    if (c.mode == 2) bad |= x < 0.0f || x > 2.0f;
+    if (bad) atomicMin(errors + c.field, static_cast<int32_t>(i < kNoError - 1 ? i : kNoError - 1));
+  }
+}
+
 __global__ void ReadFlushKernel(const uint4* buf, int64_t words, float* sink) {
   uint32_t acc = 0;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < words;
@@ -138,6 +156,16 @@ int LaunchValidateValues(int dtype, const void* data, int64_t count, int mode, i
   const int blocks = static_cast<int>(want < 2048 ? want : 2048);
   ValidateValuesKernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(dtype, data, count,
                                                                              mode, errors, field);
+  return cudaGetLastError();
+}
+
+int LaunchValidateValuesBatch(const ValueChecks& checks, int32_t* errors, void* stream) {
+  int64_t most = 0;
+  for (int i = 0; i < checks.n; ++i) most = checks.check[i].count > most ? checks.check[i].count : most;
+  if (checks.n == 0 || most == 0) return cudaSuccess;
+  const int64_t want = (most + 255) / 256;
+  const dim3 grid(static_cast<unsigned>(want < 512 ? want : 512), static_cast<unsigned>(checks.n));
+  ValidateValuesBatchKernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(checks, errors);
   return cudaGetLastError();
 }
 

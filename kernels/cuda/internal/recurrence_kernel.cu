@@ -127,6 +127,14 @@ __device__ __forceinline__ float* GlobalScaleScratch(float* base, const DecodeTi
   return base + 2 * ScratchPer(t, d_v) + t.warps * 32;
 }
 
+// True when the binding's validation found an error (nothing may be written).
+__device__ __forceinline__ bool ValidationFailed(const RecurrenceParams& p) {
+  if (p.abort_if_error == nullptr) return false;
+  bool bad = false;
+  for (int f = 0; f < kNumValidationFields; ++f) bad |= p.abort_if_error[f] != kNoError;
+  return bad;
+}
+
 // ---- Simple kernel: prefill and unaligned decode ---------------------------
 
 template <StateFormat F, bool kFixed>
@@ -135,6 +143,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
+  if (ValidationFailed(p)) return;
   const int b = blockIdx.x / geo.h_v;
   const int h = blockIdx.x % geo.h_v;
   const int32_t slot = p.slots[b];
@@ -286,6 +295,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   constexpr ValueTransform kVt = ValueTransformOf(F);
   const int items = p.batch * geo.h_v;
   const int stride = gridDim.x;
+  if (ValidationFailed(p)) return;
   float* scratch = reinterpret_cast<float*>(smem_raw);
   uint8_t* stage_base = smem_raw + sl.scratch_bytes;
 
