@@ -15,6 +15,10 @@ PACKAGES=(
   prometheus-cpp-dev
   libgtest-dev
   libgmock-dev
+  libssl-dev
+  openssl
+  clang
+  libclang-rt-14-dev
 )
 
 missing=()
