@@ -423,6 +423,13 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm) {
   sl.bytes = static_cast<int>(AlignUp(off, 128));
   // Two stages when two CTAs per SM still fit, else one.
   sl.stages = 2 * (sl.scratch_bytes + 2 * sl.bytes) + 2048 <= max_smem_per_sm ? 2 : 1;
+  // STATECACHE_CUDA_STAGES=2 forces two stages (then large heads run one CTA
+  // per SM); for A/B benchmarks.
+  static const int forced = [] {
+    const char* e = std::getenv("STATECACHE_CUDA_STAGES");
+    return e == nullptr ? 0 : std::atoi(e);
+  }();
+  if (forced == 1 || forced == 2) sl.stages = forced;
   return sl;
 }
 
