@@ -219,7 +219,8 @@ absl::StatusOr<StepQuantCalibration> CalibrateStepQuant(const std::vector<Trajec
   // StateLayout has no default state: start from the uncalibrated layout.
   ASSIGN_OR_RETURN(StateLayout uncalibrated, StateLayout::Identity(geo, format));
   StepQuantCalibration cal{std::move(uncalibrated)};
-  cal.candidates = StepQuantCandidateBits(format.format);
+  cal.candidates = options.candidates.empty() ? StepQuantCandidateBits(format.format)
+                                              : options.candidates;
   const int nc = static_cast<int>(cal.candidates.size());
   const int64_t heads = geo.HeadsPerSlot();
   const int d_k = geo.d_k, d_v = geo.d_v;

@@ -59,6 +59,8 @@ struct StepQuantOptions {
   bool use_row_impact = true;
   // false: every unit at the nominal width, no pivots ("spatial only").
   bool allocate = true;
+  // Candidate widths (ascending, 2..8); empty = StepQuantCandidateBits.
+  std::vector<int> candidates;
 };
 
 // Candidate code widths of a STEPQuant format: stepquant-6 {4, 6, 8} (three
