@@ -164,5 +164,33 @@ TEST_F(NonFiniteTest, SanitizeHalfPrecisionAndPrefill) {
   EXPECT_NE(Packed(1), before);
 }
 
+TEST_F(NonFiniteTest, FiniteButHugeInputsAreRejectedBeforeTheyOverflow) {
+  // Found by request_fuzz: keys around 1e33 overflowed the FP32 recurrence
+  // into NaN. q / k must be L2-normalized, |v| bounded.
+  const std::string before = Packed(0);
+  v1::UpdateRequest u = Update(0, std::vector<float>(32, 0.5f), -0.1f, 0.5f);
+  std::vector<float> k(32, 0.f);
+  k[0] = 1.2e33f;
+  u.clear_k();
+  Fp32(k, {1, 1, 32}, u.mutable_k());
+  v1::UpdateResponse r;
+  absl::Status s = service_->DoUpdate(caller(), u, &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), StartsWith("k: row 0 has L2 norm 1.2e+33 > 1"));
+  std::vector<float> big(32, 0.5f);
+  big[7] = 1e6f;
+  s = service_->DoUpdate(caller(), Update(0, big, -0.1f, 0.5f), &r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), StartsWith("v: element 7 = 1e+06 exceeds |v| <= 65504"));
+  EXPECT_EQ(Packed(0), before);
+  // A slightly-over-1 norm from half-precision rounding is fine.
+  std::vector<float> q(32, 0.f);
+  q[0] = 1.004f;
+  v1::UpdateRequest ok = Update(0, std::vector<float>(32, 0.5f), -0.1f, 0.5f);
+  ok.clear_q();
+  Fp32(q, {1, 1, 32}, ok.mutable_q());
+  EXPECT_TRUE(service_->DoUpdate(caller(), ok, &r).ok());
+}
+
 }  // namespace
 }  // namespace statecache

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "kernels/backend/batch_validation.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/formats/numeric.h"
 #include "server/auth/tenants.h"
 #include "server/log.h"
 #include "server/pool/prefix_key.h"
@@ -127,6 +128,49 @@ int64_t SanitizeFloats(std::vector<float>* v) {
     }
   }
   return n;
+}
+
+float ElementAt(const TensorBytes& t, int64_t i) {
+  if (t.dtype == DType::kFp32) {
+    float x;
+    std::memcpy(&x, static_cast<const char*>(t.data) + 4 * i, 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, static_cast<const char*>(t.data) + 2 * i, 2);
+  return t.dtype == DType::kBf16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
+}
+
+// The numeric contract that keeps the FP32 recurrence finite (fuzzing found
+// that finite but huge keys overflow it into NaN): q and k rows are
+// L2-normalized (norm <= 1 + 1e-2, rounding of bf16/fp16 included; zero rows
+// allowed), so the delta-rule transition never expands the state, and
+// |v| <= max_abs_value. kInvalidArgument naming the field and row.
+absl::Status CheckMagnitudes(absl::string_view prefix, const TensorBytes& q, const TensorBytes& k,
+                             const TensorBytes& v, int d_k, float max_abs_value) {
+  for (const auto& [name, t] : {std::pair<const char*, const TensorBytes*>{"q", &q}, {"k", &k}}) {
+    const int64_t rows = t->count / d_k;
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (int j = 0; j < d_k; ++j) {
+        const double x = ElementAt(*t, r * d_k + j);
+        sum += x * x;
+      }
+      if (sum > 1.0201) {  // (1 + 1e-2)^2
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, name, ": row ", r, " has L2 norm ", std::sqrt(sum),
+            " > 1 (q and k must be L2-normalized per head)"));
+      }
+    }
+  }
+  for (int64_t i = 0; i < v.count; ++i) {
+    const float x = ElementAt(v, i);
+    if (std::fabs(x) > max_abs_value) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "v: element ", i, " = ", x,
+                                                     " exceeds |v| <= ", max_abs_value));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Per-request work bound: head updates (B x T x h_v; Prefill of states:
@@ -431,6 +475,7 @@ absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest
   RETURN_IF_ERROR(ValidateFinite("q", q.dtype, q.data, q.count));
   RETURN_IF_ERROR(ValidateFinite("k", k.dtype, k.data, k.count));
   RETURN_IF_ERROR(ValidateFinite("v", v.dtype, v.data, v.count));
+  RETURN_IF_ERROR(CheckMagnitudes("", q, k, v, g.d_k, limits_.max_abs_value));
   RETURN_IF_ERROR(ValidateGates(gates.data(), gt.count, betas.data(), bt.count));
 
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
@@ -574,6 +619,7 @@ absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillReque
   RETURN_IF_ERROR(ValidateFinite("tokens.q", q.dtype, q.data, q.count));
   RETURN_IF_ERROR(ValidateFinite("tokens.k", k.dtype, k.data, k.count));
   RETURN_IF_ERROR(ValidateFinite("tokens.v", v.dtype, v.data, v.count));
+  RETURN_IF_ERROR(CheckMagnitudes("tokens.", q, k, v, g.d_k, limits_.max_abs_value));
   {
     absl::Status gate_status = ValidateGates(gates.data(), gt.count, betas.data(), bt.count);
     if (!gate_status.ok()) {

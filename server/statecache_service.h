@@ -48,6 +48,9 @@ class StateCacheService final : public v1::StateCache::Service {
     // Head updates per request: B x h_v (Update), B x T x h_v (Prefill of
     // tokens), B x layers x h_v (Prefill of states).
     int64_t max_work_heads = int64_t{1} << 24;
+    // Largest |v| accepted by Update / Prefill (q and k must be
+    // L2-normalized); keeps the recurrence finite. 65504 = fp16 max.
+    float max_abs_value = 65504.f;
     bool log_cache_events = false;      // one line per snapshot / restore / lookup
   };
 
