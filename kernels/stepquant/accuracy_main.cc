@@ -45,6 +45,8 @@ ABSL_FLAG(int, max_eval_tokens, 0, "truncate each evaluation trajectory (0 = all
 ABSL_FLAG(int, synthetic_tokens, 2048, "tokens of each synthetic evaluation trajectory");
 ABSL_FLAG(std::string, write_layouts, "", "write the calibrated layouts to <prefix>-stepquant-N.layout");
 ABSL_FLAG(int, threads, 2, "CPU backend threads");
+ABSL_FLAG(int, horizon, 256, "STEPQuant lifetime horizon H");
+ABSL_FLAG(bool, stepquant_only, false, "only the calibrated STEPQuant rows (for sweeps of --horizon)");
 
 namespace statecache {
 namespace {
@@ -117,21 +119,28 @@ absl::Status Report(const std::vector<Trajectory>& cal, const std::vector<std::v
     rows.push_back(Row{std::move(name), *std::move(l)});
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(add("fp32", StateLayout::Identity(geo, {StateFormat::kFp32, 0})));
-  RETURN_IF_ERROR(add("int8-hadamard", StateLayout::Identity(geo, {StateFormat::kInt8Hadamard, 0})));
-  RETURN_IF_ERROR(add("int4", StateLayout::Identity(geo, {StateFormat::kInt4, 0})));
-  ASSIGN_OR_RETURN(std::vector<int32_t> damp_perm, ErrorEnergyKeyPerm(*backend, cal, 16));
-  RETURN_IF_ERROR(add("damp:16 (E-only rows)",
-                      StateLayout::Create(geo, {StateFormat::kDamp, 16}, damp_perm, {}, {})));
+  const bool all = !absl::GetFlag(FLAGS_stepquant_only);
+  StepQuantOptions opts;
+  opts.horizon = absl::GetFlag(FLAGS_horizon);
+  if (all) {
+    RETURN_IF_ERROR(add("fp32", StateLayout::Identity(geo, {StateFormat::kFp32, 0})));
+    RETURN_IF_ERROR(add("int8-hadamard", StateLayout::Identity(geo, {StateFormat::kInt8Hadamard, 0})));
+    RETURN_IF_ERROR(add("int4", StateLayout::Identity(geo, {StateFormat::kInt4, 0})));
+    ASSIGN_OR_RETURN(std::vector<int32_t> damp_perm, ErrorEnergyKeyPerm(*backend, cal, 16));
+    RETURN_IF_ERROR(add("damp:16 (E-only rows)",
+                        StateLayout::Create(geo, {StateFormat::kDamp, 16}, damp_perm, {}, {})));
+  }
   for (StateFormat f : {kStepQuant6, kStepQuant4}) {
     const std::string n = FormatName(f);
-    RETURN_IF_ERROR(add(n + " uniform (spatial only)", StateLayout::Identity(geo, {f, 0})));
-    StepQuantOptions no_impact;
-    no_impact.use_row_impact = false;
-    ASSIGN_OR_RETURN(StepQuantCalibration c0, CalibrateStepQuant(cal, {f, 0}, no_impact));
-    RETURN_IF_ERROR(add(n + " allocation + pivots, w=1", c0.layout));
+    if (all) {
+      RETURN_IF_ERROR(add(n + " uniform (spatial only)", StateLayout::Identity(geo, {f, 0})));
+      StepQuantOptions no_impact = opts;
+      no_impact.use_row_impact = false;
+      ASSIGN_OR_RETURN(StepQuantCalibration c0, CalibrateStepQuant(cal, {f, 0}, no_impact));
+      RETURN_IF_ERROR(add(n + " allocation + pivots, w=1", c0.layout));
+    }
     const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(StepQuantCalibration c, CalibrateStepQuant(cal, {f, 0}, {}));
+    ASSIGN_OR_RETURN(StepQuantCalibration c, CalibrateStepQuant(cal, {f, 0}, opts));
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     int hist[17] = {};
     for (int b : c.unit_bits) ++hist[b];
@@ -147,7 +156,7 @@ absl::Status Report(const std::vector<Trajectory>& cal, const std::vector<std::v
       RETURN_IF_ERROR(WriteLayoutFile(c.layout, c.Info(), {}, path));
       std::printf("wrote %s\n", path.c_str());
     }
-    RETURN_IF_ERROR(add(n + " (STEPQuant)", c.layout));
+    RETURN_IF_ERROR(add(absl::StrCat(n, " (STEPQuant", opts.horizon == 256 ? "" : absl::StrCat(", H=", opts.horizon), ")"), c.layout));
   }
   for (size_t e = 0; e < evals.size(); ++e) {
     int64_t tokens = 0;
