@@ -96,7 +96,14 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
   }
   auto model = std::make_shared<Model>(Model{spec.id, *std::move(layout)});
   ASSIGN_OR_RETURN(model->prepared, backend_->Prepare(model->layout));
-  ASSIGN_OR_RETURN(model->slots, SlotPool::Create(backend_, model->layout, slots));
+  if (options_.slot_arena_allocator) {
+    ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> arena,
+                     options_.slot_arena_allocator(model->layout.slot_bytes() * slots));
+    ASSIGN_OR_RETURN(model->slots,
+                     SlotPool::Create(backend_, model->layout, slots, std::move(arena)));
+  } else {
+    ASSIGN_OR_RETURN(model->slots, SlotPool::Create(backend_, model->layout, slots));
+  }
   if (checkpoints > 0) {
     CheckpointStore::Options co;
     co.capacity = checkpoints;

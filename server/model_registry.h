@@ -19,6 +19,7 @@
 #define STATECACHE_SERVER_MODEL_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,10 @@ class ModelRegistry {
     int64_t checkpoint_budget_bytes = 0;
     absl::Duration default_lease = absl::Seconds(30);
     absl::Duration max_lease = absl::Minutes(10);
+    // Allocator of slot arenas (issue 10: shared memory that attached
+    // workers can map); null = backend->Allocate.
+    std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t bytes)>
+        slot_arena_allocator;
   };
 
   // `backend` must outlive the registry and every Model it hands out.

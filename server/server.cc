@@ -130,6 +130,10 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.checkpoint_budget_bytes = checkpoint_bytes;
   ro.default_lease = mem.lease_default;
   ro.max_lease = mem.lease_max;
+  if (options.dataplane.enabled && options.dataplane.shared_pools &&
+      std::string(s->backend_->name()) == "cpu") {
+    ro.slot_arena_allocator = SharedArenaAllocator();
+  }
   s->registry_ = std::make_unique<ModelRegistry>(s->backend_.get(), ro);
 
   ModelRegistry* registry = s->registry_.get();
@@ -153,6 +157,13 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   s->service_ = std::make_unique<StateCacheService>(s->backend_.get(), s->registry_.get(),
                                                     s->metrics_, options.limits);
   s->service_->set_tenants(s->tenants_.get());
+  if (options.dataplane.enabled) {
+    DataPlane::Options dpo;
+    dpo.default_lease = options.dataplane.session_lease;
+    dpo.max_lease = options.dataplane.max_session_lease;
+    s->dataplane_ = std::make_unique<DataPlane>(s->backend_.get(), s->registry_.get(), dpo);
+    s->service_->set_dataplane(s->dataplane_.get());
+  }
   if (!options.persistence.data_dir.empty()) {
     ASSIGN_OR_RETURN(s->model_store_, ModelStore::Open(options.persistence.data_dir));
     ASSIGN_OR_RETURN(std::vector<ModelStore::Entry> saved, s->model_store_->LoadAll());

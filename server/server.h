@@ -25,6 +25,7 @@
 #include "kernels/backend/backend.h"
 #include "server/metrics.h"
 #include "server/auth/tenants.h"
+#include "server/dataplane/data_plane.h"
 #include "server/model_registry.h"
 #include "server/model_store.h"
 #include "server/statecache_service.h"
@@ -40,8 +41,23 @@ class StateCacheServer {
   struct SocketOptions {
     // gRPC listen address: "host:port" (port 0 = pick one) or "unix:/path".
     std::string listen = "127.0.0.1:50051";
-    // Largest request / response message in bytes.
-    int max_message_bytes = 256 << 20;
+    // Largest request / response message in bytes (inline tensors; gRPC's
+    // own default is 4 MiB). 1 GiB holds an Update at B = 4096 or a Prefill
+    // of states of 16 slots of Qwen3.6-35B-A3B (30 GDN layers, 32 x 128 x 128
+    // FP32 states per layer: 62.9 MB a slot). Co-located workers avoid the
+    // copies with registered buffers (issue 10).
+    int max_message_bytes = 1 << 30;
+  };
+  // Data plane for co-located workers (issue 10, server/dataplane/).
+  struct DataPlaneOptions {
+    // Serve OpenSession / RegisterBuffer / AttachSlots and buffer references.
+    bool enabled = true;
+    // CPU backend: allocate slot arenas in POSIX shared memory so attached
+    // workers can map them (AttachSlots). /dev/shm must hold the budget.
+    bool shared_pools = false;
+    // Default / maximum data-plane session lease.
+    absl::Duration session_lease = absl::Seconds(30);
+    absl::Duration max_session_lease = absl::Minutes(10);
   };
   struct MemoryOptions {
     // "auto", "cuda" or "cpu".
@@ -91,6 +107,7 @@ class StateCacheServer {
     StateCacheService::Limits limits;
     SecurityOptions security;
     PersistenceOptions persistence;
+    DataPlaneOptions dataplane;
     // Slot leases: an allocated slot unused (no call on it) for this long is
     // released, so slots of a client that died come back. Zero = never.
     absl::Duration slot_idle_timeout = absl::Minutes(10);
@@ -131,6 +148,8 @@ class StateCacheServer {
   std::shared_ptr<Metrics> metrics_;
   std::unique_ptr<StateCacheService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // After server_: destroyed first (its attachments hold registry slots).
+  std::unique_ptr<DataPlane> dataplane_;
   std::unique_ptr<TenantDirectory> tenants_;
   std::unique_ptr<ModelStore> model_store_;
   int models_reloaded_ = 0;

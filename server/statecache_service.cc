@@ -253,7 +253,40 @@ absl::StatusOr<PrefixKey> KeyFromTokensOrKey(bool has_tokens, const v1::TokenIds
       absl::StrCat("prefix: set ", tokens_field, " or ", key_field));
 }
 
+DataPlane::ComputeLimits ComputeLimitsOf(const StateCacheService::Limits& l) {
+  DataPlane::ComputeLimits c;
+  c.max_batch = l.max_batch;
+  c.max_work_heads = l.max_work_heads;
+  c.max_prefill_tokens = l.max_prefill_tokens;
+  return c;
+}
+
+DataPlane::KernelObserver KernelObserverOf(Metrics* metrics) {
+  if (metrics == nullptr) return nullptr;
+  return [metrics](const char* kernel, double seconds, int batch) {
+    metrics->ObserveKernel(kernel, seconds);
+    if (std::strcmp(kernel, "decode_update") == 0) metrics->ObserveUpdateBatch(batch);
+  };
+}
+
+absl::Status NoDataPlane() {
+  return absl::FailedPreconditionError("session_id: this server has no data plane");
+}
+
 }  // namespace
+
+absl::Status StateCacheService::CheckNotAttached(
+    const Model& m, const google::protobuf::RepeatedPtrField<v1::SlotHandle>& slots,
+    absl::string_view field) const {
+  if (dataplane_ == nullptr) return absl::OkStatus();
+  return dataplane_->CheckNotAttached(m, HandlesFromProto(slots), field);
+}
+
+absl::Status StateCacheService::CheckNotAttached(const Model& m, const v1::SlotHandle& slot,
+                                                 absl::string_view field) const {
+  if (dataplane_ == nullptr) return absl::OkStatus();
+  return dataplane_->CheckNotAttached(m, {HandleFromProto(slot)}, field);
+}
 
 absl::Status StateCacheService::CheckRegisterQuota(Tenant& caller, ModelSpec* spec) {
   return CheckRegisterQuotaImpl(*registry_, caller, spec);
@@ -435,6 +468,7 @@ grpc::Status StateCacheService::AllocateSlots(grpc::ServerContext* ctx,
 
 absl::Status StateCacheService::DoReleaseSlots(Tenant& caller, const v1::ReleaseSlotsRequest& req) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
+  RETURN_IF_ERROR(CheckNotAttached(*m, req.slots(), "slots"));
   RETURN_IF_ERROR(m->slots->Release(HandlesFromProto(req.slots())));
   LogEvent("slots_released", absl::StrCat("model=", m->id, " count=", req.slots_size(),
                                           " used=", m->slots->stats().allocated, "/",
@@ -453,6 +487,10 @@ grpc::Status StateCacheService::ReleaseSlots(grpc::ServerContext* ctx,
 
 absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest& req, v1::UpdateResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
+  if (dataplane_ != nullptr && DataPlane::UsesBuffers(req)) {
+    return dataplane_->Update(caller.name(), *m, req, ComputeLimitsOf(limits_),
+                              KernelObserverOf(metrics_.get()), resp);
+  }
   const ModelGeometry& g = m->layout.geometry();
   RETURN_IF_ERROR(CheckLayer(*m, req.layer()));
   const int b = req.slots_size();
@@ -478,6 +516,7 @@ absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest
   RETURN_IF_ERROR(CheckMagnitudes("", q, k, v, g.d_k, limits_.max_abs_value));
   RETURN_IF_ERROR(ValidateGates(gates.data(), gt.count, betas.data(), bt.count));
 
+  RETURN_IF_ERROR(CheckNotAttached(*m, req.slots(), "slots"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
                    m->slots->Acquire(HandlesFromProto(req.slots()), "slots"));
   const int64_t o_count = int64_t{b} * g.h_v * g.d_v;
@@ -558,6 +597,11 @@ absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillReque
   const ModelGeometry& g = m->layout.geometry();
   const int b = req.slots_size();
   RETURN_IF_ERROR(CheckBatch(b, limits_.max_batch, "slots"));
+  if (dataplane_ != nullptr && DataPlane::UsesBuffers(req)) {
+    return dataplane_->Prefill(caller.name(), *m, req, ComputeLimitsOf(limits_),
+                               KernelObserverOf(metrics_.get()), resp);
+  }
+  RETURN_IF_ERROR(CheckNotAttached(*m, req.slots(), "slots"));
 
   if (req.input_case() == v1::PrefillRequest::kStates) {
     RETURN_IF_ERROR(CheckWork(int64_t{b} * g.layers * g.h_v, limits_.max_work_heads, "states"));
@@ -696,6 +740,7 @@ absl::Status StateCacheService::DoSnapshot(Tenant& caller, const v1::SnapshotReq
         absl::StrCat("model_id: '", m->id, "' has no checkpoint memory"));
   }
   const SlotHandle handle = HandleFromProto(req.slot());
+  RETURN_IF_ERROR(CheckNotAttached(*m, req.slot(), "slot"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m->slots->Acquire({handle}, "slot"));
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(CheckpointStore::PutResult put,
@@ -727,6 +772,7 @@ absl::Status StateCacheService::DoRestore(Tenant& caller, const v1::RestoreReque
     return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ", key.DebugString(),
                                             " (model has no checkpoint memory)"));
   }
+  RETURN_IF_ERROR(CheckNotAttached(*m, req.slot(), "slot"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
                    m->slots->Acquire({HandleFromProto(req.slot())}, "slot"));
   const absl::Time start = absl::Now();
@@ -810,6 +856,7 @@ grpc::Status StateCacheService::LookupPrefix(grpc::ServerContext* ctx,
 
 absl::Status StateCacheService::DoExport(Tenant& caller, const v1::ExportRequest& req, v1::ExportResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
+  RETURN_IF_ERROR(CheckNotAttached(*m, req.slot(), "slot"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
                    m->slots->Acquire({HandleFromProto(req.slot())}, "slot"));
   TagsToProto(m->id, m->layout, resp->mutable_tags());
@@ -857,6 +904,7 @@ absl::Status StateCacheService::DoImport(Tenant& caller, const v1::ImportRequest
                                          values);
     if (!finite.ok()) return finite;
   }
+  RETURN_IF_ERROR(CheckNotAttached(*m, req.slot(), "slot"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
                    m->slots->Acquire({HandleFromProto(req.slot())}, "slot"));
   Staging dst;
@@ -921,5 +969,25 @@ grpc::Status StateCacheService::GetStats(grpc::ServerContext* ctx, const v1::Get
                                          v1::GetStatsResponse* resp) {
   return Run(ctx, "GetStats", [&](Tenant& caller) { return DoGetStats(caller, *req, resp); });
 }
+
+// ---------------------------------------------------------------------------
+// Data plane (issue 10)
+
+#define STATECACHE_DATAPLANE_RPC(Name, Request, Response, ...)                          \
+  grpc::Status StateCacheService::Name(grpc::ServerContext* ctx, const v1::Request* req, \
+                                       v1::Response* resp) {                             \
+    return Run(ctx, #Name, [&](Tenant& caller) -> absl::Status {                         \
+      if (dataplane_ == nullptr) return NoDataPlane();                                   \
+      return dataplane_->Name(caller.name(), *req __VA_ARGS__);                          \
+    });                                                                                  \
+  }
+
+STATECACHE_DATAPLANE_RPC(OpenSession, OpenSessionRequest, OpenSessionResponse, , resp)
+STATECACHE_DATAPLANE_RPC(RegisterBuffer, RegisterBufferRequest, RegisterBufferResponse, , resp)
+STATECACHE_DATAPLANE_RPC(AttachSlots, AttachSlotsRequest, AttachSlotsResponse, , resp)
+STATECACHE_DATAPLANE_RPC(CloseSession, CloseSessionRequest, CloseSessionResponse)
+STATECACHE_DATAPLANE_RPC(ReleaseBuffer, ReleaseBufferRequest, ReleaseBufferResponse)
+STATECACHE_DATAPLANE_RPC(DetachSlots, DetachSlotsRequest, DetachSlotsResponse)
+#undef STATECACHE_DATAPLANE_RPC
 
 }  // namespace statecache

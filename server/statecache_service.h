@@ -27,6 +27,7 @@
 #include "kernels/backend/backend.h"
 #include "proto/statecache/v1/statecache.grpc.pb.h"
 #include "server/auth/tenants.h"
+#include "server/dataplane/data_plane.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/model_store.h"
@@ -89,6 +90,20 @@ class StateCacheService final : public v1::StateCache::Service {
                       v1::ImportResponse* resp) override;
   grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
                         v1::GetStatsResponse* resp) override;
+  // Data plane (issue 10; server/dataplane/data_plane.h). FAILED_PRECONDITION
+  // unless set_dataplane() was called.
+  grpc::Status OpenSession(grpc::ServerContext* ctx, const v1::OpenSessionRequest* req,
+                           v1::OpenSessionResponse* resp) override;
+  grpc::Status CloseSession(grpc::ServerContext* ctx, const v1::CloseSessionRequest* req,
+                            v1::CloseSessionResponse* resp) override;
+  grpc::Status RegisterBuffer(grpc::ServerContext* ctx, const v1::RegisterBufferRequest* req,
+                              v1::RegisterBufferResponse* resp) override;
+  grpc::Status ReleaseBuffer(grpc::ServerContext* ctx, const v1::ReleaseBufferRequest* req,
+                             v1::ReleaseBufferResponse* resp) override;
+  grpc::Status AttachSlots(grpc::ServerContext* ctx, const v1::AttachSlotsRequest* req,
+                           v1::AttachSlotsResponse* resp) override;
+  grpc::Status DetachSlots(grpc::ServerContext* ctx, const v1::DetachSlotsRequest* req,
+                           v1::DetachSlotsResponse* resp) override;
 
   // Authentication (issue 8). With a directory, every call must carry
   // metadata "authorization: Bearer <token>" of one of its tenants
@@ -100,6 +115,10 @@ class StateCacheService final : public v1::StateCache::Service {
   // Persist registrations (RegisterModel / DropModel) in `store` (--data_dir).
   // Set before serving; must outlive the service.
   void set_model_store(ModelStore* store) { model_store_ = store; }
+  // Registered buffers and attached mode (issue 10). Set before serving; must
+  // outlive the service. Without it buffer references are rejected.
+  void set_dataplane(DataPlane* dataplane) { dataplane_ = dataplane; }
+  DataPlane* dataplane() const { return dataplane_; }
   // The tenant of the unauthenticated mode.
   Tenant& default_tenant() { return default_tenant_; }
 
@@ -140,6 +159,13 @@ class StateCacheService final : public v1::StateCache::Service {
   const absl::Time started_;
   const TenantDirectory* tenants_ = nullptr;
   ModelStore* model_store_ = nullptr;
+  DataPlane* dataplane_ = nullptr;
+  // kFailedPrecondition when a slot is attached to a data-plane session.
+  absl::Status CheckNotAttached(const Model& m,
+                                const google::protobuf::RepeatedPtrField<v1::SlotHandle>& slots,
+                                absl::string_view field) const;
+  absl::Status CheckNotAttached(const Model& m, const v1::SlotHandle& slot,
+                                absl::string_view field) const;
   Tenant default_tenant_;
 };
 

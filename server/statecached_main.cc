@@ -55,10 +55,26 @@ ABSL_FLAG(int64_t, slot_idle_timeout_ms, 600000,
 ABSL_FLAG(int64_t, max_work_heads, int64_t{1} << 24,
           "Per-request work bound: batch x tokens x value heads of one Update / Prefill "
           "(batch x layers x heads for a Prefill of states).");
-ABSL_FLAG(int, max_message_bytes, 256 << 20,
-          "Largest gRPC request/response in bytes. Inline-tensor Updates carry "
-          "B*(2*h_qk*d_k + h_v*d_v)*dtype_bytes + gates; a Prefill of T tokens T times that; an "
-          "Export one packed slot. Raise it for large batches or prompt chunks.");
+ABSL_FLAG(int, max_message_bytes, 1 << 30,
+          "Largest gRPC request/response in bytes (gRPC's default is 4 MiB; at most 2^31-1). "
+          "Inline-tensor Updates carry B*(2*h_qk*d_k + h_v*d_v)*dtype_bytes + gates; a Prefill "
+          "of T tokens T times that; a Prefill of states B*layers*h_v*d_k*d_v*4; an Export one "
+          "packed slot. Qwen3.6-35B-A3B (30 GDN layers, 16/32 heads, 128x128), FP32: an Update "
+          "is 32 KiB per slot in (8.4 MB at B=256, 134 MB at B=4096) and 16 KiB out; a Prefill "
+          "of states 62.9 MB per slot, so the 1 GiB default holds B=4096 Updates and 16-slot "
+          "state prefills. Co-located workers skip the bytes with registered buffers "
+          "(RegisterBuffer) or attached mode.");
+ABSL_FLAG(bool, dataplane, true,
+          "Serve the data plane for co-located workers (issue 10): OpenSession, RegisterBuffer "
+          "(CPU: POSIX shared memory; CUDA: CUDA IPC handles + events), AttachSlots, and "
+          "buffer references in Update / Prefill.");
+ABSL_FLAG(bool, shared_pools, false,
+          "CPU backend: allocate slot arenas in POSIX shared memory (/dev/shm must hold the "
+          "state budget) so attached workers can map them (AttachSlots). CUDA arenas are always "
+          "exportable through CUDA IPC.");
+ABSL_FLAG(int64_t, session_lease_ms, 30000,
+          "Default data-plane session lease: a session unused (no renewal, no call naming it "
+          "or its buffers) this long is closed and its buffers and attached slots released.");
 ABSL_FLAG(std::string, backend, "auto",
           "State backend: auto (CUDA when a GPU is usable, else CPU), cuda, or cpu.");
 ABSL_FLAG(int64_t, state_memory_bytes, 0,
@@ -171,6 +187,10 @@ int Main() {
   options.security.tenants_file = absl::GetFlag(FLAGS_tenants_file);
   options.persistence.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.slot_idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_slot_idle_timeout_ms));
+  options.dataplane.enabled = absl::GetFlag(FLAGS_dataplane);
+  options.dataplane.shared_pools = absl::GetFlag(FLAGS_shared_pools);
+  options.dataplane.session_lease = absl::Milliseconds(absl::GetFlag(FLAGS_session_lease_ms));
+  options.dataplane.max_session_lease = options.memory.lease_max;
 
   absl::StatusOr<ModelGeometry> report = ParseGeometry(absl::GetFlag(FLAGS_report_geometry));
   if (!report.ok()) {

@@ -231,6 +231,9 @@ class StateCacheClient {
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
+  // Sets the per-call deadline and the bearer token on `ctx` (for calls made
+  // through stub() directly, e.g. the data plane in dataplane_client.h).
+  void PrepareContext(grpc::ClientContext* ctx) const { SetDeadline(ctx); }
   friend class UpdateStream;
   StateCacheClient(std::shared_ptr<grpc::Channel> channel, Options options);
   void SetDeadline(grpc::ClientContext* ctx) const;

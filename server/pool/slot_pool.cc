@@ -30,6 +30,13 @@ SlotPool::SlotAccess::~SlotAccess() {
 absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(Backend* backend,
                                                            const StateLayout& layout,
                                                            int64_t capacity) {
+  return Create(backend, layout, capacity, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(Backend* backend,
+                                                           const StateLayout& layout,
+                                                           int64_t capacity,
+                                                           std::unique_ptr<BackendBuffer> arena) {
   if (capacity < 1 || capacity > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(
         absl::StrCat("slots: capacity ", capacity, " is out of range 1..2^31-1"));
@@ -41,7 +48,12 @@ absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(Backend* backend,
   view.heads = g.h_v;
   view.head_bytes = layout.head_layout().head_bytes;
   const int64_t bytes = view.slot_bytes() * capacity;
-  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> arena, backend->Allocate(bytes));
+  if (arena == nullptr) {
+    ASSIGN_OR_RETURN(arena, backend->Allocate(bytes));
+  } else if (arena->size() < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("arena: ", arena->size(), " bytes, want ",
+                                                   bytes));
+  }
   view.base = arena->data();
   const int64_t fp32_slot_bytes = g.HeadsPerSlot() * g.d_k * g.d_v * 4;
   return std::unique_ptr<SlotPool>(

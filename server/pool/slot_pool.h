@@ -91,6 +91,13 @@ class SlotPool {
   static absl::StatusOr<std::unique_ptr<SlotPool>> Create(Backend* backend,
                                                           const StateLayout& layout,
                                                           int64_t capacity);
+  // The same over a caller-provided zero-filled arena in `backend`'s memory
+  // space of at least capacity * slot_bytes (e.g. shared memory a co-located
+  // worker can map, issue 10). kInvalidArgument when it is too small.
+  static absl::StatusOr<std::unique_ptr<SlotPool>> Create(Backend* backend,
+                                                          const StateLayout& layout,
+                                                          int64_t capacity,
+                                                          std::unique_ptr<BackendBuffer> arena);
 
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
@@ -122,6 +129,8 @@ class SlotPool {
   const PoolView& view() const { return view_; }
   int64_t capacity() const { return view_.num_slots; }
   int64_t slot_bytes() const { return view_.slot_bytes(); }
+  // The arena buffer (data plane: exported to attached workers).
+  const BackendBuffer& arena() const { return *arena_; }
 
   SlotPoolStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 

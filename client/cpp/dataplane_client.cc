@@ -1,0 +1,363 @@
+#include "client/cpp/dataplane_client.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/cuda_ipc/ipc_runtime.h"
+#include "kernels/formats/format.h"
+
+namespace statecache {
+namespace {
+
+absl::Status CudaStatus(int code, absl::string_view what) {
+  if (code == 0) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cuda_ipc::ErrorString(code), " (CUDA error ", code, ")"));
+}
+
+v1::DType ProtoDType(DType d) {
+  switch (d) {
+    case DType::kFp32: return v1::DTYPE_FP32;
+    case DType::kBf16: return v1::DTYPE_BF16;
+    case DType::kFp16: return v1::DTYPE_FP16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::Status SetRef(const BufferTensor& t, std::initializer_list<int64_t> shape,
+                    absl::string_view field, v1::Tensor* out) {
+  if (t.buffer == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, ": no buffer"));
+  out->set_dtype(ProtoDType(t.dtype));
+  for (int64_t d : shape) out->add_shape(d);
+  out->mutable_ref()->set_buffer_id(t.buffer->id());
+  out->mutable_ref()->set_offset(t.offset);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// WorkerBuffer
+
+WorkerBuffer::~WorkerBuffer() {
+  if (device_) {
+    if (worker_event_ != nullptr) cuda_ipc::EventDestroy(worker_event_);
+    if (server_event_ != nullptr) cuda_ipc::EventDestroy(server_event_);
+    if (data_ != nullptr) cuda_ipc::Free(data_);
+  }
+}
+
+absl::Status WorkerBuffer::Write(int64_t offset, const void* host, int64_t bytes) {
+  if (offset < 0 || bytes < 0 || offset > size_ || bytes > size_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("offset: [", offset, ", ", offset + bytes,
+                                                   ") is outside the buffer of ", size_));
+  }
+  if (!device_) {
+    std::memcpy(data_ + offset, host, bytes);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(CudaStatus(cuda_ipc::CopyHostToDevice(data_ + offset, host, bytes), "write"));
+  return MarkWritten();
+}
+
+absl::Status WorkerBuffer::MarkWritten() {
+  if (!device_ || worker_event_ == nullptr) return absl::OkStatus();
+  return CudaStatus(cuda_ipc::EventRecord(worker_event_, nullptr), "record worker event");
+}
+
+absl::Status WorkerBuffer::Read(int64_t offset, void* host, int64_t bytes) const {
+  if (offset < 0 || bytes < 0 || offset > size_ || bytes > size_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("offset: [", offset, ", ", offset + bytes,
+                                                   ") is outside the buffer of ", size_));
+  }
+  if (!device_) {
+    std::memcpy(host, data_ + offset, bytes);
+    return absl::OkStatus();
+  }
+  if (server_event_ != nullptr) {
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventSynchronize(server_event_), "wait server event"));
+  }
+  return CudaStatus(cuda_ipc::CopyDeviceToHost(host, data_ + offset, bytes), "read");
+}
+
+// ---------------------------------------------------------------------------
+// DataPlaneSession
+
+absl::StatusOr<std::unique_ptr<DataPlaneSession>> DataPlaneSession::Open(StateCacheClient* client,
+                                                                         absl::Duration lease) {
+  v1::OpenSessionRequest req;
+  req.set_lease_ms(absl::ToInt64Milliseconds(lease));
+  v1::OpenSessionResponse resp;
+  grpc::ClientContext ctx;
+  client->PrepareContext(&ctx);
+  RETURN_IF_ERROR(FromGrpcStatus(client->stub().OpenSession(&ctx, req, &resp)));
+  auto s = std::unique_ptr<DataPlaneSession>(new DataPlaneSession(client));
+  s->id_ = resp.session_id();
+  s->backend_ = resp.backend();
+  s->lease_ = absl::Milliseconds(resp.lease_ms());
+  return s;
+}
+
+DataPlaneSession::~DataPlaneSession() { Close().IgnoreError(); }
+
+absl::Status DataPlaneSession::Renew() {
+  v1::OpenSessionRequest req;
+  req.set_session_id(id_);
+  v1::OpenSessionResponse resp;
+  grpc::ClientContext ctx;
+  client_->PrepareContext(&ctx);
+  return FromGrpcStatus(client_->stub().OpenSession(&ctx, req, &resp));
+}
+
+absl::Status DataPlaneSession::Close() {
+  if (closed_) return absl::OkStatus();
+  closed_ = true;
+  v1::CloseSessionRequest req;
+  req.set_session_id(id_);
+  v1::CloseSessionResponse resp;
+  grpc::ClientContext ctx;
+  client_->PrepareContext(&ctx);
+  absl::Status s = FromGrpcStatus(client_->stub().CloseSession(&ctx, req, &resp));
+  buffers_.clear();
+  return s;
+}
+
+absl::StatusOr<WorkerBuffer*> DataPlaneSession::CreateBuffer(int64_t bytes) {
+  if (closed_) return absl::FailedPreconditionError("session: closed");
+  auto b = std::unique_ptr<WorkerBuffer>(new WorkerBuffer());
+  b->size_ = bytes;
+  v1::RegisterBufferRequest req;
+  req.set_session_id(id_);
+  req.set_size_bytes(bytes);
+  if (backend_ == "cuda") {
+    b->device_ = true;
+    void* p = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::Malloc(&p, bytes), "cudaMalloc"));
+    b->data_ = static_cast<uint8_t*>(p);
+    std::string handle, event;
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::GetMemHandle(p, &handle), "IPC handle"));
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventCreateInterprocess(&b->worker_event_), "event"));
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::GetEventHandle(b->worker_event_, &event), "event"));
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventRecord(b->worker_event_, nullptr), "event"));
+    req.set_cuda_ipc_handle(handle);
+    req.set_cuda_ipc_event(event);
+  } else {
+    ASSIGN_OR_RETURN(b->shm_, SharedMemoryRegion::Create(bytes));
+    b->data_ = b->shm_->data();
+    req.set_shm_name(b->shm_->name());
+  }
+  v1::RegisterBufferResponse resp;
+  grpc::ClientContext ctx;
+  client_->PrepareContext(&ctx);
+  absl::Status st = FromGrpcStatus(client_->stub().RegisterBuffer(&ctx, req, &resp));
+  if (b->shm_ != nullptr) b->shm_->Unlink();  // the server unlinked it too on success
+  RETURN_IF_ERROR(st);
+  b->id_ = resp.buffer_id();
+  if (b->device_ && !resp.cuda_ipc_event().empty()) {
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::OpenEventHandle(resp.cuda_ipc_event(), &b->server_event_),
+                               "server event"));
+  }
+  buffers_.push_back(std::move(b));
+  return buffers_.back().get();
+}
+
+absl::Status DataPlaneSession::ReleaseBuffer(WorkerBuffer* buffer) {
+  for (auto it = buffers_.begin(); it != buffers_.end(); ++it) {
+    if (it->get() != buffer) continue;
+    v1::ReleaseBufferRequest req;
+    req.set_session_id(id_);
+    req.set_buffer_id(buffer->id());
+    v1::ReleaseBufferResponse resp;
+    grpc::ClientContext ctx;
+    client_->PrepareContext(&ctx);
+    absl::Status s = FromGrpcStatus(client_->stub().ReleaseBuffer(&ctx, req, &resp));
+    buffers_.erase(it);
+    return s;
+  }
+  return absl::NotFoundError("buffer: not a buffer of this session");
+}
+
+absl::StatusOr<v1::UpdateRequest> DataPlaneSession::BuildUpdate(absl::string_view model_id,
+                                                                const RefUpdateCall& c) {
+  ASSIGN_OR_RETURN(ModelGeometry g, client_->Geometry(model_id));
+  const int64_t b = static_cast<int64_t>(c.slots.size());
+  v1::UpdateRequest req;
+  req.set_model_id(std::string(model_id));
+  req.set_layer(c.layer);
+  for (const SlotHandle& h : c.slots) {
+    v1::SlotHandle* p = req.add_slots();
+    p->set_id(h.id);
+    p->set_generation(h.generation);
+  }
+  RETURN_IF_ERROR(SetRef(c.q, {b, g.h_qk, g.d_k}, "q", req.mutable_q()));
+  RETURN_IF_ERROR(SetRef(c.k, {b, g.h_qk, g.d_k}, "k", req.mutable_k()));
+  RETURN_IF_ERROR(SetRef(c.v, {b, g.h_v, g.d_v}, "v", req.mutable_v()));
+  if (g.arch == Arch::kKda) {
+    RETURN_IF_ERROR(SetRef(c.g, {b, g.h_v, g.d_k}, "g", req.mutable_g()));
+  } else {
+    RETURN_IF_ERROR(SetRef(c.g, {b, g.h_v}, "g", req.mutable_g()));
+  }
+  RETURN_IF_ERROR(SetRef(c.beta, {b, g.h_v}, "beta", req.mutable_beta()));
+  if (c.o.buffer == nullptr) return absl::InvalidArgumentError("o: no buffer");
+  req.mutable_o_ref()->set_buffer_id(c.o.buffer->id());
+  req.mutable_o_ref()->set_offset(c.o.offset);
+  return req;
+}
+
+absl::Status DataPlaneSession::Update(absl::string_view model_id, const RefUpdateCall& call) {
+  ASSIGN_OR_RETURN(v1::UpdateRequest req, BuildUpdate(model_id, call));
+  v1::UpdateResponse resp;
+  grpc::ClientContext ctx;
+  client_->PrepareContext(&ctx);
+  return FromGrpcStatus(client_->stub().Update(&ctx, req, &resp));
+}
+
+// ---------------------------------------------------------------------------
+// AttachedSession
+
+absl::StatusOr<std::unique_ptr<AttachedSession>> AttachedSession::Attach(
+    DataPlaneSession* session, absl::string_view model_id, absl::Span<const SlotHandle> slots) {
+  auto a = std::unique_ptr<AttachedSession>(new AttachedSession());
+  a->session_ = session;
+  a->model_id_ = std::string(model_id);
+  a->handles_.assign(slots.begin(), slots.end());
+  // The local backend first: a failure here leaves nothing attached.
+  ASSIGN_OR_RETURN(a->backend_, CreateBackend(session->backend()));
+  v1::AttachSlotsRequest req;
+  req.set_session_id(session->id());
+  req.set_model_id(a->model_id_);
+  for (const SlotHandle& h : slots) {
+    v1::SlotHandle* p = req.add_slots();
+    p->set_id(h.id);
+    p->set_generation(h.generation);
+  }
+  v1::AttachSlotsResponse resp;
+  {
+    grpc::ClientContext ctx;
+    session->client().PrepareContext(&ctx);
+    RETURN_IF_ERROR(FromGrpcStatus(session->client().stub().AttachSlots(&ctx, req, &resp)));
+  }
+  const absl::Time now = absl::Now();
+  a->expires_at_ = now + absl::Milliseconds(resp.lease_ms());
+  a->renew_at_ = now + absl::Milliseconds(resp.lease_ms()) / 2;
+  for (int i = 0; i < resp.slot_indices_size(); ++i) {
+    a->index_[slots[i].id] = {slots[i].generation, resp.slot_indices(i)};
+  }
+  // From here on a failure detaches in the destructor.
+  const v1::CompatibilityTags& tags = resp.tags();
+  ModelGeometry g;
+  g.arch = tags.geometry().arch() == v1::ARCH_KDA ? Arch::kKda : Arch::kGdn;
+  g.layers = tags.geometry().layers();
+  g.h_qk = tags.geometry().h_qk();
+  g.h_v = tags.geometry().h_v();
+  g.d_k = tags.geometry().d_k();
+  g.d_v = tags.geometry().d_v();
+  g.scale = tags.geometry().scale();
+  ASSIGN_OR_RETURN(FormatSpec format, ParseFormatSpec(tags.format()));
+  absl::StatusOr<StateLayout> layout =
+      resp.layout().key_perm().empty() && resp.layout().value_order().empty()
+          ? StateLayout::Identity(g, format)
+          : StateLayout::Create(
+                g, format, {resp.layout().key_perm().begin(), resp.layout().key_perm().end()},
+                {resp.layout().value_order().begin(), resp.layout().value_order().end()},
+                {resp.layout().value_scale().begin(), resp.layout().value_scale().end()});
+  RETURN_IF_ERROR(layout.status());
+  if (layout->Fingerprint() != tags.layout_fingerprint() ||
+      layout->slot_bytes() != tags.slot_bytes() ||
+      layout->head_layout().head_bytes != resp.head_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tags.layout_fingerprint: the worker's layout (", layout->Fingerprint(),
+        ") differs from the server's (", tags.layout_fingerprint(), ")"));
+  }
+  a->layout_ = std::make_unique<StateLayout>(*std::move(layout));
+  ASSIGN_OR_RETURN(a->prepared_, a->backend_->Prepare(*a->layout_));
+  const int64_t arena_bytes = resp.num_slots() * tags.slot_bytes();
+  uint8_t* base = nullptr;
+  if (resp.arena_case() == v1::AttachSlotsResponse::kShmName) {
+    ASSIGN_OR_RETURN(a->shm_, SharedMemoryRegion::Open(resp.shm_name(), arena_bytes,
+                                                       /*unlink_name=*/false, "shm_name"));
+    base = a->shm_->data();
+  } else if (resp.arena_case() == v1::AttachSlotsResponse::kCudaIpcHandle) {
+    RETURN_IF_ERROR(
+        CudaStatus(cuda_ipc::OpenMemHandle(resp.cuda_ipc_handle(), &a->ipc_base_), "arena"));
+    base = static_cast<uint8_t*>(a->ipc_base_);
+  } else {
+    return absl::InternalError("arena: the server sent no arena");
+  }
+  a->view_.base = base;
+  a->view_.num_slots = resp.num_slots();
+  a->view_.layers = g.layers;
+  a->view_.heads = g.h_v;
+  a->view_.head_bytes = resp.head_bytes();
+  ASSIGN_OR_RETURN(a->slot_buffer_,
+                   a->backend_->Allocate(std::max<int64_t>(4 * slots.size(), 256)));
+  return a;
+}
+
+AttachedSession::~AttachedSession() {
+  Detach().IgnoreError();
+  prepared_.reset();
+  if (ipc_base_ != nullptr) cuda_ipc::CloseMemHandle(ipc_base_);
+}
+
+absl::Status AttachedSession::Detach() {
+  if (detached_) return absl::OkStatus();
+  detached_ = true;
+  v1::DetachSlotsRequest req;
+  req.set_session_id(session_->id());
+  req.set_model_id(model_id_);
+  for (const SlotHandle& h : handles_) {
+    v1::SlotHandle* p = req.add_slots();
+    p->set_id(h.id);
+    p->set_generation(h.generation);
+  }
+  v1::DetachSlotsResponse resp;
+  grpc::ClientContext ctx;
+  session_->client().PrepareContext(&ctx);
+  return FromGrpcStatus(session_->client().stub().DetachSlots(&ctx, req, &resp));
+}
+
+absl::Status AttachedSession::CheckLease() {
+  if (detached_) return absl::FailedPreconditionError("slots: the session is detached");
+  const absl::Time now = absl::Now();
+  if (now >= expires_at_) {
+    detached_ = true;
+    return absl::FailedPreconditionError("slots: the attach lease expired");
+  }
+  if (now >= renew_at_) {
+    RETURN_IF_ERROR(session_->Renew());
+    renew_at_ = now + session_->lease() / 2;
+    expires_at_ = now + session_->lease();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttachedSession::DecodeUpdate(int layer, absl::Span<const SlotHandle> slots,
+                                           DecodeInputs in) {
+  RETURN_IF_ERROR(CheckLease());
+  if (slots.empty() || slots.size() > handles_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("slots: ", slots.size(), " slots; 1..",
+                                                   handles_.size(), " are attached"));
+  }
+  std::vector<int32_t> idx(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    auto it = index_.find(slots[i].id);
+    if (it == index_.end() || it->second.first != slots[i].generation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("slots[", i, "]: not attached by this session (no attach lease)"));
+    }
+    idx[i] = it->second.second;
+  }
+  if (idx != staged_) {
+    RETURN_IF_ERROR(backend_->CopyIn(slot_buffer_->data(), idx.data(), 4 * idx.size()));
+    staged_ = idx;
+  }
+  in.batch = static_cast<int>(slots.size());
+  in.slots = reinterpret_cast<const int32_t*>(slot_buffer_->data());
+  return backend_->DecodeUpdate(*prepared_, view_, layer, in);
+}
+
+}  // namespace statecache

@@ -1,0 +1,176 @@
+// Worker side of the data plane (issue 10): registered buffers and attached
+// mode for workers co-located with statecached (same host; same GPU for CUDA).
+//
+// DataPlaneSession: one data-plane session (server/dataplane/data_plane.h).
+// Buffers it creates are registered with the server: CPU backend - a POSIX
+// shared-memory object (the server maps it and unlinks the name); CUDA
+// backend - a cudaMalloc allocation exported by CUDA IPC plus an
+// interprocess event recorded after every Write. UpdateRefs sends an Update
+// whose tensors are (buffer, offset) references and whose o the server
+// writes into a buffer: no tensor bytes travel through gRPC.
+//
+// AttachedSession: attached mode. The server leases slots to the session and
+// hands out its slot arena; the worker maps it (CPU shared memory / CUDA IPC)
+// and runs the same Backend::DecodeUpdate in its own process on the mapped
+// pool - bit-identical to the server running it. Only attached slots are
+// accepted (kFailedPrecondition naming the slot otherwise); the lease is
+// renewed in the background of DecodeUpdate calls at half its length, and an
+// expired or detached session refuses every slot. Snapshots, restores,
+// allocation and eviction stay server-side: Detach first.
+//
+//   ASSIGN_OR_RETURN(auto session, DataPlaneSession::Open(client.get()));
+//   ASSIGN_OR_RETURN(WorkerBuffer* in, session->CreateBuffer(bytes));
+//   RETURN_IF_ERROR(in->Write(0, q.data(), q_bytes));
+//   RETURN_IF_ERROR(session->Update("qwen", call));            // registered buffers
+//   ASSIGN_OR_RETURN(auto attached, AttachedSession::Attach(session.get(), "qwen", slots));
+//   RETURN_IF_ERROR(attached->DecodeUpdate(layer, slots, inputs));  // attached mode
+//
+// Python: no binding yet (a ctypes shim over these classes is future work).
+#ifndef STATECACHE_CLIENT_CPP_DATAPLANE_CLIENT_H_
+#define STATECACHE_CLIENT_CPP_DATAPLANE_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/cpp/statecache_client.h"
+#include "kernels/backend/backend.h"
+#include "kernels/layout/state_layout.h"
+#include "server/dataplane/shm_region.h"
+
+namespace statecache {
+
+// A buffer registered with the server (owned by its DataPlaneSession).
+class WorkerBuffer {
+ public:
+  ~WorkerBuffer();
+  uint64_t id() const { return id_; }
+  int64_t size() const { return size_; }
+  // Host memory (CPU) or a device pointer (CUDA).
+  uint8_t* data() const { return data_; }
+  bool device() const { return device_; }
+  // Copies host bytes in (CUDA: then records the worker event the server
+  // waits on) / out (CUDA: after waiting for the server's event).
+  // kInvalidArgument when the range is outside the buffer.
+  absl::Status Write(int64_t offset, const void* host, int64_t bytes);
+  absl::Status Read(int64_t offset, void* host, int64_t bytes) const;
+  // CUDA: record the worker event after writing data() by other means.
+  absl::Status MarkWritten();
+
+ private:
+  friend class DataPlaneSession;
+  WorkerBuffer() = default;
+  uint64_t id_ = 0;
+  int64_t size_ = 0;
+  uint8_t* data_ = nullptr;
+  bool device_ = false;
+  std::unique_ptr<SharedMemoryRegion> shm_;
+  void* worker_event_ = nullptr;
+  void* server_event_ = nullptr;
+};
+
+// A tensor inside a registered buffer.
+struct BufferTensor {
+  const WorkerBuffer* buffer = nullptr;
+  int64_t offset = 0;  // multiple of 16
+  DType dtype = DType::kFp32;
+};
+
+struct RefUpdateCall {
+  int layer = 0;
+  std::vector<SlotHandle> slots;
+  BufferTensor q, k, v, g, beta;  // shapes as UpdateCall; g, beta FP32
+  BufferTensor o;                 // FP32 [B, h_v, d_v], written by the server
+};
+
+class DataPlaneSession {
+ public:
+  // Opens a session on `client`'s server (lease zero = server default).
+  static absl::StatusOr<std::unique_ptr<DataPlaneSession>> Open(
+      StateCacheClient* client, absl::Duration lease = absl::ZeroDuration());
+  // Closes the session (best effort) and frees the buffers.
+  ~DataPlaneSession();
+
+  uint64_t id() const { return id_; }
+  // The server's backend: "cpu" or "cuda".
+  const std::string& backend() const { return backend_; }
+  absl::Duration lease() const { return lease_; }
+  StateCacheClient& client() { return *client_; }
+
+  absl::Status Renew();
+  absl::Status Close();
+
+  // Creates a zeroed buffer of `bytes` in the server backend's memory kind
+  // and registers it. The pointer stays valid until the session is closed.
+  absl::StatusOr<WorkerBuffer*> CreateBuffer(int64_t bytes);
+  absl::Status ReleaseBuffer(WorkerBuffer* buffer);
+
+  // One Update with referenced tensors; o lands in call.o.
+  absl::Status Update(absl::string_view model_id, const RefUpdateCall& call);
+  // The request UpdateRefs sends (for streams and tests).
+  absl::StatusOr<v1::UpdateRequest> BuildUpdate(absl::string_view model_id,
+                                                const RefUpdateCall& call);
+
+ private:
+  DataPlaneSession(StateCacheClient* client) : client_(client) {}
+  StateCacheClient* client_;
+  uint64_t id_ = 0;
+  std::string backend_;
+  absl::Duration lease_;
+  bool closed_ = false;
+  std::vector<std::unique_ptr<WorkerBuffer>> buffers_;
+};
+
+class AttachedSession {
+ public:
+  // Attaches `slots` of `model_id` to `session` and maps the model's arena
+  // into this process; prepares the model's StateLayout (checked against the
+  // server's layout fingerprint) on a local backend of the server's kind.
+  static absl::StatusOr<std::unique_ptr<AttachedSession>> Attach(
+      DataPlaneSession* session, absl::string_view model_id, absl::Span<const SlotHandle> slots);
+  // Detaches (best effort).
+  ~AttachedSession();
+
+  // The fused decode step of `layer` for `slots` (all attached by this
+  // session, no duplicates) run in this process on the mapped pool. Input
+  // and output pointers of `in` are in backend() memory (host memory on the
+  // CPU, device pointers on CUDA); in.batch and in.slots are filled here.
+  absl::Status DecodeUpdate(int layer, absl::Span<const SlotHandle> slots, DecodeInputs in);
+
+  // Ends the attachment; the slots go back to server-side use.
+  absl::Status Detach();
+
+  Backend& backend() { return *backend_; }
+  const StateLayout& layout() const { return *layout_; }
+  const PoolView& pool() const { return view_; }
+
+ private:
+  AttachedSession() = default;
+  absl::Status CheckLease();
+
+  DataPlaneSession* session_ = nullptr;
+  std::string model_id_;
+  std::vector<SlotHandle> handles_;
+  absl::flat_hash_map<uint64_t, std::pair<uint32_t, int32_t>> index_;  // id -> (generation, index)
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<StateLayout> layout_;
+  std::unique_ptr<PreparedModel> prepared_;
+  std::unique_ptr<SharedMemoryRegion> shm_;
+  void* ipc_base_ = nullptr;
+  PoolView view_;
+  std::unique_ptr<BackendBuffer> slot_buffer_;
+  std::vector<int32_t> staged_;  // indices currently in slot_buffer_
+  absl::Time renew_at_;
+  absl::Time expires_at_;
+  bool detached_ = false;
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_CLIENT_CPP_DATAPLANE_CLIENT_H_

@@ -1,0 +1,719 @@
+#include "server/dataplane/data_plane.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/cuda_ipc/ipc_runtime.h"
+#include "kernels/formats/format.h"
+#include "server/dataplane/shm_region.h"
+#include "server/log.h"
+#include "server/pool/staging.h"
+#include "server/proto_convert.h"
+
+namespace statecache {
+namespace {
+
+constexpr int64_t kRefAlign = 16;
+
+// Slot arena in POSIX shared memory (host memory: CPU backend only).
+class SharedArenaBuffer : public BackendBuffer {
+ public:
+  explicit SharedArenaBuffer(std::unique_ptr<SharedMemoryRegion> region)
+      : region_(std::move(region)) {}
+  uint8_t* data() const override { return region_->data(); }
+  int64_t size() const override { return region_->size(); }
+  const std::string& name() const { return region_->name(); }
+
+ private:
+  std::unique_ptr<SharedMemoryRegion> region_;
+};
+
+class ShmBuffer : public DataPlane::Buffer {
+ public:
+  explicit ShmBuffer(std::unique_ptr<SharedMemoryRegion> region) : region_(std::move(region)) {}
+  uint8_t* data() const override { return region_->data(); }
+  int64_t size() const override { return region_->size(); }
+
+ private:
+  std::unique_ptr<SharedMemoryRegion> region_;
+};
+
+absl::Status CudaError(int code, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": ", cuda_ipc::ErrorString(code), " (CUDA error ", code, ")"));
+}
+
+class IpcBuffer : public DataPlane::Buffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<IpcBuffer>> Open(const v1::RegisterBufferRequest& req) {
+    auto b = std::unique_ptr<IpcBuffer>(new IpcBuffer());
+    b->size_ = req.size_bytes();
+    void* p = nullptr;
+    if (int e = cuda_ipc::OpenMemHandle(req.cuda_ipc_handle(), &p); e != 0) {
+      return CudaError(e, "cuda_ipc_handle");
+    }
+    b->data_ = static_cast<uint8_t*>(p);
+    if (!req.cuda_ipc_event().empty()) {
+      if (int e = cuda_ipc::OpenEventHandle(req.cuda_ipc_event(), &b->worker_event_); e != 0) {
+        return CudaError(e, "cuda_ipc_event");
+      }
+    }
+    if (int e = cuda_ipc::EventCreateInterprocess(&b->server_event_); e != 0) {
+      return CudaError(e, "server event");
+    }
+    if (int e = cuda_ipc::GetEventHandle(b->server_event_, &b->server_event_handle_); e != 0) {
+      return CudaError(e, "server event handle");
+    }
+    return b;
+  }
+  ~IpcBuffer() override {
+    if (data_ != nullptr) cuda_ipc::CloseMemHandle(data_);
+    if (server_event_ != nullptr) cuda_ipc::EventDestroy(server_event_);
+    // An opened IPC event is released with cudaEventDestroy as well.
+    if (worker_event_ != nullptr) cuda_ipc::EventDestroy(worker_event_);
+  }
+  uint8_t* data() const override { return data_; }
+  int64_t size() const override { return size_; }
+  absl::Status BeforeRead() override {
+    if (worker_event_ == nullptr) return absl::OkStatus();
+    if (int e = cuda_ipc::EventSynchronize(worker_event_); e != 0) {
+      return CudaError(e, "wait for the worker's event");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status AfterWrite() override {
+    if (int e = cuda_ipc::EventRecord(server_event_, nullptr); e != 0) {
+      return CudaError(e, "record the server event");
+    }
+    return absl::OkStatus();
+  }
+  std::string server_event_handle() const override { return server_event_handle_; }
+
+ private:
+  IpcBuffer() = default;
+  uint8_t* data_ = nullptr;
+  int64_t size_ = 0;
+  void* worker_event_ = nullptr;
+  void* server_event_ = nullptr;
+  std::string server_event_handle_;
+};
+
+absl::Status CheckLayerRange(int layer, int layers, absl::string_view field) {
+  if (layer < 0 || layer >= layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", layer, " is outside 0..", layers - 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBatchRange(int b, int max_batch) {
+  if (b < 1) return absl::InvalidArgumentError("slots: no slot handles given");
+  if (b > max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slots: ", b, " slots exceed the limit of ", max_batch, " per call"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWorkBound(int64_t heads, int64_t max_heads, absl::string_view field) {
+  if (heads > max_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", heads, " head updates (batch x tokens x heads) exceed the per-request limit of ",
+        max_heads, " (--max_work_heads)"));
+  }
+  return absl::OkStatus();
+}
+
+double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
+
+}  // namespace
+
+std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t)> SharedArenaAllocator() {
+  return [](int64_t bytes) -> absl::StatusOr<std::unique_ptr<BackendBuffer>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<SharedMemoryRegion> region,
+                     SharedMemoryRegion::Create(std::max<int64_t>(bytes, 256)));
+    return std::unique_ptr<BackendBuffer>(new SharedArenaBuffer(std::move(region)));
+  };
+}
+
+DataPlane::DataPlane(Backend* backend, ModelRegistry* registry, Options options)
+    : backend_(backend),
+      registry_(registry),
+      options_(options),
+      cuda_(std::strcmp(backend->name(), "cuda") == 0) {
+  if (options_.sweep_period > absl::ZeroDuration()) {
+    sweeper_ = std::make_unique<std::thread>([this] {
+      absl::MutexLock lock(&sweeper_mu_);
+      while (!sweeper_mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.sweep_period)) {
+        sweeper_mu_.Unlock();
+        ExpireSessions(absl::Now());
+        sweeper_mu_.Lock();
+      }
+    });
+  }
+}
+
+DataPlane::~DataPlane() {
+  if (sweeper_ != nullptr) {
+    {
+      absl::MutexLock lock(&sweeper_mu_);
+      stop_ = true;
+    }
+    sweeper_->join();
+  }
+  std::vector<std::unique_ptr<Attachment>> detached;
+  std::vector<std::shared_ptr<Buffer>> released;
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, s] : sessions_) ids.push_back(id);
+  for (uint64_t id : ids) EndSessionLocked(id, &detached, &released);
+}
+
+uint64_t DataPlane::NewIdLocked() {
+  uint64_t id;
+  do {
+    id = absl::Uniform<uint64_t>(bitgen_);
+  } while (id == 0 || sessions_.contains(id) || buffers_.contains(id));
+  return id;
+}
+
+absl::StatusOr<DataPlane::Session*> DataPlane::FindSessionLocked(const std::string& tenant,
+                                                                uint64_t id,
+                                                                absl::string_view field) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.tenant != tenant) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no data-plane session ", id, " (closed, expired or unknown)"));
+  }
+  it->second.last_used = absl::Now();
+  return &it->second;
+}
+
+void DataPlane::EndSessionLocked(uint64_t id, std::vector<std::unique_ptr<Attachment>>* detached,
+                                 std::vector<std::shared_ptr<Buffer>>* released) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  for (uint64_t b : it->second.buffers) {
+    auto bit = buffers_.find(b);
+    if (bit != buffers_.end()) {
+      released->push_back(std::move(bit->second.buffer));
+      buffers_.erase(bit);
+    }
+  }
+  for (auto& a : it->second.attachments) {
+    for (uint64_t h : a->ids) attached_.erase({a->model.get(), h});
+    detached->push_back(std::move(a));
+  }
+  sessions_.erase(it);
+}
+
+absl::Status DataPlane::OpenSession(const std::string& tenant, const v1::OpenSessionRequest& req,
+                                    v1::OpenSessionResponse* resp) {
+  if (req.lease_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_ms: ", req.lease_ms(), " is negative"));
+  }
+  absl::Duration lease = req.lease_ms() == 0 ? options_.default_lease
+                                             : absl::Milliseconds(req.lease_ms());
+  lease = std::min(lease, options_.max_lease);
+  absl::MutexLock lock(&mu_);
+  uint64_t id = req.session_id();
+  if (id != 0) {
+    ASSIGN_OR_RETURN(Session * s, FindSessionLocked(tenant, id, "session_id"));
+    if (req.lease_ms() != 0) s->lease = lease;
+    lease = s->lease;
+  } else {
+    id = NewIdLocked();
+    Session& s = sessions_[id];
+    s.id = id;
+    s.tenant = tenant;
+    s.lease = lease;
+    s.last_used = absl::Now();
+  }
+  resp->set_session_id(id);
+  resp->set_lease_ms(absl::ToInt64Milliseconds(lease));
+  resp->set_backend(backend_->name());
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::CloseSession(const std::string& tenant,
+                                     const v1::CloseSessionRequest& req) {
+  std::vector<std::unique_ptr<Attachment>> detached;
+  std::vector<std::shared_ptr<Buffer>> released;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(FindSessionLocked(tenant, req.session_id(), "session_id").status());
+    EndSessionLocked(req.session_id(), &detached, &released);
+  }
+  LogEvent("dataplane_session_closed",
+           absl::StrCat("session=", req.session_id(), " buffers=", released.size(),
+                        " attachments=", detached.size()));
+  return absl::OkStatus();  // mappings and slot accesses released outside the lock
+}
+
+int64_t DataPlane::ExpireSessions(absl::Time now) {
+  std::vector<std::unique_ptr<Attachment>> detached;
+  std::vector<std::shared_ptr<Buffer>> released;
+  int64_t n = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<uint64_t> expired;
+    for (const auto& [id, s] : sessions_) {
+      if (s.last_used + s.lease < now) expired.push_back(id);
+    }
+    for (uint64_t id : expired) EndSessionLocked(id, &detached, &released);
+    n = static_cast<int64_t>(expired.size());
+  }
+  if (n > 0) {
+    LogEvent("dataplane_session_expired", absl::StrCat("sessions=", n, " buffers=",
+                                                       released.size(), " attachments=",
+                                                       detached.size()));
+  }
+  return n;
+}
+
+absl::Status DataPlane::RegisterBuffer(const std::string& tenant,
+                                       const v1::RegisterBufferRequest& req,
+                                       v1::RegisterBufferResponse* resp) {
+  if (req.size_bytes() < 1 || req.size_bytes() > options_.max_buffer_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("size_bytes: ", req.size_bytes(),
+                                                   " is outside 1..", options_.max_buffer_bytes));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Session * s, FindSessionLocked(tenant, req.session_id(), "session_id"));
+    if (static_cast<int>(s->buffers.size()) >= options_.max_buffers_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session_id: ", s->buffers.size(), " buffers registered, the limit per session"));
+    }
+  }
+  std::shared_ptr<Buffer> buffer;
+  if (cuda_) {
+    if (req.memory_case() != v1::RegisterBufferRequest::kCudaIpcHandle) {
+      return absl::InvalidArgumentError(
+          "cuda_ipc_handle: the CUDA backend maps CUDA IPC memory handles (set cuda_ipc_handle)");
+    }
+    if (static_cast<int>(req.cuda_ipc_handle().size()) != cuda_ipc::kHandleBytes ||
+        (!req.cuda_ipc_event().empty() &&
+         static_cast<int>(req.cuda_ipc_event().size()) != cuda_ipc::kHandleBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_ipc_handle: handles are ", cuda_ipc::kHandleBytes, " bytes"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<IpcBuffer> ipc, IpcBuffer::Open(req));
+    buffer = std::move(ipc);
+  } else {
+    if (req.memory_case() != v1::RegisterBufferRequest::kShmName) {
+      return absl::InvalidArgumentError(
+          "shm_name: the CPU backend maps POSIX shared-memory objects (set shm_name)");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<SharedMemoryRegion> region,
+                     SharedMemoryRegion::Open(req.shm_name(), req.size_bytes(),
+                                              /*unlink_name=*/true, "shm_name"));
+    buffer = std::make_shared<ShmBuffer>(std::move(region));
+  }
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    // The session may have ended meanwhile.
+    ASSIGN_OR_RETURN(Session * s, FindSessionLocked(tenant, req.session_id(), "session_id"));
+    id = NewIdLocked();
+    s->buffers.push_back(id);
+    buffers_[id] = BufferEntry{buffer, tenant, s->id};
+  }
+  resp->set_buffer_id(id);
+  if (cuda_) resp->set_cuda_ipc_event(buffer->server_event_handle());
+  LogEvent("dataplane_buffer_registered",
+           absl::StrCat("session=", req.session_id(), " buffer=", id, " bytes=", req.size_bytes()));
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::ReleaseBuffer(const std::string& tenant,
+                                      const v1::ReleaseBufferRequest& req) {
+  std::shared_ptr<Buffer> released;
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Session * s, FindSessionLocked(tenant, req.session_id(), "session_id"));
+  auto it = std::find(s->buffers.begin(), s->buffers.end(), req.buffer_id());
+  if (it == s->buffers.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("buffer_id: no buffer ", req.buffer_id(), " in this session"));
+  }
+  s->buffers.erase(it);
+  released = std::move(buffers_[req.buffer_id()].buffer);
+  buffers_.erase(req.buffer_id());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<DataPlane::Buffer>> DataPlane::FindBuffer(const std::string& tenant,
+                                                                        uint64_t id,
+                                                                        absl::string_view field) {
+  absl::MutexLock lock(&mu_);
+  auto it = buffers_.find(id);
+  if (it == buffers_.end() || it->second.tenant != tenant) {
+    return absl::NotFoundError(absl::StrCat(field, ".buffer_id: no registered buffer ", id));
+  }
+  auto s = sessions_.find(it->second.session);
+  if (s != sessions_.end()) s->second.last_used = absl::Now();
+  return it->second.buffer;
+}
+
+absl::Status DataPlane::AttachSlots(const std::string& tenant, const v1::AttachSlotsRequest& req,
+                                    v1::AttachSlotsResponse* resp) {
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(FindSessionLocked(tenant, req.session_id(), "session_id").status());
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(tenant, req.model_id()));
+  if (IsStepQuantFormat(m->layout.format().format)) {
+    return absl::UnimplementedError(
+        "model_id: attached mode does not support stepquant-* layouts yet");
+  }
+  const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
+  if (handles.empty()) return absl::InvalidArgumentError("slots: no slot handles given");
+  if (cuda_) {
+    std::string handle;
+    if (int e = cuda_ipc::GetMemHandle(m->slots->view().base, &handle); e != 0) {
+      return CudaError(e, "arena IPC handle");
+    }
+    resp->set_cuda_ipc_handle(handle);
+  } else {
+    const auto* shared = dynamic_cast<const SharedArenaBuffer*>(&m->slots->arena());
+    if (shared == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model_id: the slot arena of '", m->id,
+          "' is not in shared memory; start statecached with --shared_pools to attach"));
+    }
+    resp->set_shm_name(shared->name());
+  }
+  RETURN_IF_ERROR(CheckNotAttached(*m, handles, "slots"));
+  // Waits for in-flight calls on the slots; afterwards nothing server-side
+  // touches them until the attachment ends.
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m->slots->Acquire(handles, "slots"));
+  auto a = std::make_unique<Attachment>();
+  a->model = m;
+  a->handles = handles;
+  for (const SlotHandle& h : handles) a->ids.push_back(h.id);
+  for (int32_t i : access.indices()) resp->add_slot_indices(i);
+  a->access = std::make_unique<SlotPool::SlotAccess>(std::move(access));
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Session * s, FindSessionLocked(tenant, req.session_id(), "session_id"));
+    for (size_t i = 0; i < a->ids.size(); ++i) {
+      if (attached_.contains({m.get(), a->ids[i]})) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("slots[", i, "]: already attached by a data-plane session"));
+      }
+    }
+    for (uint64_t h : a->ids) attached_[{m.get(), h}] = s->id;
+    resp->set_lease_ms(absl::ToInt64Milliseconds(s->lease));
+    s->attachments.push_back(std::move(a));
+  }
+  TagsToProto(m->id, m->layout, resp->mutable_tags());
+  const StateLayout& l = m->layout;
+  if (!l.identity_key_perm()) {
+    *resp->mutable_layout()->mutable_key_perm() = {l.all_key_perms().begin(),
+                                                   l.all_key_perms().end()};
+  }
+  if (l.format().format == StateFormat::kDampSr) {
+    *resp->mutable_layout()->mutable_value_order() = {l.all_value_orders().begin(),
+                                                      l.all_value_orders().end()};
+    *resp->mutable_layout()->mutable_value_scale() = {l.all_value_scales().begin(),
+                                                      l.all_value_scales().end()};
+  }
+  resp->set_num_slots(m->slots->capacity());
+  resp->set_head_bytes(m->slots->view().head_bytes);
+  LogEvent("dataplane_attached", absl::StrCat("session=", req.session_id(), " model=", m->id,
+                                              " slots=", handles.size()));
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::DetachSlots(const std::string& tenant, const v1::DetachSlotsRequest& req) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(tenant, req.model_id()));
+  std::vector<std::unique_ptr<Attachment>> detached;
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Session * s, FindSessionLocked(tenant, req.session_id(), "session_id"));
+  std::vector<uint64_t> want;
+  for (int i = 0; i < req.slots_size(); ++i) {
+    auto it = attached_.find({m.get(), req.slots(i).id()});
+    if (it == attached_.end() || it->second != s->id) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("slots[", i, "]: not attached by this session"));
+    }
+    want.push_back(req.slots(i).id());
+  }
+  // Attachments are all or nothing: detach every attachment that holds one of
+  // the slots; slots of it not named are re-attached by the caller if needed.
+  for (auto it = s->attachments.begin(); it != s->attachments.end();) {
+    const Attachment& a = **it;
+    const bool hit = a.model == m && std::any_of(a.ids.begin(), a.ids.end(), [&](uint64_t id) {
+                       return std::find(want.begin(), want.end(), id) != want.end();
+                     });
+    if (hit) {
+      for (uint64_t h : a.ids) attached_.erase({m.get(), h});
+      detached.push_back(std::move(*it));
+      it = s->attachments.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::CheckNotAttached(const Model& model, absl::Span<const SlotHandle> handles,
+                                         absl::string_view field) const {
+  absl::MutexLock lock(&mu_);
+  if (attached_.empty()) return absl::OkStatus();
+  for (size_t i = 0; i < handles.size(); ++i) {
+    if (attached_.contains({&model, handles[i].id})) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, "[", i, "]: the slot is attached to a data-plane session (attached mode); "
+          "only that worker may update it until DetachSlots"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t DataPlane::session_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(sessions_.size());
+}
+int64_t DataPlane::buffer_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(buffers_.size());
+}
+int64_t DataPlane::attached_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(attached_.size());
+}
+
+// ---------------------------------------------------------------------------
+// Compute with references
+
+bool DataPlane::UsesBuffers(const v1::UpdateRequest& r) {
+  return r.has_o_ref() || r.q().has_ref() || r.k().has_ref() || r.v().has_ref() ||
+         r.g().has_ref() || r.beta().has_ref();
+}
+
+bool DataPlane::UsesBuffers(const v1::PrefillRequest& r) {
+  if (r.input_case() == v1::PrefillRequest::kStates) return r.states().has_ref();
+  const v1::PrefillTokens& t = r.tokens();
+  return t.has_o_ref() || t.q().has_ref() || t.k().has_ref() || t.v().has_ref() ||
+         t.g().has_ref() || t.beta().has_ref();
+}
+
+absl::StatusOr<DataPlane::Resolved> DataPlane::ResolveRef(const std::string& tenant,
+                                                         const v1::BufferRef& ref,
+                                                         absl::string_view field, DType dtype,
+                                                         int64_t count) {
+  const std::string f = absl::StrCat(field, ".ref");
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, FindBuffer(tenant, ref.buffer_id(), f));
+  const int64_t bytes = count * DTypeSize(dtype);
+  const int64_t off = ref.offset();
+  if (off < 0 || off % kRefAlign != 0 || off > buffer->size() || bytes > buffer->size() - off) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        f, ": bytes [", off, ", ", off + bytes, ") are outside the registered buffer of ",
+        buffer->size(), " bytes (offsets must be >= 0 and multiples of ", kRefAlign, ")"));
+  }
+  Resolved r;
+  r.dtype = dtype;
+  r.data = buffer->data() + off;
+  r.bytes = bytes;
+  r.buffer = std::move(buffer);
+  return r;
+}
+
+absl::StatusOr<DataPlane::Resolved> DataPlane::Resolve(const std::string& tenant,
+                                                      const v1::Tensor& t, absl::string_view field,
+                                                      absl::Span<const DType> allowed,
+                                                      absl::Span<const int64_t> shape) {
+  if (t.payload_case() != v1::Tensor::kRef) {
+    ASSIGN_OR_RETURN(TensorBytes tb, CheckTensor(t, field, allowed, shape));
+    Resolved r;
+    r.dtype = tb.dtype;
+    r.bytes = tb.bytes;
+    ASSIGN_OR_RETURN(r.staged, StageBytes(*backend_, tb.data, tb.bytes));
+    r.data = r.staged->data();
+    return r;
+  }
+  ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(t.dtype(), absl::StrCat(field, ".dtype")));
+  if (std::find(allowed.begin(), allowed.end(), dtype) == allowed.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".dtype: ", DTypeName(dtype), " is not allowed here"));
+  }
+  const std::vector<int64_t> got(t.shape().begin(), t.shape().end());
+  if (!std::equal(got.begin(), got.end(), shape.begin(), shape.end())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape: ", ShapeString(got), ", want ", ShapeString(shape)));
+  }
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  return ResolveRef(tenant, t.ref(), field, dtype, count);
+}
+
+absl::StatusOr<DataPlane::Resolved> DataPlane::ResolveOutput(const std::string& tenant,
+                                                            bool has_ref, const v1::BufferRef& ref,
+                                                            absl::string_view field,
+                                                            int64_t count) {
+  if (has_ref) return ResolveRef(tenant, ref, field, DType::kFp32, count);
+  Resolved r;
+  r.bytes = count * 4;
+  ASSIGN_OR_RETURN(r.staged, backend_->Allocate(std::max<int64_t>(r.bytes, 256)));
+  r.data = r.staged->data();
+  return r;
+}
+
+namespace {
+
+// Distinct referenced buffers: wait for the worker's writes.
+absl::Status BeforeReads(std::initializer_list<const std::shared_ptr<DataPlane::Buffer>*> bufs) {
+  std::vector<DataPlane::Buffer*> done;
+  for (const auto* b : bufs) {
+    if (*b == nullptr || std::find(done.begin(), done.end(), b->get()) != done.end()) continue;
+    RETURN_IF_ERROR((*b)->BeforeRead());
+    done.push_back(b->get());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::UpdateRequest& req,
+                               const ComputeLimits& limits, const KernelObserver& observe,
+                               v1::UpdateResponse* resp) {
+  const ModelGeometry& g = m.layout.geometry();
+  RETURN_IF_ERROR(CheckLayerRange(req.layer(), g.layers, "layer"));
+  const int b = req.slots_size();
+  RETURN_IF_ERROR(CheckBatchRange(b, limits.max_batch));
+  RETURN_IF_ERROR(CheckWorkBound(int64_t{b} * g.h_v, limits.max_work_heads, "slots"));
+  if (req.sanitize_non_finite()) {
+    return absl::InvalidArgumentError(
+        "sanitize_non_finite: not supported with registered buffers (the inputs are rejected "
+        "with INVALID_ARGUMENT when not finite)");
+  }
+  ASSIGN_OR_RETURN(Resolved q, Resolve(tenant, req.q(), "q", kInputDTypes, {b, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(Resolved k, Resolve(tenant, req.k(), "k", {q.dtype}, {b, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(Resolved v, Resolve(tenant, req.v(), "v", {q.dtype}, {b, g.h_v, g.d_v}));
+  std::vector<int64_t> g_shape = {b, g.h_v};
+  if (g.arch == Arch::kKda) g_shape.push_back(g.d_k);
+  ASSIGN_OR_RETURN(Resolved gt, Resolve(tenant, req.g(), "g", kFp32Only, g_shape));
+  ASSIGN_OR_RETURN(Resolved bt, Resolve(tenant, req.beta(), "beta", kFp32Only, {b, g.h_v}));
+  const int64_t o_count = int64_t{b} * g.h_v * g.d_v;
+  ASSIGN_OR_RETURN(Resolved o, ResolveOutput(tenant, req.has_o_ref(), req.o_ref(), "o", o_count));
+  RETURN_IF_ERROR(BeforeReads({&q.buffer, &k.buffer, &v.buffer, &gt.buffer, &bt.buffer}));
+
+  const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
+  RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m.slots->Acquire(handles, "slots"));
+  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> idx, StageInts(*backend_, access.indices()));
+  DecodeInputs in;
+  in.batch = b;
+  in.slots = StagedData<int32_t>(*idx);
+  in.dtype = q.dtype;
+  in.q = q.data;
+  in.k = k.data;
+  in.v = v.data;
+  in.g = static_cast<const float*>(gt.data);
+  in.beta = static_cast<const float*>(bt.data);
+  in.o = static_cast<float*>(o.data);
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(backend_->DecodeUpdate(*m.prepared, m.slots->view(), req.layer(), in));
+  const double kernel = SecondsSince(start);
+  v1::Tensor* out = resp->mutable_o();
+  out->set_dtype(v1::DTYPE_FP32);
+  for (int64_t d : {int64_t{b}, int64_t{g.h_v}, int64_t{g.d_v}}) out->add_shape(d);
+  if (o.buffer != nullptr) {
+    *out->mutable_ref() = req.o_ref();
+    RETURN_IF_ERROR(o.buffer->AfterWrite());
+  } else {
+    std::string* data = out->mutable_data();
+    data->resize(o_count * 4);
+    RETURN_IF_ERROR(backend_->CopyOut(data->data(), o.data, o_count * 4));
+  }
+  resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
+  if (observe) observe("decode_update", kernel, b);
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::Prefill(const std::string& tenant, Model& m, const v1::PrefillRequest& req,
+                                const ComputeLimits& limits, const KernelObserver& observe,
+                                v1::PrefillResponse* resp) {
+  const ModelGeometry& g = m.layout.geometry();
+  const int b = req.slots_size();
+  RETURN_IF_ERROR(CheckBatchRange(b, limits.max_batch));
+  if (req.input_case() != v1::PrefillRequest::kTokens) {
+    return absl::InvalidArgumentError(
+        "states.ref: a Prefill of states takes inline bytes only (use tokens with references)");
+  }
+  const v1::PrefillTokens& t = req.tokens();
+  RETURN_IF_ERROR(CheckLayerRange(t.layer(), g.layers, "tokens.layer"));
+  if (t.q().shape_size() != 4) {
+    return absl::InvalidArgumentError("tokens.q.shape: want [B, T, h_qk, d_k]");
+  }
+  const int64_t tokens = t.q().shape(1);
+  if (tokens < 1 || tokens > limits.max_prefill_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens.q.shape[1]: T = ", tokens,
+                                                   " is outside 1..", limits.max_prefill_tokens));
+  }
+  RETURN_IF_ERROR(CheckWorkBound(int64_t{b} * tokens * g.h_v, limits.max_work_heads, "tokens"));
+  if (t.sanitize_non_finite()) {
+    return absl::InvalidArgumentError(
+        "tokens.sanitize_non_finite: not supported with registered buffers");
+  }
+  ASSIGN_OR_RETURN(Resolved q, Resolve(tenant, t.q(), "tokens.q", kInputDTypes,
+                                       {b, tokens, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(Resolved k, Resolve(tenant, t.k(), "tokens.k", {q.dtype},
+                                       {b, tokens, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(Resolved v, Resolve(tenant, t.v(), "tokens.v", {q.dtype},
+                                       {b, tokens, g.h_v, g.d_v}));
+  std::vector<int64_t> g_shape = {b, tokens, g.h_v};
+  if (g.arch == Arch::kKda) g_shape.push_back(g.d_k);
+  ASSIGN_OR_RETURN(Resolved gt, Resolve(tenant, t.g(), "tokens.g", kFp32Only, g_shape));
+  ASSIGN_OR_RETURN(Resolved bt,
+                   Resolve(tenant, t.beta(), "tokens.beta", kFp32Only, {b, tokens, g.h_v}));
+  const int64_t o_count = t.want_output() ? int64_t{b} * tokens * g.h_v * g.d_v : 0;
+  Resolved o;
+  if (t.want_output()) {
+    ASSIGN_OR_RETURN(o, ResolveOutput(tenant, t.has_o_ref(), t.o_ref(), "tokens.o", o_count));
+  } else if (t.has_o_ref()) {
+    return absl::InvalidArgumentError("tokens.o_ref: set want_output to write o");
+  }
+  RETURN_IF_ERROR(BeforeReads({&q.buffer, &k.buffer, &v.buffer, &gt.buffer, &bt.buffer}));
+  const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
+  RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m.slots->Acquire(handles, "slots"));
+  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> idx, StageInts(*backend_, access.indices()));
+  PrefillInputs in;
+  in.batch = b;
+  in.tokens = static_cast<int>(tokens);
+  in.slots = StagedData<int32_t>(*idx);
+  in.dtype = q.dtype;
+  in.q = q.data;
+  in.k = k.data;
+  in.v = v.data;
+  in.g = static_cast<const float*>(gt.data);
+  in.beta = static_cast<const float*>(bt.data);
+  in.o = t.want_output() ? static_cast<float*>(o.data) : nullptr;
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(backend_->Prefill(*m.prepared, m.slots->view(), t.layer(), in));
+  const double kernel = SecondsSince(start);
+  if (t.want_output()) {
+    v1::Tensor* out = resp->mutable_o();
+    out->set_dtype(v1::DTYPE_FP32);
+    for (int64_t d : {int64_t{b}, tokens, int64_t{g.h_v}, int64_t{g.d_v}}) out->add_shape(d);
+    if (o.buffer != nullptr) {
+      *out->mutable_ref() = t.o_ref();
+      RETURN_IF_ERROR(o.buffer->AfterWrite());
+    } else {
+      std::string* data = out->mutable_data();
+      data->resize(o_count * 4);
+      RETURN_IF_ERROR(backend_->CopyOut(data->data(), o.data, o_count * 4));
+    }
+  }
+  resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
+  if (observe) observe("prefill", kernel, b);
+  return absl::OkStatus();
+}
+
+}  // namespace statecache

@@ -1,0 +1,200 @@
+// DataPlane: registered buffers and attached mode for co-located workers
+// (issue 10). The gRPC API stays the control plane; tensors stay where the
+// worker put them.
+//
+// Sessions. A worker opens a data-plane session (OpenSession); the session
+// belongs to the caller's tenant and owns everything below. It ends on
+// CloseSession or when its lease runs out: no OpenSession renewal and no call
+// naming it or one of its buffers for lease_ms. Ending releases its buffers
+// (unmapped once in-flight calls are done) and its attachments.
+//
+// Registered buffers (RegisterBuffer). CPU backend: a POSIX shared-memory
+// object created by the worker (shm_region.h explains the choice), mapped by
+// the server, its name unlinked at once. CUDA backend: a CUDA IPC memory
+// handle (cudaIpcOpenMemHandle) plus an optional interprocess event the
+// server waits on before reading; the server records its own event after
+// writing o. Update / Prefill tensors may then be BufferRefs (buffer id,
+// offset): dtype and shape are checked as for inline bytes and the byte range
+// against the registered size - out of range is kInvalidArgument naming
+// "<field>.ref", never a stray read. Another tenant's buffer is kNotFound like
+// an unknown one.
+//
+// Attached mode (AttachSlots). The session takes an attach lease over
+// allocated slots: the server holds them busy (SlotPool::SlotAccess) so no
+// server-side call, eviction or idle release touches them, and refuses calls
+// on them (CheckNotAttached: kFailedPrecondition naming the field). The worker
+// maps the model's slot arena (CPU: shared memory, needs
+// Options::shared_pools at registration; CUDA: an IPC handle of the arena)
+// and runs Backend::DecodeUpdate itself (client/cpp/dataplane_client.h).
+// Allocation, snapshots, restores and eviction stay server-side: detach
+// first.
+//
+// Thread-safe.
+#ifndef STATECACHE_SERVER_DATAPLANE_DATA_PLANE_H_
+#define STATECACHE_SERVER_DATAPLANE_DATA_PLANE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/backend/backend.h"
+#include "proto/statecache/v1/statecache.pb.h"
+#include "server/model_registry.h"
+#include "server/pool/slot_handle.h"
+
+namespace statecache {
+
+// A slot-arena allocator in POSIX shared memory (CPU backend only: the
+// buffer's memory is host memory), for ModelRegistry::Options.
+std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t)> SharedArenaAllocator();
+
+class DataPlane {
+ public:
+  struct Options {
+    absl::Duration default_lease = absl::Seconds(30);
+    absl::Duration max_lease = absl::Minutes(10);
+    int64_t max_buffer_bytes = int64_t{64} << 30;
+    int max_buffers_per_session = 256;
+    // How often expired sessions are swept (zero = never: tests call
+    // ExpireSessions).
+    absl::Duration sweep_period = absl::Seconds(1);
+  };
+  // Per-request bounds shared with the service.
+  struct ComputeLimits {
+    int max_batch = 4096;
+    int64_t max_work_heads = int64_t{1} << 24;
+    int64_t max_prefill_tokens = 1 << 16;
+  };
+  // Kernel timing callback: (kernel name, seconds, batch).
+  using KernelObserver = std::function<void(const char*, double, int)>;
+
+  // `backend` and `registry` must outlive the data plane.
+  DataPlane(Backend* backend, ModelRegistry* registry, Options options);
+  ~DataPlane();
+
+  absl::Status OpenSession(const std::string& tenant, const v1::OpenSessionRequest& req,
+                           v1::OpenSessionResponse* resp);
+  absl::Status CloseSession(const std::string& tenant, const v1::CloseSessionRequest& req);
+  absl::Status RegisterBuffer(const std::string& tenant, const v1::RegisterBufferRequest& req,
+                              v1::RegisterBufferResponse* resp);
+  absl::Status ReleaseBuffer(const std::string& tenant, const v1::ReleaseBufferRequest& req);
+  absl::Status AttachSlots(const std::string& tenant, const v1::AttachSlotsRequest& req,
+                           v1::AttachSlotsResponse* resp);
+  absl::Status DetachSlots(const std::string& tenant, const v1::DetachSlotsRequest& req);
+
+  // Ends the sessions unused since before now - lease. Returns how many.
+  int64_t ExpireSessions(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // True when an Update / Prefill names a registered buffer anywhere.
+  static bool UsesBuffers(const v1::UpdateRequest& req);
+  static bool UsesBuffers(const v1::PrefillRequest& req);
+  // Update / Prefill (tokens) whose tensors may be BufferRefs or inline
+  // bytes, mixed. Same validation and errors as the inline path.
+  absl::Status Update(const std::string& tenant, Model& model, const v1::UpdateRequest& req,
+                      const ComputeLimits& limits, const KernelObserver& observe,
+                      v1::UpdateResponse* resp);
+  absl::Status Prefill(const std::string& tenant, Model& model, const v1::PrefillRequest& req,
+                       const ComputeLimits& limits, const KernelObserver& observe,
+                       v1::PrefillResponse* resp);
+
+  // kFailedPrecondition naming field[i] when one of `handles` of `model` is
+  // attached to a session. Call before SlotPool::Acquire.
+  absl::Status CheckNotAttached(const Model& model, absl::Span<const SlotHandle> handles,
+                                absl::string_view field) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  int64_t session_count() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t buffer_count() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t attached_count() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A mapped buffer (CPU shared memory or CUDA IPC).
+  class Buffer {
+   public:
+    virtual ~Buffer() = default;
+    virtual uint8_t* data() const = 0;
+    virtual int64_t size() const = 0;
+    // CUDA: wait for the worker's event before reading; record the server's
+    // event after writing. CPU: nothing (the RPC itself orders the accesses).
+    virtual absl::Status BeforeRead() { return absl::OkStatus(); }
+    virtual absl::Status AfterWrite() { return absl::OkStatus(); }
+    virtual std::string server_event_handle() const { return ""; }
+  };
+
+ private:
+  struct Attachment {
+    std::shared_ptr<Model> model;
+    std::vector<uint64_t> ids;  // handle ids
+    std::vector<SlotHandle> handles;
+    std::unique_ptr<SlotPool::SlotAccess> access;
+  };
+  struct Session {
+    uint64_t id = 0;
+    std::string tenant;
+    absl::Duration lease;
+    absl::Time last_used;
+    std::vector<uint64_t> buffers;
+    std::vector<std::unique_ptr<Attachment>> attachments;
+  };
+  struct BufferEntry {
+    std::shared_ptr<Buffer> buffer;
+    std::string tenant;
+    uint64_t session = 0;
+  };
+  // A resolved tensor: a pointer in backend memory.
+  struct Resolved {
+    DType dtype = DType::kFp32;
+    void* data = nullptr;
+    int64_t bytes = 0;
+    std::shared_ptr<Buffer> buffer;           // for references
+    std::unique_ptr<BackendBuffer> staged;    // for inline bytes
+  };
+
+  absl::StatusOr<Session*> FindSessionLocked(const std::string& tenant, uint64_t id,
+                                             absl::string_view field)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndSessionLocked(uint64_t id, std::vector<std::unique_ptr<Attachment>>* detached,
+                        std::vector<std::shared_ptr<Buffer>>* released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<Buffer>> FindBuffer(const std::string& tenant, uint64_t id,
+                                                     absl::string_view field)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Resolved> Resolve(const std::string& tenant, const v1::Tensor& t,
+                                   absl::string_view field, absl::Span<const DType> allowed,
+                                   absl::Span<const int64_t> shape);
+  absl::StatusOr<Resolved> ResolveOutput(const std::string& tenant, bool has_ref,
+                                         const v1::BufferRef& ref, absl::string_view field,
+                                         int64_t count);
+  absl::StatusOr<Resolved> ResolveRef(const std::string& tenant, const v1::BufferRef& ref,
+                                      absl::string_view field, DType dtype, int64_t count);
+  uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Backend* const backend_;
+  ModelRegistry* const registry_;
+  const Options options_;
+  const bool cuda_;
+
+  mutable absl::Mutex mu_;
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, BufferEntry> buffers_ ABSL_GUARDED_BY(mu_);
+  // (model, handle id) -> session, for CheckNotAttached.
+  absl::flat_hash_map<std::pair<const Model*, uint64_t>, uint64_t> attached_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<std::thread> sweeper_;
+  absl::Mutex sweeper_mu_;
+  bool stop_ ABSL_GUARDED_BY(sweeper_mu_) = false;
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_SERVER_DATAPLANE_DATA_PLANE_H_

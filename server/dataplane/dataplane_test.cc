@@ -1,0 +1,425 @@
+// Data plane (issue 10) on the CPU backend: a real statecached (in-process,
+// unix socket, --shared_pools) and a worker using its own mappings of the
+// shared memory. Registered-buffer and attached-mode updates must be bit for
+// bit the inline-byte updates and the in-process kernel calls.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/dataplane_client.h"
+#include "client/cpp/statecache_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend/backend.h"
+#include "kernels/formats/format.h"
+#include "kernels/layout/state_layout.h"
+#include "server/server.h"
+
+namespace statecache {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr int kB = 3;
+constexpr char kModel[] = "dp";
+
+ModelGeometry Geo() {
+  ModelGeometry g;
+  g.arch = Arch::kGdn;
+  g.layers = 2;
+  g.h_qk = 2;
+  g.h_v = 4;
+  g.d_k = 32;
+  g.d_v = 32;
+  return g;
+}
+
+// One step's inputs for kB slots, natural layout.
+struct Step {
+  std::vector<float> q, k, v, g, beta;
+};
+
+Step MakeStep(std::mt19937* rng) {
+  const ModelGeometry geo = Geo();
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::uniform_real_distribution<float> u(0.05f, 0.95f);
+  Step s;
+  auto unit_rows = [&](std::vector<float>* x, int rows, int d) {
+    x->resize(static_cast<size_t>(rows) * d);
+    for (int r = 0; r < rows; ++r) {
+      double norm = 0;
+      for (int i = 0; i < d; ++i) norm += std::pow((*x)[r * d + i] = n(*rng), 2);
+      for (int i = 0; i < d; ++i) (*x)[r * d + i] /= static_cast<float>(std::sqrt(norm));
+    }
+  };
+  unit_rows(&s.q, kB * geo.h_qk, geo.d_k);
+  unit_rows(&s.k, kB * geo.h_qk, geo.d_k);
+  s.v.resize(kB * geo.h_v * geo.d_v);
+  for (float& x : s.v) x = n(*rng);
+  s.g.resize(kB * geo.h_v);
+  for (float& x : s.g) x = -u(*rng);
+  s.beta.resize(kB * geo.h_v);
+  for (float& x : s.beta) x = u(*rng);
+  return s;
+}
+
+// In-process reference: the same backend code on a private pool.
+class Reference {
+ public:
+  Reference() {
+    backend_ = *CreateBackend("cpu");
+    layout_ = std::make_unique<StateLayout>(*StateLayout::Identity(Geo(), *ParseFormatSpec("damp:8")));
+    prepared_ = *backend_->Prepare(*layout_);
+    arena_ = *backend_->Allocate(kB * layout_->slot_bytes());
+    view_.base = arena_->data();
+    view_.num_slots = kB;
+    view_.layers = Geo().layers;
+    view_.heads = Geo().h_v;
+    view_.head_bytes = layout_->head_layout().head_bytes;
+  }
+  std::vector<float> Update(int layer, const Step& s) {
+    std::vector<int32_t> slots = {0, 1, 2};
+    std::vector<float> o(kB * Geo().h_v * Geo().d_v);
+    DecodeInputs in;
+    in.batch = kB;
+    in.slots = slots.data();
+    in.q = s.q.data();
+    in.k = s.k.data();
+    in.v = s.v.data();
+    in.g = s.g.data();
+    in.beta = s.beta.data();
+    in.o = o.data();
+    EXPECT_TRUE(backend_->DecodeUpdate(*prepared_, view_, layer, in).ok());
+    return o;
+  }
+  std::string Packed(int slot) const {
+    return std::string(reinterpret_cast<const char*>(view_.slot(slot)), layout_->slot_bytes());
+  }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<StateLayout> layout_;
+  std::unique_ptr<PreparedModel> prepared_;
+  std::unique_ptr<BackendBuffer> arena_;
+  PoolView view_;
+};
+
+class DataPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StateCacheServer::Options o;
+    socket_ = absl::StrCat("/tmp/sc_dp_test_", getpid(), ".sock");
+    o.sockets.listen = absl::StrCat("unix:", socket_);
+    o.memory.backend = "cpu";
+    o.memory.state_memory_bytes = 64 << 20;
+    o.memory.checkpoint_memory_bytes = 16 << 20;
+    o.metrics.port = -1;
+    o.dataplane.shared_pools = true;
+    auto server = StateCacheServer::Create(std::move(o));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    client_ = *StateCacheClient::Connect(absl::StrCat("unix:", socket_));
+    ASSERT_TRUE(client_->WaitForReady(absl::Seconds(10)).ok());
+    ModelRegistration r;
+    r.model_id = kModel;
+    r.geometry = Geo();
+    r.format = "damp:8";
+    r.slots = 16;
+    r.checkpoints = 4;
+    ASSERT_TRUE(client_->RegisterModel(r).ok());
+  }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+    unlink(socket_.c_str());
+  }
+
+  std::vector<SlotHandle> Alloc() { return *client_->AllocateSlots(kModel, kB); }
+  std::vector<std::string> Export(const std::vector<SlotHandle>& h) {
+    std::vector<std::string> out;
+    for (const SlotHandle& s : h) out.push_back(client_->Export(kModel, s)->packed);
+    return out;
+  }
+  std::vector<float> Inline(int layer, const std::vector<SlotHandle>& h, const Step& s) {
+    UpdateCall c;
+    c.layer = layer;
+    c.slots = h;
+    c.q = HostTensor::Fp32(s.q);
+    c.k = HostTensor::Fp32(s.k);
+    c.v = HostTensor::Fp32(s.v);
+    c.g = s.g;
+    c.beta = s.beta;
+    auto o = client_->Update(kModel, c);
+    EXPECT_TRUE(o.ok()) << o.status();
+    return o.ok() ? *o : std::vector<float>();
+  }
+
+  // Input arena layout: q | k | v | g | beta, output arena: o.
+  struct Arena {
+    WorkerBuffer* in = nullptr;
+    WorkerBuffer* out = nullptr;
+    int64_t q = 0, k = 0, v = 0, g = 0, beta = 0, in_bytes = 0;
+  };
+  static int64_t Up16(int64_t x) { return (x + 15) / 16 * 16; }
+  Arena MakeArena(DataPlaneSession* s) {
+    const ModelGeometry g = Geo();
+    Arena a;
+    a.q = 0;
+    a.k = Up16(a.q + 4 * kB * g.h_qk * g.d_k);
+    a.v = Up16(a.k + 4 * kB * g.h_qk * g.d_k);
+    a.g = Up16(a.v + 4 * kB * g.h_v * g.d_v);
+    a.beta = Up16(a.g + 4 * kB * g.h_v);
+    a.in_bytes = Up16(a.beta + 4 * kB * g.h_v);
+    a.in = *s->CreateBuffer(a.in_bytes);
+    a.out = *s->CreateBuffer(4 * kB * g.h_v * g.d_v);
+    return a;
+  }
+  RefUpdateCall Write(const Arena& a, int layer, const std::vector<SlotHandle>& h, const Step& s) {
+    auto put = [&](int64_t off, const std::vector<float>& x) {
+      EXPECT_TRUE(a.in->Write(off, x.data(), 4 * x.size()).ok());
+    };
+    put(a.q, s.q);
+    put(a.k, s.k);
+    put(a.v, s.v);
+    put(a.g, s.g);
+    put(a.beta, s.beta);
+    RefUpdateCall c;
+    c.layer = layer;
+    c.slots = h;
+    c.q = {a.in, a.q};
+    c.k = {a.in, a.k};
+    c.v = {a.in, a.v};
+    c.g = {a.in, a.g};
+    c.beta = {a.in, a.beta};
+    c.o = {a.out, 0};
+    return c;
+  }
+  std::vector<float> ReadO(const Arena& a) {
+    std::vector<float> o(kB * Geo().h_v * Geo().d_v);
+    EXPECT_TRUE(a.out->Read(0, o.data(), 4 * o.size()).ok());
+    return o;
+  }
+
+  std::string socket_;
+  std::unique_ptr<StateCacheServer> server_;
+  std::unique_ptr<StateCacheClient> client_;
+};
+
+TEST_F(DataPlaneTest, RegisteredBuffersAreBitIdenticalToInlineAndInProcess) {
+  Reference ref;
+  std::vector<SlotHandle> inline_slots = Alloc(), ref_slots = Alloc();
+  auto session = *DataPlaneSession::Open(client_.get());
+  EXPECT_EQ(session->backend(), "cpu");
+  Arena a = MakeArena(session.get());
+  std::mt19937 rng(7);
+  for (int step = 0; step < 3; ++step) {
+    for (int layer = 0; layer < Geo().layers; ++layer) {
+      const Step s = MakeStep(&rng);
+      const std::vector<float> want = ref.Update(layer, s);
+      EXPECT_EQ(Inline(layer, inline_slots, s), want);
+      ASSERT_TRUE(session->Update(kModel, Write(a, layer, ref_slots, s)).ok());
+      ASSERT_EQ(ReadO(a), want) << "step " << step << " layer " << layer;
+    }
+  }
+  const std::vector<std::string> packed = Export(ref_slots);
+  EXPECT_EQ(Export(inline_slots), packed);
+  for (int i = 0; i < kB; ++i) EXPECT_EQ(packed[i], ref.Packed(i)) << i;
+  EXPECT_EQ(server_->service().dataplane()->buffer_count(), 2);
+}
+
+TEST_F(DataPlaneTest, ReferencesAreBoundsChecked) {
+  std::vector<SlotHandle> h = Alloc();
+  auto session = *DataPlaneSession::Open(client_.get());
+  Arena a = MakeArena(session.get());
+  std::mt19937 rng(1);
+  const Step s = MakeStep(&rng);
+  const std::vector<std::string> before = Export(h);
+  auto expect = [&](RefUpdateCall c, absl::StatusCode code, const std::string& prefix) {
+    absl::Status st = session->Update(kModel, c);
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_THAT(std::string(st.message()), StartsWith(prefix));
+  };
+  RefUpdateCall c = Write(a, 0, h, s);
+  c.v.offset = a.in_bytes - 16;  // runs past the end
+  expect(c, absl::StatusCode::kInvalidArgument, "v.ref: bytes [");
+  c = Write(a, 0, h, s);
+  c.q.offset = 8;  // misaligned
+  expect(c, absl::StatusCode::kInvalidArgument, "q.ref: bytes [8, ");
+  c = Write(a, 0, h, s);
+  c.beta.offset = -16;
+  expect(c, absl::StatusCode::kInvalidArgument, "beta.ref: bytes [-16, ");
+  c = Write(a, 0, h, s);
+  c.o.offset = 16;  // o does not fit any more
+  expect(c, absl::StatusCode::kInvalidArgument, "o.ref: bytes [16, ");
+  c = Write(a, 0, h, s);
+  c.g.offset = int64_t{1} << 62;  // no overflow
+  expect(c, absl::StatusCode::kInvalidArgument, "g.ref: bytes [");
+  c = Write(a, 0, h, s);
+  c.k.dtype = DType::kBf16;  // k must match q's dtype
+  expect(c, absl::StatusCode::kInvalidArgument, "k.dtype: bf16 is not allowed");
+  // Unknown buffer ids are NOT_FOUND naming the field.
+  v1::UpdateRequest req = *session->BuildUpdate(kModel, Write(a, 0, h, s));
+  req.mutable_v()->mutable_ref()->set_buffer_id(12345);
+  v1::UpdateResponse resp;
+  absl::Status st = server_->service().DoUpdate(server_->service().default_tenant(), req, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(st.message()), StartsWith("v.ref.buffer_id: no registered buffer"));
+  // Wrong shape.
+  req = *session->BuildUpdate(kModel, Write(a, 0, h, s));
+  req.mutable_q()->set_shape(1, 3);
+  st = server_->service().DoUpdate(server_->service().default_tenant(), req, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), StartsWith("q.shape: [3, 3, 32]"));
+  // Non-finite input in a buffer: the backend's binding rejects it.
+  c = Write(a, 0, h, s);
+  const float nan = std::nanf("");
+  ASSERT_TRUE(a.in->Write(a.v + 4 * 5, &nan, 4).ok());
+  st = session->Update(kModel, c);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(Export(h), before);  // nothing was written
+  // A real shm object of another name cannot be registered by path tricks.
+  v1::RegisterBufferRequest bad;
+  bad.set_session_id(session->id());
+  bad.set_size_bytes(64);
+  bad.set_shm_name("/../etc/passwd");
+  v1::RegisterBufferResponse bad_resp;
+  st = server_->service().dataplane()->RegisterBuffer("", bad, &bad_resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), StartsWith("shm_name: "));
+  // A buffer larger than the object.
+  auto region = *SharedMemoryRegion::Create(64);
+  bad.set_shm_name(region->name());
+  bad.set_size_bytes(4096);
+  st = server_->service().dataplane()->RegisterBuffer("", bad, &bad_resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), StartsWith("size_bytes: 4096 exceeds the 64 bytes"));
+}
+
+TEST_F(DataPlaneTest, BuffersAreReleasedWhenTheSessionEndsOrExpires) {
+  std::vector<SlotHandle> h = Alloc();
+  DataPlane* dp = server_->service().dataplane();
+  auto session = *DataPlaneSession::Open(client_.get(), absl::Seconds(5));
+  Arena a = MakeArena(session.get());
+  std::mt19937 rng(2);
+  const Step s = MakeStep(&rng);
+  v1::UpdateRequest req = *session->BuildUpdate(kModel, Write(a, 0, h, s));
+  EXPECT_EQ(dp->buffer_count(), 2);
+  // Another tenant sees neither the session nor its buffers.
+  v1::RegisterBufferRequest other;
+  other.set_session_id(session->id());
+  other.set_size_bytes(64);
+  other.set_shm_name("/statecache-nonexistent");
+  v1::RegisterBufferResponse other_resp;
+  absl::Status st = dp->RegisterBuffer("mallory", other, &other_resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(session->Close().ok());
+  EXPECT_EQ(dp->buffer_count(), 0);
+  EXPECT_EQ(dp->session_count(), 0);
+  v1::UpdateResponse resp;
+  st = server_->service().DoUpdate(server_->service().default_tenant(), req, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(st.message()), StartsWith("q.ref.buffer_id: "));
+  // Lease expiry.
+  auto second = *DataPlaneSession::Open(client_.get(), absl::Seconds(5));
+  MakeArena(second.get());
+  EXPECT_EQ(dp->buffer_count(), 2);
+  EXPECT_EQ(dp->ExpireSessions(absl::Now()), 0);
+  EXPECT_EQ(dp->ExpireSessions(absl::Now() + absl::Seconds(6)), 1);
+  EXPECT_EQ(dp->buffer_count(), 0);
+  EXPECT_EQ(second->Renew().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(DataPlaneTest, AttachedModeIsBitIdenticalAndLeaseEnforced) {
+  Reference ref;
+  std::vector<SlotHandle> h = Alloc(), other = Alloc();
+  auto session = *DataPlaneSession::Open(client_.get());
+  auto attached = AttachedSession::Attach(session.get(), kModel, h);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  std::mt19937 rng(3);
+  std::vector<float> o(kB * Geo().h_v * Geo().d_v);
+  for (int step = 0; step < 3; ++step) {
+    for (int layer = 0; layer < Geo().layers; ++layer) {
+      const Step s = MakeStep(&rng);
+      DecodeInputs in;
+      in.q = s.q.data();
+      in.k = s.k.data();
+      in.v = s.v.data();
+      in.g = s.g.data();
+      in.beta = s.beta.data();
+      in.o = o.data();
+      ASSERT_TRUE((*attached)->DecodeUpdate(layer, h, in).ok());
+      ASSERT_EQ(o, ref.Update(layer, s)) << "step " << step << " layer " << layer;
+    }
+  }
+  // The worker refuses slots it holds no lease on.
+  DecodeInputs in;
+  absl::Status st = (*attached)->DecodeUpdate(0, {other[1]}, in);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(st.message()), StartsWith("slots[0]: not attached by this session"));
+  // The server refuses its own calls on attached slots.
+  std::mt19937 rng2(4);
+  UpdateCall c;
+  const Step s = MakeStep(&rng2);
+  c.slots = {other[0], h[1], other[2]};
+  c.q = HostTensor::Fp32(s.q);
+  c.k = HostTensor::Fp32(s.k);
+  c.v = HostTensor::Fp32(s.v);
+  c.g = s.g;
+  c.beta = s.beta;
+  auto r = client_->Update(kModel, c);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), StartsWith("slots[1]: the slot is attached"));
+  EXPECT_EQ(client_->Export(kModel, h[0]).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->ReleaseSlots(kModel, {h[2]}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client_->Snapshot(kModel, h[0], std::vector<int32_t>{1, 2}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A second session cannot attach them; idle release never takes them.
+  auto intruder = *DataPlaneSession::Open(client_.get());
+  EXPECT_EQ(AttachedSession::Attach(intruder.get(), kModel, {h[0]}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(server_->ReleaseIdleSlots(absl::Now() + absl::Hours(1)), 2 * kB - kB);
+  // Detach: server-side use again, the state is the in-process one.
+  ASSERT_TRUE((*attached)->Detach().ok());
+  EXPECT_EQ((*attached)->DecodeUpdate(0, h, in).code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<std::string> packed = Export(h);
+  for (int i = 0; i < kB; ++i) EXPECT_EQ(packed[i], ref.Packed(i)) << i;
+  EXPECT_EQ(server_->service().dataplane()->attached_count(), 0);
+  // Session expiry ends attachments too.
+  auto again = *AttachedSession::Attach(session.get(), kModel, h);
+  EXPECT_EQ(server_->service().dataplane()->attached_count(), kB);
+  server_->service().dataplane()->ExpireSessions(absl::Now() + absl::Hours(1));
+  EXPECT_EQ(server_->service().dataplane()->attached_count(), 0);
+  EXPECT_TRUE(client_->Export(kModel, h[0]).ok());
+}
+
+TEST_F(DataPlaneTest, AttachNeedsSharedPoolsOnCpu) {
+  StateCacheServer::Options o;
+  o.sockets.listen = "127.0.0.1:0";
+  o.memory.backend = "cpu";
+  o.memory.state_memory_bytes = 16 << 20;
+  o.memory.checkpoint_memory_bytes = 1 << 20;
+  o.metrics.port = -1;
+  auto plain = *StateCacheServer::Create(std::move(o));
+  auto client = *StateCacheClient::Connect(absl::StrCat("127.0.0.1:", plain->port()));
+  ModelRegistration r;
+  r.model_id = kModel;
+  r.geometry = Geo();
+  r.format = "damp:8";
+  r.slots = 4;
+  ASSERT_TRUE(client->RegisterModel(r).ok());
+  auto h = *client->AllocateSlots(kModel, 1);
+  auto session = *DataPlaneSession::Open(client.get());
+  absl::Status st = AttachedSession::Attach(session.get(), kModel, h).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("--shared_pools"));
+}
+
+}  // namespace
+}  // namespace statecache
