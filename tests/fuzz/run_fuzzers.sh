@@ -9,7 +9,8 @@ out=${TEST_UNDECLARED_OUTPUTS_DIR:-$(mktemp -d)}
 status=0
 for name in request import safetensors layout_file; do
   bin="tests/fuzz/${name}_fuzz"
-  if ! "$bin" -help=1 2>&1 | grep -q "libFuzzer"; then
+  help=$("$bin" -help=1 2>&1)
+  if [[ "$help" != *libFuzzer* ]]; then
     echo "fuzz_test: $bin is not a libFuzzer binary; run with --config=fuzz" >&2
     exit 1
   fi
@@ -21,7 +22,8 @@ for name in request import safetensors layout_file; do
     echo "=== $name FAILED; log tail:" && tail -40 "$out/$name.log"
     status=1
   else
-    grep -E "stat::number_of_executed_units|stat::peak_rss_mb|cov:" "$out/$name.log" | tail -3
+    grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$out/$name.log"
+    grep -E "DONE|cov:" "$out/$name.log" | tail -1
   fi
 done
 exit $status
