@@ -45,7 +45,8 @@ calibration options:
   --horizon=256            H of the seed 001 horizon score
   --tau=1e-4               persistence cap of seed 000 eq. 9
   --threads=0              worker threads (0 = all cores)
-  --prefetch=2             trajectories loaded (or generated) concurrently ahead
+  --prefetch=2             trajectories loaded (or generated) concurrently ahead;
+                           0 = synchronously (compute time then excludes loading)
   --no-progress            never draw the progress bar (drawn on a TTY only)
   --json=PATH              machine-readable report ('-' = stdout instead of tables)
 )";

@@ -334,8 +334,11 @@ absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
   const int passes = options.damp_sr ? 2 : 1;
   double load_seconds = 0.0;
 
+  // prefetch == 0: load in the calling thread when needed (deferred), so
+  // loading never overlaps (or competes with) the statistics.
+  const std::launch policy = options.prefetch > 0 ? std::launch::async : std::launch::deferred;
   auto load_async = [&](int i) {
-    return std::async(std::launch::async, [&source, i] { return source.load(i); });
+    return std::async(policy, [&source, i] { return source.load(i); });
   };
   const int prefetch = std::max(1, options.prefetch);
   for (int pass = 3 - passes; pass <= 2; ++pass) {

@@ -75,7 +75,8 @@ struct CalibrationOptions {
   bool damp_sr = true;   // also collect damp-sr statistics (one extra FP32 pass)
   std::vector<double> sr_alphas = {0.0, 0.5, 0.75, 1.0};
   int threads = 0;       // 0 = hardware concurrency
-  int prefetch = 2;      // trajectories loading concurrently ahead of the current one
+  int prefetch = 2;      // trajectories loading concurrently ahead of the current one;
+                         // 0 = load synchronously (clean timing on few cores)
   std::function<void(const CalibrationProgress&)> progress;  // optional
 };
 
