@@ -46,12 +46,28 @@ struct Command {
   std::string summary;  // one line, for the command list
   std::string usage;    // arguments and what they do
   std::function<absl::Status(CtlContext& ctx, const std::vector<std::string>& args)> run;
+  // When true the command parses its own flags: everything after its name
+  // reaches it verbatim (flags included), and only the flags before the name
+  // are statecachectl's (--server, ...).
+  bool own_flags = false;
+  // Optional, with own_flags: a process-style entry (argv[0] = the command
+  // name) that reports its own errors and returns the exit code; used
+  // instead of `run` (calibrate, evaluate).
+  std::function<int(int argc, char** argv)> main;
 };
 
 // Server health, backend, memory budgets and per-model use.
 Command StatusCommand();
 // Registered models: format, geometry, sizes, slots and checkpoints.
 Command ModelsCommand();
+
+// The shipped GDN model served with DAMP states vs FP32 (ctl_demo.cc).
+Command DemoCommand();
+// fp32 / bf16 / damp under one checkpoint-memory budget (ctl_serve_bench.cc).
+Command ServeBenchCommand();
+// DAMP / DAMP-SR calibration and evaluation (client/ctl_calibration).
+Command CalibrateCommand();
+Command EvaluateCommand();
 
 // "12.3 MiB".
 std::string HumanBytes(double bytes);

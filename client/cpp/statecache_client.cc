@@ -164,6 +164,8 @@ absl::StatusOr<v1::ModelInfo> StateCacheClient::RegisterModel(const ModelRegistr
   req.mutable_layout()->mutable_value_scale()->Add(r.value_scale.begin(), r.value_scale.end());
   req.set_slots(r.slots);
   req.set_checkpoints(r.checkpoints);
+  req.set_max_state_bytes(r.max_state_bytes);
+  req.set_max_checkpoint_bytes(r.max_checkpoint_bytes);
   v1::RegisterModelResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

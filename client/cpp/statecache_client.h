@@ -94,6 +94,9 @@ struct ModelRegistration {
   std::vector<float> value_scale;
   int64_t slots = 0;        // 0 = the remaining state budget
   int64_t checkpoints = 0;  // 0 = the remaining checkpoint budget
+  // Caps of the "0 = remaining budget" defaults above (0 = no cap).
+  int64_t max_state_bytes = 0;
+  int64_t max_checkpoint_bytes = 0;
 };
 
 struct PrefixLookup {
@@ -228,12 +231,12 @@ class StateCacheClient {
   absl::StatusOr<ModelGeometry> Geometry(absl::string_view model_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   v1::StateCache::Stub& stub() { return *stub_; }
-  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
-
- private:
   // Sets the per-call deadline and the bearer token on `ctx` (for calls made
   // through stub() directly, e.g. the data plane in dataplane_client.h).
   void PrepareContext(grpc::ClientContext* ctx) const { SetDeadline(ctx); }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
   friend class UpdateStream;
   StateCacheClient(std::shared_ptr<grpc::Channel> channel, Options options);
   void SetDeadline(grpc::ClientContext* ctx) const;

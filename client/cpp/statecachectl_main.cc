@@ -2,6 +2,8 @@
 //
 //   statecachectl --server=127.0.0.1:50051 status
 //   statecachectl models [MODEL_ID...]
+//   statecachectl demo [--conversations=4 ...]    (own flags: demo --help)
+//   statecachectl calibrate --help
 //
 // Subcommands live in ctl_*.cc (see ctl_command.h for how to add one).
 #include <cstdio>
@@ -23,7 +25,8 @@ namespace statecache {
 namespace {
 
 std::vector<Command> AllCommands() {
-  return {StatusCommand(), ModelsCommand()};
+  return {StatusCommand(), ModelsCommand(), DemoCommand(), ServeBenchCommand(),
+          CalibrateCommand(), EvaluateCommand()};
 }
 
 std::string CommandList() {
@@ -67,6 +70,31 @@ int main(int argc, char** argv) {
       "statecachectl: talk to a statecached server.\n"
       "Usage: statecachectl [--server=host:port] COMMAND [ARGS...]\n",
       statecache::CommandList()));
+  // Commands with their own flags (demo, calibrate, ...): statecachectl's
+  // flags are the ones before the command name, the rest is the command's.
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i][0] == '-') continue;
+    for (const statecache::Command& c : statecache::AllCommands()) {
+      if (!c.own_flags || c.name != argv[i]) continue;
+      bool server_given = false;
+      for (int j = 1; j < i; ++j) {
+        server_given |= std::string(argv[j]).rfind("--server", 0) == 0;
+      }
+      absl::ParseCommandLine(i, argv);
+      if (c.main) return c.main(argc - i, argv + i);
+      // The command's default server is its own choice unless --server was given.
+      statecache::CtlContext ctx(server_given ? absl::GetFlag(FLAGS_server) : "",
+                                 absl::Milliseconds(absl::GetFlag(FLAGS_connect_timeout_ms)),
+                                 stdout);
+      absl::Status status = c.run(ctx, std::vector<std::string>(argv + i + 1, argv + argc));
+      if (!status.ok()) {
+        std::fprintf(stderr, "statecachectl %s: %s\n", c.name.c_str(), status.ToString().c_str());
+        return 1;
+      }
+      return 0;
+    }
+    break;  // the first positional argument is the command
+  }
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   return statecache::Main(positional);
 }
