@@ -97,7 +97,9 @@ TEST(TransportTest, PlaintextOnlyOnLoopbackUnlessOverridden) {
 
 std::unique_ptr<StateCacheClient> Client(int port, StateCacheClient::Options o) {
   o.timeout = absl::Seconds(5);
-  auto c = StateCacheClient::Connect(absl::StrCat("localhost:", port), o);
+  // 127.0.0.1, not localhost: no DNS resolver (c-ares) involved; the test
+  // certificate carries IP:127.0.0.1.
+  auto c = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", port), o);
   EXPECT_TRUE(c.ok());
   return std::move(*c);
 }
