@@ -11,6 +11,7 @@
 #include "kernels/backend/batch_validation.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/formats/numeric.h"
+#include "kernels/layout/layout_file.h"
 #include "server/auth/tenants.h"
 #include "server/log.h"
 #include "server/pool/prefix_key.h"
@@ -347,6 +348,28 @@ void StateCacheService::FillModelInfo(const Model& m, v1::ModelInfo* info) {
                info->mutable_stats());
 }
 
+namespace {
+
+// RegisterModelRequest.layout_file -> the maps of `spec` (geometry and format
+// already parsed from the request, which the file must match).
+absl::Status LayoutFromFile(const v1::RegisterModelRequest& req, ModelSpec* spec) {
+  const v1::LayoutMaps& maps = req.layout();
+  if (maps.key_perm_size() + maps.value_order_size() + maps.value_scale_size() > 0) {
+    return absl::InvalidArgumentError(
+        "layout_file: give either layout (the maps) or layout_file, not both");
+  }
+  absl::StatusOr<LayoutFile> file = ParseLayout(req.layout_file(), &spec->geometry, &spec->format);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(), absl::StrCat("layout_file: ", file.status().message()));
+  }
+  spec->key_perm = file->layout.all_key_perms();
+  spec->value_order = file->layout.all_value_orders();
+  spec->value_scale = file->layout.all_value_scales();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status StateCacheService::DoRegisterModel(Tenant& caller, const v1::RegisterModelRequest& req,
                                                 v1::RegisterModelResponse* resp) {
   ModelSpec spec;
@@ -357,9 +380,13 @@ absl::Status StateCacheService::DoRegisterModel(Tenant& caller, const v1::Regist
     return absl::InvalidArgumentError("format: empty (e.g. \"damp:16\", \"fp32\")");
   }
   ASSIGN_OR_RETURN(spec.format, ParseFormatSpec(req.format()));
-  spec.key_perm.assign(req.layout().key_perm().begin(), req.layout().key_perm().end());
-  spec.value_order.assign(req.layout().value_order().begin(), req.layout().value_order().end());
-  spec.value_scale.assign(req.layout().value_scale().begin(), req.layout().value_scale().end());
+  if (!req.layout_file().empty()) {
+    RETURN_IF_ERROR(LayoutFromFile(req, &spec));
+  } else {
+    spec.key_perm.assign(req.layout().key_perm().begin(), req.layout().key_perm().end());
+    spec.value_order.assign(req.layout().value_order().begin(), req.layout().value_order().end());
+    spec.value_scale.assign(req.layout().value_scale().begin(), req.layout().value_scale().end());
+  }
   spec.slots = req.slots();
   spec.checkpoints = req.checkpoints();
   spec.max_state_bytes = req.max_state_bytes();

@@ -162,6 +162,7 @@ absl::StatusOr<v1::ModelInfo> StateCacheClient::RegisterModel(const ModelRegistr
   req.mutable_layout()->mutable_key_perm()->Add(r.key_perm.begin(), r.key_perm.end());
   req.mutable_layout()->mutable_value_order()->Add(r.value_order.begin(), r.value_order.end());
   req.mutable_layout()->mutable_value_scale()->Add(r.value_scale.begin(), r.value_scale.end());
+  if (!r.layout_file.empty()) req.set_layout_file(r.layout_file);
   req.set_slots(r.slots);
   req.set_checkpoints(r.checkpoints);
   req.set_max_state_bytes(r.max_state_bytes);

@@ -92,6 +92,8 @@ struct ModelRegistration {
   std::vector<int32_t> key_perm;
   std::vector<int32_t> value_order;
   std::vector<float> value_scale;
+  // Instead of the maps: the bytes of a layout file (kernels/layout/layout_file.h).
+  std::string layout_file;
   int64_t slots = 0;        // 0 = the remaining state budget
   int64_t checkpoints = 0;  // 0 = the remaining checkpoint budget
   // Caps of the "0 = remaining budget" defaults above (0 = no cap).
