@@ -22,12 +22,12 @@ std::string LoadReport::Summary() const {
   return absl::StrFormat(
       "clients=%d conversations=%d failed=%d requests=%d seconds=%.3f throughput=%.1f req/s "
       "p50=%.0fus p99=%.0fus max=%.0fus acknowledged_updates=%d restores=%d recomputes=%d\n"
-      "errors_by_code:%s\nreplay_mismatches=%d slots_allocated_after=%d invariants=%s\n"
+      "errors_by_code:%s\nreplayed=%d replay_mismatches=%d slots_allocated_after=%d invariants=%s\n"
       "result=%s\n",
       clients, conversations, conversations_failed, stats.requests, seconds,
       requests_per_second(), stats.PercentileUs(50), stats.PercentileUs(99),
       stats.PercentileUs(100), stats.acknowledged_updates, stats.restores, stats.recomputes,
-      errors, replay_mismatches, slots_allocated_after, invariants.ToString(),
+      errors, replayed, replay_mismatches, slots_allocated_after, invariants.ToString(),
       ok() ? "OK" : "FAILED");
 }
 
@@ -43,6 +43,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   report.clients = options.clients;
   report.conversations = int64_t{options.clients} * options.conversations_per_client;
   report.digests.assign(report.conversations, 0);
+  std::vector<char> completed(report.conversations, 0);
   std::vector<WorkloadStats> stats(options.clients);
   std::vector<int64_t> failed(options.clients, 0);
   std::vector<std::thread> threads;
@@ -60,6 +61,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
         const int64_t conv = int64_t{c} * options.conversations_per_client + i;
         ConversationResult r = RunConversation(**client, options.spec, conv, &stats[c]);
         report.digests[conv] = r.digest;
+        completed[conv] = r.status.ok();
         if (!r.status.ok()) ++failed[c];
       }
     });
@@ -79,7 +81,10 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     RETURN_IF_ERROR(RegisterWorkloadModel(*admin, serial));
     report.replay_mismatches = 0;
     WorkloadStats replay_stats;
+    report.replayed = 0;
     for (int64_t conv = 0; conv < report.conversations; ++conv) {
+      if (!completed[conv]) continue;  // only acknowledged, complete conversations
+      ++report.replayed;
       ConversationResult r = RunConversation(*admin, serial, conv, &replay_stats);
       if (!r.status.ok()) return r.status;
       if (r.digest != report.digests[conv]) ++report.replay_mismatches;

@@ -37,7 +37,8 @@ struct LoadReport {
   int64_t conversations_failed = 0;
   WorkloadStats stats;         // merged over clients (load phase only)
   double seconds = 0;          // load phase wall time
-  int64_t replay_mismatches = -1;  // -1: no replay
+  int64_t replayed = 0;            // completed conversations replayed serially
+  int64_t replay_mismatches = -1;  // among them; -1: no replay
   int64_t slots_allocated_after = -1;
   absl::Status invariants;
   std::vector<uint64_t> digests;  // per conversation (load phase)
