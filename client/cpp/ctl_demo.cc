@@ -12,8 +12,10 @@
 //   statecachectl demo --conversations=6 --turns=8 --format=damp:32
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -100,10 +102,19 @@ absl::Status RunDemo(CtlContext& ctx, const std::vector<std::string>& args) {
   // The layout: calibrated here, or from a file.
   std::string layout_info;
   std::optional<StateLayout> layout;
+  Registration reg;
+  reg.slots = 2;
   if (f.Has("layout")) {
-    ASSIGN_OR_RETURN(LayoutFile lf, ReadLayoutFile(f.Get("layout", ""), &geo, &format));
+    // Checked here, and sent as a file: the server checks it again.
+    const std::string path = f.Get("layout", "");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("--layout: cannot read ", path));
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    reg.layout_file = bytes.str();
+    ASSIGN_OR_RETURN(LayoutFile lf, ParseLayout(reg.layout_file, &geo, &format));
     layout = std::move(lf.layout);
-    layout_info = absl::StrCat("from ", f.Get("layout", ""));
+    layout_info = absl::StrCat("from layout file ", path, " (registered as a file)");
   } else if (IsMixedFormat(format.format)) {
     ASSIGN_OR_RETURN(layout, CalibrateLayout(model, data.calibration, calibration_docs, format,
                                              &layout_info));
@@ -120,8 +131,6 @@ absl::Status RunDemo(CtlContext& ctx, const std::vector<std::string>& args) {
                 "run sees the same bytes)\n\n",
                 wo.conversations, wo.turns, wo.prompt_bytes, wo.reply_bytes);
 
-  Registration reg;
-  reg.slots = 2;
   ASSIGN_OR_RETURN(v1::ModelInfo info,
                    RegisterLayout(server.client.get(), absl::StrCat(data.model_name, "-demo"),
                                   *layout, reg));

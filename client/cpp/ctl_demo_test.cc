@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "client/cpp/ctl_command.h"
+#include "kernels/layout/layout_file.h"
 
 namespace statecache {
 namespace {
@@ -42,6 +43,28 @@ TEST(CtlDemoTest, DemoPrintsMemoryHitsLatencyAndAccuracy) {
   EXPECT_THAT(text, HasSubstr("over 96 updates"));  // 2 x 3 x 4 reply bytes x 4 layers
   EXPECT_THAT(text, HasSubstr("Accuracy against FP32 states (same bytes, 214 predicted, 24 of them"));
   EXPECT_THAT(text, HasSubstr("greedy agreement"));
+}
+
+TEST(CtlDemoTest, DemoRegistersALayoutFile) {
+  // gdn-tiny geometry, a damp:16 layout with reversed key order per head.
+  // (scale as config.json states it)
+  const ModelGeometry g{Arch::kGdn, 4, 2, 4, 128, 128, static_cast<float>(0.08838834764831845)};
+  std::vector<int32_t> perm;
+  for (int h = 0; h < g.layers * g.h_v; ++h) {
+    for (int r = g.d_k - 1; r >= 0; --r) perm.push_back(r);
+  }
+  auto layout = StateLayout::Create(g, *ParseFormatSpec("damp:16"), perm, {}, {});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const std::string path = ::testing::TempDir() + "/reversed.layout.safetensors";
+  ASSERT_TRUE(WriteLayoutFile(*layout, {{"selector", "reversed"}}, {}, path).ok());
+  auto [status, text] = RunCommand(DemoCommand(), {"--conversations=1", "--turns=2", "--prompt_bytes=16",
+                                            "--reply_bytes=2", "--layout=" + path});
+  ASSERT_TRUE(status.ok()) << status << "\n" << text;
+  EXPECT_THAT(text, HasSubstr("from layout file " + path + " (registered as a file)"));
+  EXPECT_THAT(text, HasSubstr("turns 2+ resumed from a checkpoint  1 / 1 (100%)"));
+  // A layout of another format is rejected before anything is served.
+  auto [bad, bad_text] = RunCommand(DemoCommand(), {"--format=damp:32", "--layout=" + path});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
 }
 
 TEST(CtlDemoTest, DemoRejectsBadFlags) {

@@ -65,11 +65,15 @@ absl::StatusOr<v1::ModelInfo> RegisterLayout(StateCacheClient* client, const std
   ModelRegistration r;
   r.geometry = layout.geometry();
   r.format = FormatSpecName(layout.format());
-  if (!layout.identity_key_perm()) r.key_perm = layout.all_key_perms();
-  if (layout.format().format == StateFormat::kDampSr) {
-    r.key_perm = layout.all_key_perms();
-    r.value_order = layout.all_value_orders();
-    r.value_scale = layout.all_value_scales();
+  if (!reg.layout_file.empty()) {
+    r.layout_file = reg.layout_file;
+  } else {
+    if (!layout.identity_key_perm()) r.key_perm = layout.all_key_perms();
+    if (layout.format().format == StateFormat::kDampSr) {
+      r.key_perm = layout.all_key_perms();
+      r.value_order = layout.all_value_orders();
+      r.value_scale = layout.all_value_scales();
+    }
   }
   r.slots = reg.slots;
   r.checkpoints = reg.checkpoints;

@@ -61,6 +61,9 @@ struct Registration {
   int64_t slots = 2;
   int64_t checkpoints = 0;           // 0 = the remaining budget
   int64_t max_checkpoint_bytes = 0;  // 0 = no cap
+  // When set: register by sending these layout-file bytes (the server parses
+  // and checks them) instead of `layout`'s maps.
+  std::string layout_file;
 };
 // Registers `layout` (its calibrated maps) as `base_id`, or `base_id`-2, -3,
 // ... when that id is taken (a shared server may already hold it). The
