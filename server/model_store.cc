@@ -21,8 +21,8 @@ namespace {
 constexpr absl::string_view kSuffix = ".model";
 
 absl::Status Errno(absl::string_view what, const std::string& path) {
-  return absl::UnavailableError(absl::StrCat("data_dir: ", what, " '", path, "': ",
-                                             std::strerror(errno)));
+  return absl::UnavailableError(
+      absl::StrCat("data_dir: ", what, " '", path, "': ", std::strerror(errno)));
 }
 
 absl::Status WriteDurably(const std::string& path, const std::string& bytes) {
@@ -119,8 +119,8 @@ absl::StatusOr<std::vector<ModelStore::Entry>> ModelStore::LoadAll() const {
     ss << in.rdbuf();
     if (!in || !entry.request.ParseFromString(ss.str()) ||
         absl::StrCat(entry.request.model_id(), kSuffix) != name.substr(dot + 1)) {
-      return absl::DataLossError(absl::StrCat("data_dir: '", entry.path,
-                                              "' is not a model registration"));
+      return absl::DataLossError(
+          absl::StrCat("data_dir: '", entry.path, "' is not a model registration"));
     }
     out.push_back(std::move(entry));
   }

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/statecache_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "client/cpp/statecache_client.h"
 #include "server/auth/tenants.h"
-#include "server/pool/prefix_key.h"
 #include "server/log.h"
+#include "server/pool/prefix_key.h"
 #include "server/server.h"
 
 namespace statecache {
@@ -33,8 +33,7 @@ std::string TmpDir() {
 const std::string& CertDir() {
   static const std::string* dir = [] {
     auto* d = new std::string(TmpDir() + "/certs");
-    const std::string cmd =
-        absl::StrCat("bash server/testdata/make_test_certs.sh '", *d, "'");
+    const std::string cmd = absl::StrCat("bash server/testdata/make_test_certs.sh '", *d, "'");
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return d;
   }();
@@ -64,8 +63,8 @@ StateCacheServer::Options BaseOptions() {
 }
 
 TEST(LoopbackTest, Addresses) {
-  for (const char* a : {"127.0.0.1:1", "127.1.2.3:0", "localhost:50051", "[::1]:7",
-                        "unix:/tmp/x.sock"}) {
+  for (const char* a :
+       {"127.0.0.1:1", "127.1.2.3:0", "localhost:50051", "[::1]:7", "unix:/tmp/x.sock"}) {
     EXPECT_TRUE(IsLoopbackAddress(a)) << a;
   }
   for (const char* a : {"0.0.0.0:1", "[::]:1", "10.0.0.1:5", "example.com:1", "127.evil.com:1",

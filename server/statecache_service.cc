@@ -179,8 +179,9 @@ absl::Status CheckMagnitudes(absl::string_view prefix, const TensorBytes& q, con
 absl::Status CheckWork(int64_t heads, int64_t max_heads, absl::string_view field) {
   if (heads > max_heads) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", heads, " head updates (batch x tokens x heads) exceed the per-request limit of ",
-        max_heads, " (--max_work_heads)"));
+        field, ": ", heads,
+        " head updates (batch x tokens x heads) exceed the per-request limit of ", max_heads,
+        " (--max_work_heads)"));
   }
   return absl::OkStatus();
 }
@@ -422,7 +423,8 @@ absl::Status StateCacheService::DoRegisterModel(Tenant& caller, const v1::Regist
 grpc::Status StateCacheService::RegisterModel(grpc::ServerContext* ctx,
                                               const v1::RegisterModelRequest* req,
                                               v1::RegisterModelResponse* resp) {
-  return Run(ctx, "RegisterModel", [&](Tenant& caller) { return DoRegisterModel(caller, *req, resp); });
+  return Run(ctx, "RegisterModel",
+             [&](Tenant& caller) { return DoRegisterModel(caller, *req, resp); });
 }
 
 grpc::Status StateCacheService::ListModels(grpc::ServerContext* ctx, const v1::ListModelsRequest*,
@@ -443,7 +445,8 @@ absl::Status StateCacheService::DoDescribeModel(Tenant& caller, const v1::Descri
 grpc::Status StateCacheService::DescribeModel(grpc::ServerContext* ctx,
                                               const v1::DescribeModelRequest* req,
                                               v1::ModelInfo* resp) {
-  return Run(ctx, "DescribeModel", [&](Tenant& caller) { return DoDescribeModel(caller, *req, resp); });
+  return Run(ctx, "DescribeModel",
+             [&](Tenant& caller) { return DoDescribeModel(caller, *req, resp); });
 }
 
 absl::Status StateCacheService::DoDropModel(Tenant& caller, const v1::DropModelRequest& req) {
@@ -490,7 +493,8 @@ absl::Status StateCacheService::DoAllocateSlots(Tenant& caller, const v1::Alloca
 grpc::Status StateCacheService::AllocateSlots(grpc::ServerContext* ctx,
                                               const v1::AllocateSlotsRequest* req,
                                               v1::AllocateSlotsResponse* resp) {
-  return Run(ctx, "AllocateSlots", [&](Tenant& caller) { return DoAllocateSlots(caller, *req, resp); });
+  return Run(ctx, "AllocateSlots",
+             [&](Tenant& caller) { return DoAllocateSlots(caller, *req, resp); });
 }
 
 absl::Status StateCacheService::DoReleaseSlots(Tenant& caller, const v1::ReleaseSlotsRequest& req) {
@@ -512,7 +516,8 @@ grpc::Status StateCacheService::ReleaseSlots(grpc::ServerContext* ctx,
 // ---------------------------------------------------------------------------
 // Compute
 
-absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest& req, v1::UpdateResponse* resp) {
+absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest& req,
+                                         v1::UpdateResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   if (dataplane_ != nullptr && DataPlane::UsesBuffers(req)) {
     return dataplane_->Update(caller.name(), *m, req, ComputeLimitsOf(limits_),
@@ -875,13 +880,15 @@ absl::Status StateCacheService::DoLookupPrefix(Tenant& caller, const v1::LookupP
 grpc::Status StateCacheService::LookupPrefix(grpc::ServerContext* ctx,
                                              const v1::LookupPrefixRequest* req,
                                              v1::LookupPrefixResponse* resp) {
-  return Run(ctx, "LookupPrefix", [&](Tenant& caller) { return DoLookupPrefix(caller, *req, resp); });
+  return Run(ctx, "LookupPrefix",
+             [&](Tenant& caller) { return DoLookupPrefix(caller, *req, resp); });
 }
 
 // ---------------------------------------------------------------------------
 // Transfer
 
-absl::Status StateCacheService::DoExport(Tenant& caller, const v1::ExportRequest& req, v1::ExportResponse* resp) {
+absl::Status StateCacheService::DoExport(Tenant& caller, const v1::ExportRequest& req,
+                                         v1::ExportResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   RETURN_IF_ERROR(CheckNotAttached(*m, req.slot(), "slot"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,

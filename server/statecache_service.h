@@ -126,20 +126,23 @@ class StateCacheService final : public v1::StateCache::Service {
   // `caller` (default_tenant() when authentication is off).
   absl::Status DoRegisterModel(Tenant& caller, const v1::RegisterModelRequest& req,
                                v1::RegisterModelResponse* resp);
-  absl::Status DoDescribeModel(Tenant& caller, const v1::DescribeModelRequest& req, v1::ModelInfo* resp);
+  absl::Status DoDescribeModel(Tenant& caller, const v1::DescribeModelRequest& req,
+                               v1::ModelInfo* resp);
   absl::Status DoDropModel(Tenant& caller, const v1::DropModelRequest& req);
   absl::Status DoAllocateSlots(Tenant& caller, const v1::AllocateSlotsRequest& req,
                                v1::AllocateSlotsResponse* resp);
   absl::Status DoReleaseSlots(Tenant& caller, const v1::ReleaseSlotsRequest& req);
   absl::Status DoUpdate(Tenant& caller, const v1::UpdateRequest& req, v1::UpdateResponse* resp);
   absl::Status DoPrefill(Tenant& caller, const v1::PrefillRequest& req, v1::PrefillResponse* resp);
-  absl::Status DoSnapshot(Tenant& caller, const v1::SnapshotRequest& req, v1::SnapshotResponse* resp);
+  absl::Status DoSnapshot(Tenant& caller, const v1::SnapshotRequest& req,
+                          v1::SnapshotResponse* resp);
   absl::Status DoRestore(Tenant& caller, const v1::RestoreRequest& req, v1::RestoreResponse* resp);
   absl::Status DoLookupPrefix(Tenant& caller, const v1::LookupPrefixRequest& req,
                               v1::LookupPrefixResponse* resp);
   absl::Status DoExport(Tenant& caller, const v1::ExportRequest& req, v1::ExportResponse* resp);
   absl::Status DoImport(Tenant& caller, const v1::ImportRequest& req);
-  absl::Status DoGetStats(Tenant& caller, const v1::GetStatsRequest& req, v1::GetStatsResponse* resp);
+  absl::Status DoGetStats(Tenant& caller, const v1::GetStatsRequest& req,
+                          v1::GetStatsResponse* resp);
 
   // Fills a ModelInfo (geometry, format, tags, sizes, stats).
   static void FillModelInfo(const Model& model, v1::ModelInfo* info);

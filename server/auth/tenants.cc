@@ -29,8 +29,7 @@ std::string Sha256Hex(absl::string_view data) {
   return out;
 }
 
-Tenant::Tenant(std::string name, TenantQuota quota)
-    : name_(std::move(name)), quota_(quota) {
+Tenant::Tenant(std::string name, TenantQuota quota) : name_(std::move(name)), quota_(quota) {
   if (quota_.burst <= 0) quota_.burst = std::max(1.0, quota_.requests_per_second);
   bucket_ = quota_.burst;
   refilled_ = absl::Now();
@@ -78,8 +77,8 @@ absl::StatusOr<std::unique_ptr<TenantDirectory>> TenantDirectory::Parse(absl::st
     };
     const size_t hash = line.find('#');
     if (hash != absl::string_view::npos) line = line.substr(0, hash);
-    std::vector<absl::string_view> f = absl::StrSplit(line, absl::ByAnyChar(" \t\r"),
-                                                      absl::SkipEmpty());
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (f.empty()) continue;
     if (f[0] == "tenant") {
       if (f.size() < 2 || !ValidTenantName(f[1])) {
@@ -107,8 +106,7 @@ absl::StatusOr<std::unique_ptr<TenantDirectory>> TenantDirectory::Parse(absl::st
         for (int j = 0; j < 2; ++j) {
           if (kv.first != real_names[j]) continue;
           known = true;
-          if (!absl::SimpleAtod(kv.second, reals[j]) || !(*reals[j] >= 0) ||
-              *reals[j] > 1e12) {
+          if (!absl::SimpleAtod(kv.second, reals[j]) || !(*reals[j] >= 0) || *reals[j] > 1e12) {
             return bad(kv.first, ": '", kv.second, "' is not a non-negative number");
           }
         }

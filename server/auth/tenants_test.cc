@@ -38,8 +38,7 @@ TEST(TenantDirectoryTest, ParsesAndAuthenticatesByDigest) {
   EXPECT_EQ(bad.status().code(), StatusCode::kUnauthenticated);
   EXPECT_EQ(bad.status().message().find("nope"), absl::string_view::npos);
   // The raw token is not a digest: passing the digest itself fails.
-  EXPECT_EQ((*dir)->Authenticate(Sha256Hex("test")).status().code(),
-            StatusCode::kUnauthenticated);
+  EXPECT_EQ((*dir)->Authenticate(Sha256Hex("test")).status().code(), StatusCode::kUnauthenticated);
   EXPECT_EQ((*dir)->Authenticate("").status().code(), StatusCode::kUnauthenticated);
   EXPECT_EQ((*dir)->Find("b"), *b);
   EXPECT_EQ((*dir)->Find("c"), nullptr);
@@ -53,7 +52,8 @@ TEST(TenantDirectoryTest, RejectsBadFilesNamingLine) {
   const Case cases[] = {
       {"token a sha256:00\n", "tenants:1: token: tenant 'a' is not declared above"},
       {"tenant a\ntoken a test\n", "tenants:2: token: digest must be sha256:"},
-      {"tenant a\ntoken a sha256:9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08\n",
+      {"tenant a\ntoken a "
+       "sha256:9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08\n",
        "tenants:2: token: digest must be"},
       {"tenant a/b\n", "tenants:1: tenant: name must match"},
       {"tenant a max_slots=-1\n", "tenants:1: max_slots: '-1'"},
@@ -69,9 +69,8 @@ TEST(TenantDirectoryTest, RejectsBadFilesNamingLine) {
         << c.text << " -> " << dir.status();
   }
   const std::string d = Sha256Hex("x");
-  auto twice = TenantDirectory::Parse("tenant a\ntenant b\ntoken a sha256:" + d +
-                                          "\ntoken b sha256:" + d + "\n",
-                                      "f");
+  auto twice = TenantDirectory::Parse(
+      "tenant a\ntenant b\ntoken a sha256:" + d + "\ntoken b sha256:" + d + "\n", "f");
   EXPECT_EQ(twice.status().message(), "f:4: token: digest listed twice");
 }
 

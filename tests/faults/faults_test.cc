@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cpp/statecache_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "client/cpp/statecache_client.h"
 #include "server/log.h"
 #include "server/server.h"
 #include "tests/load/workload.h"
@@ -289,8 +289,7 @@ TEST(FaultsTest, RestartReloadsModelsAndLayoutsButNotStates) {
     EXPECT_EQ(after->stats().checkpoint_capacity(), 2);
     // States are volatile: no slot, no checkpoint survived.
     EXPECT_EQ(after->stats().slots_allocated(), 0);
-    EXPECT_EQ(client->Export("calibrated", old_slot).status().code(),
-              absl::StatusCode::kNotFound);
+    EXPECT_EQ(client->Export("calibrated", old_slot).status().code(), absl::StatusCode::kNotFound);
     auto lookup = client->LookupPrefix("calibrated", std::vector<int32_t>{5, 6});
     ASSERT_TRUE(lookup.ok());
     EXPECT_FALSE(lookup->hit);

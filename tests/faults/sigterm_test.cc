@@ -24,8 +24,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "gtest/gtest.h"
 #include "client/cpp/statecache_client.h"
+#include "gtest/gtest.h"
 #include "tests/load/workload.h"
 
 extern char** environ;

@@ -6,8 +6,8 @@
 #include "kernels/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  absl::StatusOr<statecache::SafetensorsFile> f =
-      statecache::SafetensorsFile::FromBytes(std::string(reinterpret_cast<const char*>(data), size));
+  absl::StatusOr<statecache::SafetensorsFile> f = statecache::SafetensorsFile::FromBytes(
+      std::string(reinterpret_cast<const char*>(data), size));
   if (!f.ok()) return 0;
   for (const std::string& name : f->names()) {
     (void)f->tensor(name);

@@ -52,8 +52,7 @@ class ServiceFixture {
       if (m->checkpoints) Require(m->checkpoints->CheckInvariants(), "checkpoint invariants");
     }
     if (!status.ok() && ArenaBytes() != before) {
-      std::fprintf(stderr, "failed request (%s) modified slot bytes\n",
-                   status.ToString().c_str());
+      std::fprintf(stderr, "failed request (%s) modified slot bytes\n", status.ToString().c_str());
       std::abort();
     }
     for (int i = 0; i < 2; ++i) {
@@ -89,7 +88,8 @@ class ServiceFixture {
     limits.max_aux_bytes = 4096;
     limits.max_lookup_tokens = 256;
     limits.max_work_heads = 64;
-    service_ = std::make_unique<StateCacheService>(backend_.get(), registry_.get(), nullptr, limits);
+    service_ =
+        std::make_unique<StateCacheService>(backend_.get(), registry_.get(), nullptr, limits);
     const char* ids[] = {"gdn", "kda"};
     const ModelGeometry geos[] = {{Arch::kGdn, 2, 1, 2, 32, 32}, {Arch::kKda, 1, 2, 2, 32, 32}};
     const char* formats[] = {"damp:8", "int4-hadamard"};

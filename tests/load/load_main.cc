@@ -47,7 +47,8 @@ namespace {
 
 absl::StatusOr<ModelGeometry> ParseGeometryFlag(const std::string& text) {
   std::vector<std::string> p = absl::StrSplit(text, ':');
-  if (p.size() != 6) return absl::InvalidArgumentError("geometry: want arch:layers:h_qk:h_v:d_k:d_v");
+  if (p.size() != 6)
+    return absl::InvalidArgumentError("geometry: want arch:layers:h_qk:h_v:d_k:d_v");
   ModelGeometry g;
   if (p[0] == "gdn") {
     g.arch = Arch::kGdn;
@@ -58,7 +59,8 @@ absl::StatusOr<ModelGeometry> ParseGeometryFlag(const std::string& text) {
   }
   int* f[] = {&g.layers, &g.h_qk, &g.h_v, &g.d_k, &g.d_v};
   for (int i = 0; i < 5; ++i) {
-    if (!absl::SimpleAtoi(p[i + 1], f[i])) return absl::InvalidArgumentError("geometry: bad number");
+    if (!absl::SimpleAtoi(p[i + 1], f[i]))
+      return absl::InvalidArgumentError("geometry: bad number");
   }
   return g;
 }

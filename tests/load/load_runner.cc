@@ -24,11 +24,10 @@ std::string LoadReport::Summary() const {
       "p50=%.0fus p99=%.0fus max=%.0fus acknowledged_updates=%d restores=%d recomputes=%d\n"
       "errors_by_code:%s\nreplayed=%d replay_mismatches=%d slots_allocated_after=%d invariants=%s\n"
       "result=%s\n",
-      clients, conversations, conversations_failed, stats.requests, seconds,
-      requests_per_second(), stats.PercentileUs(50), stats.PercentileUs(99),
-      stats.PercentileUs(100), stats.acknowledged_updates, stats.restores, stats.recomputes,
-      errors, replayed, replay_mismatches, slots_allocated_after, invariants.ToString(),
-      ok() ? "OK" : "FAILED");
+      clients, conversations, conversations_failed, stats.requests, seconds, requests_per_second(),
+      stats.PercentileUs(50), stats.PercentileUs(99), stats.PercentileUs(100),
+      stats.acknowledged_updates, stats.restores, stats.recomputes, errors, replayed,
+      replay_mismatches, slots_allocated_after, invariants.ToString(), ok() ? "OK" : "FAILED");
 }
 
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {

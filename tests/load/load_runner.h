@@ -20,12 +20,12 @@
 namespace statecache {
 
 struct LoadOptions {
-  std::string target;                   // server address
-  StateCacheClient::Options client;     // token, TLS
+  std::string target;                // server address
+  StateCacheClient::Options client;  // token, TLS
   WorkloadSpec spec;
-  int clients = 8;                      // concurrent clients, one channel each
+  int clients = 8;  // concurrent clients, one channel each
   int conversations_per_client = 4;
-  bool replay = true;                   // serial replay on a fresh model, compared bit for bit
+  bool replay = true;  // serial replay on a fresh model, compared bit for bit
   // Extra checks after the run (e.g. in-process pool invariants); its error
   // is reported in LoadReport::invariants.
   std::function<absl::Status()> check_invariants;
@@ -35,8 +35,8 @@ struct LoadReport {
   int clients = 0;
   int64_t conversations = 0;
   int64_t conversations_failed = 0;
-  WorkloadStats stats;         // merged over clients (load phase only)
-  double seconds = 0;          // load phase wall time
+  WorkloadStats stats;             // merged over clients (load phase only)
+  double seconds = 0;              // load phase wall time
   int64_t replayed = 0;            // completed conversations replayed serially
   int64_t replay_mismatches = -1;  // among them; -1: no replay
   int64_t slots_allocated_after = -1;

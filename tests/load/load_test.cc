@@ -1,14 +1,13 @@
 // Load tests: concurrent clients on loopback, each running the multi-turn
 // workload; afterwards every conversation's outputs equal a serial replay
 // bit for bit, no slot is left allocated and the pool invariants hold.
-#include "tests/load/load_runner.h"
-
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/log.h"
 #include "server/server.h"
+#include "tests/load/load_runner.h"
 
 namespace statecache {
 namespace {

@@ -65,8 +65,8 @@ uint64_t SeedOf(const WorkloadSpec& spec, int64_t conversation, int turn, int op
 std::vector<int32_t> TokensOf(const WorkloadSpec& spec, int64_t conversation, int64_t n) {
   std::vector<int32_t> ids(n);
   for (int64_t i = 0; i < n; ++i) {
-    ids[i] = static_cast<int32_t>(SeedOf(spec, conversation, -1, static_cast<int>(i), 0) &
-                                  0x7fffffff);
+    ids[i] =
+        static_cast<int32_t>(SeedOf(spec, conversation, -1, static_cast<int>(i), 0) & 0x7fffffff);
   }
   return ids;
 }
@@ -210,8 +210,8 @@ class Conversation {
 
 }  // namespace
 
-OpInputs MakeOpInputs(const WorkloadSpec& spec, int64_t conversation, int turn, int op,
-                      int layer, int tokens) {
+OpInputs MakeOpInputs(const WorkloadSpec& spec, int64_t conversation, int turn, int op, int layer,
+                      int tokens) {
   const ModelGeometry& g = spec.geometry;
   std::mt19937_64 rng(SeedOf(spec, conversation, turn, op, layer));
   std::normal_distribution<float> normal(0.f, 1.f);

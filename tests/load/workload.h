@@ -39,9 +39,9 @@ struct WorkloadSpec {
   int64_t slots = 64;        // RegisterModel slots
   int64_t checkpoints = 64;  // RegisterModel checkpoints
   int turns = 3;
-  int prefill_tokens = 8;    // per turn
-  int decode_steps = 4;      // per turn
-  bool use_stream = true;    // decode over one UpdateStream per conversation
+  int prefill_tokens = 8;  // per turn
+  int decode_steps = 4;    // per turn
+  bool use_stream = true;  // decode over one UpdateStream per conversation
   uint64_t seed = 1;
 };
 
@@ -50,8 +50,8 @@ struct WorkloadStats {
   int64_t requests = 0;
   std::map<std::string, int64_t> errors_by_code;  // absl::StatusCodeToString -> count
   std::vector<double> latencies_us;               // every RPC / stream round trip
-  int64_t restores = 0;       // turns resumed from a checkpoint
-  int64_t recomputes = 0;     // turns that recomputed the history (lookup miss)
+  int64_t restores = 0;                           // turns resumed from a checkpoint
+  int64_t recomputes = 0;                         // turns that recomputed the history (lookup miss)
   int64_t acknowledged_updates = 0;
 
   void Add(const WorkloadStats& other);
@@ -78,8 +78,8 @@ ConversationResult RunConversation(StateCacheClient& client, const WorkloadSpec&
 struct OpInputs {
   std::vector<float> q, k, v, g, beta;
 };
-OpInputs MakeOpInputs(const WorkloadSpec& spec, int64_t conversation, int turn, int op,
-                      int layer, int tokens);
+OpInputs MakeOpInputs(const WorkloadSpec& spec, int64_t conversation, int turn, int op, int layer,
+                      int tokens);
 
 // FNV-1a 64 over the bit patterns of `values`, continuing from `h`.
 uint64_t DigestFloats(uint64_t h, const std::vector<float>& values);
