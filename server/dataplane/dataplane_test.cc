@@ -399,6 +399,94 @@ TEST_F(DataPlaneTest, AttachedModeIsBitIdenticalAndLeaseEnforced) {
   EXPECT_TRUE(client_->Export(kModel, h[0]).ok());
 }
 
+TEST_F(DataPlaneTest, PrefillWithReferencesMatchesInline) {
+  const ModelGeometry g = Geo();
+  constexpr int kT = 5;
+  std::vector<SlotHandle> inline_slots = Alloc(), ref_slots = Alloc();
+  std::mt19937 rng(11);
+  // kT steps of inputs, laid out [B, T, ...].
+  std::vector<Step> steps;
+  for (int t = 0; t < kT; ++t) steps.push_back(MakeStep(&rng));
+  auto interleave = [&](std::vector<float> Step::*field, int per_b) {
+    std::vector<float> out(static_cast<size_t>(kB) * kT * per_b);
+    for (int b = 0; b < kB; ++b) {
+      for (int t = 0; t < kT; ++t) {
+        std::memcpy(&out[(static_cast<size_t>(b) * kT + t) * per_b],
+                    &(steps[t].*field)[static_cast<size_t>(b) * per_b], 4 * per_b);
+      }
+    }
+    return out;
+  };
+  const std::vector<float> q = interleave(&Step::q, g.h_qk * g.d_k),
+                           k = interleave(&Step::k, g.h_qk * g.d_k),
+                           v = interleave(&Step::v, g.h_v * g.d_v),
+                           gg = interleave(&Step::g, g.h_v), beta = interleave(&Step::beta, g.h_v);
+  PrefillCall call;
+  call.layer = 1;
+  call.tokens = kT;
+  call.slots = inline_slots;
+  call.q = HostTensor::Fp32(q);
+  call.k = HostTensor::Fp32(k);
+  call.v = HostTensor::Fp32(v);
+  call.g = gg;
+  call.beta = beta;
+  call.want_output = true;
+  auto want = client_->Prefill(kModel, call);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  auto session = *DataPlaneSession::Open(client_.get());
+  const std::vector<const std::vector<float>*> parts = {&q, &k, &v, &gg, &beta};
+  int64_t total = 0;
+  std::vector<int64_t> offsets;
+  for (const auto* p : parts) {
+    offsets.push_back(total);
+    total += Up16(4 * p->size());
+  }
+  WorkerBuffer* in = *session->CreateBuffer(total);
+  WorkerBuffer* out = *session->CreateBuffer(4 * want->size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    ASSERT_TRUE(in->Write(offsets[i], parts[i]->data(), 4 * parts[i]->size()).ok());
+  }
+  v1::PrefillRequest req;
+  req.set_model_id(kModel);
+  for (const SlotHandle& h : ref_slots) {
+    v1::SlotHandle* p = req.add_slots();
+    p->set_id(h.id);
+    p->set_generation(h.generation);
+  }
+  v1::PrefillTokens* t = req.mutable_tokens();
+  t->set_layer(1);
+  t->set_want_output(true);
+  const std::vector<std::vector<int64_t>> shapes = {{kB, kT, g.h_qk, g.d_k},
+                                                    {kB, kT, g.h_qk, g.d_k},
+                                                    {kB, kT, g.h_v, g.d_v},
+                                                    {kB, kT, g.h_v},
+                                                    {kB, kT, g.h_v}};
+  v1::Tensor* tensors[] = {t->mutable_q(), t->mutable_k(), t->mutable_v(), t->mutable_g(),
+                           t->mutable_beta()};
+  for (size_t i = 0; i < parts.size(); ++i) {
+    tensors[i]->set_dtype(v1::DTYPE_FP32);
+    for (int64_t d : shapes[i]) tensors[i]->add_shape(d);
+    tensors[i]->mutable_ref()->set_buffer_id(in->id());
+    tensors[i]->mutable_ref()->set_offset(offsets[i]);
+  }
+  t->mutable_o_ref()->set_buffer_id(out->id());
+  v1::PrefillResponse resp;
+  Tenant& caller = server_->service().default_tenant();
+  // o does not fit at a later offset.
+  t->mutable_o_ref()->set_offset(16);
+  absl::Status st = server_->service().DoPrefill(caller, req, &resp);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), StartsWith("tokens.o.ref: bytes [16, "));
+  t->mutable_o_ref()->set_offset(0);
+  ASSERT_TRUE(server_->service().DoPrefill(caller, req, &resp).ok());
+  EXPECT_FALSE(resp.o().has_ref() && resp.o().data().size() > 0);
+  std::vector<float> got(want->size());
+  ASSERT_TRUE(out->Read(0, got.data(), 4 * got.size()).ok());
+  EXPECT_EQ(got, *want);
+  EXPECT_EQ(Export(ref_slots), Export(inline_slots));
+}
+
 TEST_F(DataPlaneTest, AttachNeedsSharedPoolsOnCpu) {
   StateCacheServer::Options o;
   o.sockets.listen = "127.0.0.1:0";
