@@ -240,8 +240,9 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
                 "of their conversation\n(a full hit resumes the previous turn; after an eviction "
                 "the whole context is recomputed); recomputed:\ncontext tokens prefilled again; "
                 "prefilled: all tokens prefilled; TTFT: lookup + restore + prefill until the\n"
-                "first reply byte's logits (median of the repeats); bits/byte and agreement (same greedy byte) against "
-                "FP32 states in process.\n");
+                "first reply byte's logits (median of the repeats); bits/byte and agreement (same "
+                "greedy byte)\nagainst FP32 states in process, over %s scored positions.\n",
+                Thousands(rows.empty() ? 0 : rows[0].accuracy.predicted));
 
   if (f.Has("markdown")) {
     absl::FPrintF(out, "\n| format | checkpoint | checkpoints in budget | hit rate (turns 2+) | "
