@@ -260,6 +260,11 @@ DataPlane::ComputeLimits ComputeLimitsOf(const StateCacheService::Limits& l) {
   c.max_batch = l.max_batch;
   c.max_work_heads = l.max_work_heads;
   c.max_prefill_tokens = l.max_prefill_tokens;
+  const float max_abs_value = l.max_abs_value;
+  c.host_value_check = [max_abs_value](absl::string_view prefix, const TensorBytes& q,
+                                       const TensorBytes& k, const TensorBytes& v, int d_k) {
+    return CheckMagnitudes(prefix, q, k, v, d_k, max_abs_value);
+  };
   return c;
 }
 

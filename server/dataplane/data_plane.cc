@@ -579,6 +579,19 @@ absl::Status BeforeReads(std::initializer_list<const std::shared_ptr<DataPlane::
 
 }  // namespace
 
+absl::Status DataPlane::HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
+                                       const Resolved& q, const Resolved& k, const Resolved& v,
+                                       int d_k) const {
+  // Device memory (CUDA) is not host-readable. Inline tensors of a mixed
+  // request are staged in backend memory too, so all three are checked here.
+  if (!limits.host_value_check || cuda_) return absl::OkStatus();
+  auto view = [](const Resolved& r) {
+    const int64_t width = DTypeSize(r.dtype);
+    return TensorBytes{r.dtype, r.data, r.bytes / width, r.bytes};
+  };
+  return limits.host_value_check(prefix, view(q), view(k), view(v), d_k);
+}
+
 absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::UpdateRequest& req,
                                const ComputeLimits& limits, const KernelObserver& observe,
                                v1::UpdateResponse* resp) {
@@ -602,6 +615,7 @@ absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::Up
   const int64_t o_count = int64_t{b} * g.h_v * g.d_v;
   ASSIGN_OR_RETURN(Resolved o, ResolveOutput(tenant, req.has_o_ref(), req.o_ref(), "o", o_count));
   RETURN_IF_ERROR(BeforeReads({&q.buffer, &k.buffer, &v.buffer, &gt.buffer, &bt.buffer}));
+  RETURN_IF_ERROR(HostValueCheck(limits, "", q, k, v, g.d_k));
 
   const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
   RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
@@ -680,6 +694,7 @@ absl::Status DataPlane::Prefill(const std::string& tenant, Model& m, const v1::P
     return absl::InvalidArgumentError("tokens.o_ref: set want_output to write o");
   }
   RETURN_IF_ERROR(BeforeReads({&q.buffer, &k.buffer, &v.buffer, &gt.buffer, &bt.buffer}));
+  RETURN_IF_ERROR(HostValueCheck(limits, "tokens.", q, k, v, g.d_k));
   const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
   RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m.slots->Acquire(handles, "slots"));

@@ -51,6 +51,7 @@
 #include "kernels/backend/backend.h"
 #include "proto/statecache/v1/statecache.pb.h"
 #include "server/model_registry.h"
+#include "server/proto_convert.h"
 #include "server/pool/slot_handle.h"
 
 namespace statecache {
@@ -75,6 +76,12 @@ class DataPlane {
     int max_batch = 4096;
     int64_t max_work_heads = int64_t{1} << 24;
     int64_t max_prefill_tokens = 1 << 16;
+    // The server edge's value contract on q, k, v (L2-normalized q / k rows,
+    // bounded |v|), applied to referenced tensors the host can read (CPU
+    // backend); the CUDA binding checks finiteness and gates on the device.
+    std::function<absl::Status(absl::string_view prefix, const TensorBytes& q,
+                               const TensorBytes& k, const TensorBytes& v, int d_k)>
+        host_value_check;
   };
   // Kernel timing callback: (kernel name, seconds, batch).
   using KernelObserver = std::function<void(const char*, double, int)>;
@@ -177,6 +184,9 @@ class DataPlane {
   absl::StatusOr<Resolved> ResolveRef(const std::string& tenant, const v1::BufferRef& ref,
                                       absl::string_view field, DType dtype, int64_t count);
   uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
+                              const Resolved& q, const Resolved& k, const Resolved& v,
+                              int d_k) const;
 
   Backend* const backend_;
   ModelRegistry* const registry_;

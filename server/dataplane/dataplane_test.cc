@@ -283,6 +283,13 @@ TEST_F(DataPlaneTest, ReferencesAreBoundsChecked) {
   ASSERT_TRUE(a.in->Write(a.v + 4 * 5, &nan, 4).ok());
   st = session->Update(kModel, c);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  // The server edge's value contract applies to references too.
+  c = Write(a, 0, h, s);
+  const float huge = 1e30f;
+  ASSERT_TRUE(a.in->Write(a.k + 4 * 33, &huge, 4).ok());
+  st = session->Update(kModel, c);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()), StartsWith("k: row 1 has L2 norm"));
   EXPECT_EQ(Export(h), before);  // nothing was written
   // A real shm object of another name cannot be registered by path tricks.
   v1::RegisterBufferRequest bad;
