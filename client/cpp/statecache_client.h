@@ -154,7 +154,8 @@ class UpdateStream {
 class StateCacheClient {
  public:
   struct Options {
-    int max_message_bytes = 256 << 20;
+    // Matches statecached's --max_message_bytes default (1 GiB).
+    int max_message_bytes = 1 << 30;
     // Per-call deadline (streams: none).
     absl::Duration timeout = absl::Seconds(120);
     // Sent as "authorization: Bearer <token>" on every call when non-empty
