@@ -11,6 +11,7 @@
 //   statecachectl demo --server=host:50051   # a running statecached
 //   statecachectl demo --conversations=6 --turns=8 --format=damp:32
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -211,7 +212,10 @@ absl::Status RunDemo(CtlContext& ctx, const std::vector<std::string>& args) {
                 Thousands(acc.predicted), Thousands(acc.reply_predicted));
   absl::FPrintF(out, "  bits/byte          %s %.4f   fp32 %.4f   (%+.4f)\n", info.format(),
                 acc.bits_per_byte, acc.reference_bits_per_byte,
-                acc.bits_per_byte - acc.reference_bits_per_byte);
+                // (no "-0.0000" for a difference that rounds to zero)
+                std::abs(acc.bits_per_byte - acc.reference_bits_per_byte) < 5e-5
+                    ? 0.0
+                    : acc.bits_per_byte - acc.reference_bits_per_byte);
   absl::FPrintF(out, "  greedy agreement   %.2f%% of positions (reply bytes: %.2f%%)\n",
                 100 * acc.agreement, 100 * acc.reply_agreement);
   std::string dropped;

@@ -124,9 +124,12 @@ absl::Status RemoteStateStore::DecodeStream(int layer, const RecurrentInputs& in
   // Sequence numbers are local to this call: t + 1.
   while (received < in.tokens) {
     while (sent < in.tokens && static_cast<int>(in_flight.size()) < options_.pipeline) {
+      // The round trip starts before Send: a synchronous stream Write may
+      // return only after the server has consumed the request.
+      const Clock::time_point sent_at = Clock::now();
       status = stream_->Send(model_id_, TokenCall(layer, in, sent), sent + 1);
       if (!status.ok()) break;
-      in_flight.emplace_back(sent + 1, Clock::now());
+      in_flight.emplace_back(sent + 1, sent_at);
       ++sent;
     }
     if (!status.ok()) break;

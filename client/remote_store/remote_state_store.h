@@ -98,8 +98,9 @@ class RemoteStateStore : public RecurrentStateStore {
   const std::string& model_id() const { return model_id_; }
   SlotHandle slot() const { return slot_; }
   const v1::ModelInfo& model_info() const { return info_; }
-  // Wall time of each Update round trip (one layer, one token), microseconds;
-  // pipelined multi-token calls record their average per token.
+  // Wall time of each Update round trip (one layer, one token), microseconds:
+  // from before its Send to its response (when a multi-token call pipelines,
+  // including the time it queued behind earlier requests).
   const std::vector<double>& update_micros() const { return update_micros_; }
   void ClearLatencies() { update_micros_.clear(); }
 
