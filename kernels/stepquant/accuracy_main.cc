@@ -25,7 +25,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/eval/format_report.h"
@@ -46,6 +48,7 @@ ABSL_FLAG(int, synthetic_tokens, 2048, "tokens of each synthetic evaluation traj
 ABSL_FLAG(std::string, write_layouts, "", "write the calibrated layouts to <prefix>-stepquant-N.layout");
 ABSL_FLAG(int, threads, 2, "CPU backend threads");
 ABSL_FLAG(int, horizon, 256, "STEPQuant lifetime horizon H");
+ABSL_FLAG(std::string, candidates4, "", "stepquant-4 candidate widths, e.g. 3,4,5,6 (default {3,4,6,8})");
 ABSL_FLAG(bool, stepquant_only, false, "only the calibrated STEPQuant rows (for sweeps of --horizon)");
 
 namespace statecache {
@@ -140,7 +143,15 @@ absl::Status Report(const std::vector<Trajectory>& cal, const std::vector<std::v
       RETURN_IF_ERROR(add(n + " allocation + pivots, w=1", c0.layout));
     }
     const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(StepQuantCalibration c, CalibrateStepQuant(cal, {f, 0}, opts));
+    StepQuantOptions fopts = opts;
+    if (f == kStepQuant4 && !absl::GetFlag(FLAGS_candidates4).empty()) {
+      for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_candidates4), ',')) {
+        int v = 0;
+        if (!absl::SimpleAtoi(b, &v)) return absl::InvalidArgumentError("--candidates4: not a list of widths");
+        fopts.candidates.push_back(v);
+      }
+    }
+    ASSIGN_OR_RETURN(StepQuantCalibration c, CalibrateStepQuant(cal, {f, 0}, fopts));
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     int hist[17] = {};
     for (int b : c.unit_bits) ++hist[b];
