@@ -579,6 +579,22 @@ absl::Status BeforeReads(std::initializer_list<const std::shared_ptr<DataPlane::
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<BackendBuffer>> DataPlane::StagedIndices(
+    const std::vector<int32_t>& idx) {
+  constexpr size_t kMaxCached = 256;
+  {
+    absl::MutexLock lock(&index_mu_);
+    auto it = index_cache_.find(idx);
+    if (it != index_cache_.end()) return it->second;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> staged, StageInts(*backend_, idx));
+  std::shared_ptr<BackendBuffer> shared = std::move(staged);
+  absl::MutexLock lock(&index_mu_);
+  if (index_cache_.size() >= kMaxCached) index_cache_.clear();  // holders keep theirs
+  index_cache_[idx] = shared;
+  return shared;
+}
+
 absl::Status DataPlane::HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
                                        const Resolved& q, const Resolved& k, const Resolved& v,
                                        int d_k) const {
@@ -620,7 +636,7 @@ absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::Up
   const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
   RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m.slots->Acquire(handles, "slots"));
-  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> idx, StageInts(*backend_, access.indices()));
+  ASSIGN_OR_RETURN(std::shared_ptr<BackendBuffer> idx, StagedIndices(access.indices()));
   DecodeInputs in;
   in.batch = b;
   in.slots = StagedData<int32_t>(*idx);
@@ -698,7 +714,7 @@ absl::Status DataPlane::Prefill(const std::string& tenant, Model& m, const v1::P
   const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
   RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m.slots->Acquire(handles, "slots"));
-  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> idx, StageInts(*backend_, access.indices()));
+  ASSIGN_OR_RETURN(std::shared_ptr<BackendBuffer> idx, StagedIndices(access.indices()));
   PrefillInputs in;
   in.batch = b;
   in.tokens = static_cast<int>(tokens);

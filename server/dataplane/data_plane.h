@@ -184,6 +184,12 @@ class DataPlane {
   absl::StatusOr<Resolved> ResolveRef(const std::string& tenant, const v1::BufferRef& ref,
                                       absl::string_view field, DType dtype, int64_t count);
   uint64_t NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slot indices staged in backend memory, cached by value: a worker's
+  // decode loop reuses the same batch every layer and step, and a device
+  // allocation per call would cost more than the rest of the call. Cached
+  // buffers are never written after staging, so concurrent calls share them.
+  absl::StatusOr<std::shared_ptr<BackendBuffer>> StagedIndices(const std::vector<int32_t>& idx)
+      ABSL_LOCKS_EXCLUDED(index_mu_);
   absl::Status HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
                               const Resolved& q, const Resolved& k, const Resolved& v,
                               int d_k) const;
@@ -199,6 +205,10 @@ class DataPlane {
   absl::flat_hash_map<uint64_t, BufferEntry> buffers_ ABSL_GUARDED_BY(mu_);
   // (model, handle id) -> session, for CheckNotAttached.
   absl::flat_hash_map<std::pair<const Model*, uint64_t>, uint64_t> attached_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex index_mu_;
+  absl::flat_hash_map<std::vector<int32_t>, std::shared_ptr<BackendBuffer>> index_cache_
+      ABSL_GUARDED_BY(index_mu_);
 
   std::unique_ptr<std::thread> sweeper_;
   absl::Mutex sweeper_mu_;
