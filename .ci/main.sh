@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The README's main job: installs what is missing, builds, and runs the
-# statecache format report on the CPU backend (storage table of every format,
-# then recorded and SYNTHETIC decode trajectories replayed through each).
+# statecache demo on the CPU backend: a child statecached serves a multi-turn
+# workload of the shipped gdn-tiny model with calibrated DAMP states, compared
+# with FP32 states (memory, prefix-cache hits, update latency, accuracy).
+# Extra arguments go to `statecachectl demo` (see `demo --help`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup.sh
-bazel build //kernels/eval:format_report_main
-exec bazel-bin/kernels/eval/format_report_main --backend=cpu "$@"
+bazel build //client/cpp:statecachectl //server:statecached
+exec bazel-bin/client/cpp/statecachectl demo "$@"
