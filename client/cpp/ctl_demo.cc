@@ -82,7 +82,7 @@ absl::Status RunDemo(CtlContext& ctx, const std::vector<std::string>& args) {
   const auto t0 = std::chrono::steady_clock::now();
 
   ASSIGN_OR_RETURN(DemoData data, LoadDemoData(f.Get("model", "gdn-tiny"), threads));
-  const Model& model = *data.model;
+  const LanguageModel& model = *data.model;
   const ModelGeometry geo = model.config().Geometry();
   ASSIGN_OR_RETURN(std::vector<Conversation> convs, MakeConversations(data.heldout, wo));
   const auto schedule = MakeSchedule(convs, wo);

@@ -33,9 +33,9 @@ absl::Status Record(const CliFlags& f) {
   }
   ASSIGN_OR_RETURN(int threads, f.GetInt("threads", 0));
   ASSIGN_OR_RETURN(int max_docs, f.GetInt("max-docs", 0));
-  Model::Options mo;
+  LanguageModel::Options mo;
   mo.threads = threads;
-  ASSIGN_OR_RETURN(auto model, Model::Load(model_dir, mo));
+  ASSIGN_OR_RETURN(auto model, LanguageModel::Load(model_dir, mo));
   ASSIGN_OR_RETURN(std::vector<Document> docs, ReadCorpus(corpus));
   if (max_docs > 0 && static_cast<int>(docs.size()) > max_docs) docs.resize(max_docs);
   std::filesystem::create_directories(out);

@@ -69,7 +69,7 @@ double EvalResult::GreedyAgreement(const EvalResult& other) const {
   return total > 0 ? static_cast<double>(same) / total : 0.0;
 }
 
-absl::StatusOr<EvalResult> Evaluate(const Model& model, RecurrentStateStore* store,
+absl::StatusOr<EvalResult> Evaluate(const LanguageModel& model, RecurrentStateStore* store,
                                     const std::vector<Document>& docs,
                                     const EvalOptions& options) {
   EvalResult result;

@@ -61,7 +61,7 @@ struct EvalResult {
 // Evaluates `docs` one after another; before each document the session
 // (conv windows) and the store are reset. Documents shorter than 2 bytes are
 // kInvalidArgument.
-absl::StatusOr<EvalResult> Evaluate(const Model& model, RecurrentStateStore* store,
+absl::StatusOr<EvalResult> Evaluate(const LanguageModel& model, RecurrentStateStore* store,
                                     const std::vector<Document>& docs,
                                     const EvalOptions& options);
 

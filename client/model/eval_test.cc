@@ -63,7 +63,7 @@ class HeldoutTest : public ::testing::TestWithParam<std::pair<std::string, doubl
 TEST_P(HeldoutTest, ReproducesTrainingBitsPerByte) {
   auto dir = SharedDataPath("models/" + GetParam().first);
   ASSERT_TRUE(dir.ok()) << dir.status();
-  auto model = Model::Load(*dir, {});
+  auto model = LanguageModel::Load(*dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   auto docs = ReadCorpus(*SharedDataPath("corpus/heldout.jsonl"));
   ASSERT_TRUE(docs.ok());

@@ -23,7 +23,7 @@ struct Timed {
   double seconds;
 };
 
-absl::StatusOr<Timed> TimedEval(const Model& model, RecurrentStateStore* store,
+absl::StatusOr<Timed> TimedEval(const LanguageModel& model, RecurrentStateStore* store,
                                 const std::vector<Document>& docs, const EvalOptions& opts) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(EvalResult r, Evaluate(model, store, docs, opts));
@@ -49,7 +49,7 @@ bool IsCalibrated(const StateLayout& layout) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<SweepRow>> RunFormatSweep(const Model& model, Backend* backend,
+absl::StatusOr<std::vector<SweepRow>> RunFormatSweep(const LanguageModel& model, Backend* backend,
                                                      const std::vector<Document>& docs,
                                                      const std::vector<FormatSpec>& specs,
                                                      const SweepOptions& options) {

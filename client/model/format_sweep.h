@@ -55,7 +55,7 @@ struct SweepRow {
 };
 
 // Row 0 is the in-process FP32 reference; then one row per spec.
-absl::StatusOr<std::vector<SweepRow>> RunFormatSweep(const Model& model, Backend* backend,
+absl::StatusOr<std::vector<SweepRow>> RunFormatSweep(const LanguageModel& model, Backend* backend,
                                                      const std::vector<Document>& docs,
                                                      const std::vector<FormatSpec>& specs,
                                                      const SweepOptions& options);

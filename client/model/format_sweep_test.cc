@@ -12,7 +12,7 @@ namespace {
 TEST(FormatSweepTest, ReferenceRowFp32SlotAndQuantizedFormat) {
   auto dir = SharedDataPath("models/gdn-tiny");
   ASSERT_TRUE(dir.ok()) << dir.status();
-  auto model = Model::Load(*dir, {});
+  auto model = LanguageModel::Load(*dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   auto docs = ReadCorpus(*SharedDataPath("corpus/heldout.jsonl"));
   ASSERT_TRUE(docs.ok());

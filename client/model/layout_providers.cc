@@ -12,7 +12,7 @@
 
 namespace statecache {
 
-absl::StatusOr<LayoutProvider> CalibratedLayouts(const Model& model,
+absl::StatusOr<LayoutProvider> CalibratedLayouts(const LanguageModel& model,
                                                  const std::vector<Document>& docs,
                                                  const CalibrationOptions& options,
                                                  std::string* info) {

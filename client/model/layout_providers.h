@@ -28,7 +28,7 @@ namespace statecache {
 // Calibrates once (FP32 trajectories of `docs`, each document from the zero
 // state as one prefill chunk) and returns a provider that builds layouts from
 // the statistics on demand. `info` (optional) receives a one-line summary.
-absl::StatusOr<LayoutProvider> CalibratedLayouts(const Model& model,
+absl::StatusOr<LayoutProvider> CalibratedLayouts(const LanguageModel& model,
                                                  const std::vector<Document>& docs,
                                                  const CalibrationOptions& options,
                                                  std::string* info = nullptr);

@@ -16,7 +16,7 @@ using absl::StatusCode;
 TEST(LayoutProvidersTest, CalibratesMixedFormatsAndReadsLayoutFiles) {
   auto dir = SharedDataPath("models/kda-tiny");
   ASSERT_TRUE(dir.ok()) << dir.status();
-  auto model = Model::Load(*dir, {});
+  auto model = LanguageModel::Load(*dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   auto docs = ReadCorpus(*SharedDataPath("corpus/calibration.jsonl"));
   ASSERT_TRUE(docs.ok());

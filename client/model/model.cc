@@ -89,17 +89,17 @@ void L2Normalize(float* x, int n, float eps) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
+absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::Load(const std::string& dir,
                                                    const Options& options) {
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir + "/config.json"));
   ASSIGN_OR_RETURN(SafetensorsFile weights, SafetensorsFile::Open(dir + "/model.safetensors"));
   return FromParts(config, weights, options);
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::FromParts(const ModelConfig& c,
+absl::StatusOr<std::unique_ptr<LanguageModel>> LanguageModel::FromParts(const ModelConfig& c,
                                                         const SafetensorsFile& file,
                                                         const Options& options) {
-  std::unique_ptr<Model> m(new Model());
+  std::unique_ptr<LanguageModel> m(new LanguageModel());
   m->config_ = c;
   const int64_t D = c.hidden_size, dk = c.head_dim, dv = c.value_dim, hk = c.num_heads,
                 hv = c.num_v_heads, I = c.intermediate_size, V = c.vocab_size, W = c.conv_size;
@@ -179,7 +179,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::FromParts(const ModelConfig& c,
   return m;
 }
 
-ModelSession::ModelSession(const Model* model, RecurrentStateStore* store)
+ModelSession::ModelSession(const LanguageModel* model, RecurrentStateStore* store)
     : model_(model), store_(store) {
   const ModelConfig& c = model_->config();
   conv_state_.assign(c.num_layers,

@@ -2,12 +2,12 @@
 // (../shared/models/README.md), with the recurrence delegated to a
 // RecurrentStateStore.
 //
-// Model holds the immutable weights (bf16 in the file, FP32 in memory) and a
+// LanguageModel holds the immutable weights (bf16 in the file, FP32 in memory) and a
 // thread pool; ModelSession holds one sequence: the short-convolution windows
 // (the last conv_size-1 projected inputs per channel and layer) and a
 // RecurrentStateStore (not owned) with the recurrent states.
 //
-//   ASSIGN_OR_RETURN(auto model, Model::Load(dir, {}));
+//   ASSIGN_OR_RETURN(auto model, LanguageModel::Load(dir, {}));
 //   Fp32StateStore store(model->config().Geometry(), model->pool());
 //   ModelSession session(model.get(), &store);
 //   std::vector<float> logits;   // [T, vocab]
@@ -21,7 +21,7 @@
 // per layer (each stores, and requantizes, the state); in kPrefill mode one
 // chunk per layer (stored once at the end). With FP32 states both agree.
 //
-// Thread-safety: Model is immutable and shareable; a ModelSession is not
+// Thread-safety: LanguageModel is immutable and shareable; a ModelSession is not
 // thread-safe.
 #ifndef STATECACHE_CLIENT_MODEL_MODEL_H_
 #define STATECACHE_CLIENT_MODEL_MODEL_H_
@@ -65,7 +65,7 @@ struct LayerWeights {
   std::vector<float> down_proj;   // [D, I]
 };
 
-class Model {
+class LanguageModel {
  public:
   struct Options {
     int threads = 0;  // 0 = hardware concurrency
@@ -74,9 +74,9 @@ class Model {
   // Reads <dir>/config.json and <dir>/model.safetensors. kNotFound for a
   // missing file; kInvalidArgument naming the tensor for a missing, extra or
   // mis-shaped weight or a non-float dtype.
-  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+  static absl::StatusOr<std::unique_ptr<LanguageModel>> Load(const std::string& dir,
                                                      const Options& options);
-  static absl::StatusOr<std::unique_ptr<Model>> FromParts(const ModelConfig& config,
+  static absl::StatusOr<std::unique_ptr<LanguageModel>> FromParts(const ModelConfig& config,
                                                           const SafetensorsFile& weights,
                                                           const Options& options);
 
@@ -92,7 +92,7 @@ class Model {
   int attn_in_rows() const { return attn_in_rows_; }
 
  private:
-  Model() = default;
+  LanguageModel() = default;
 
   ModelConfig config_;
   std::unique_ptr<ThreadPool> pool_;
@@ -115,7 +115,7 @@ class ModelSession {
  public:
   // `model` and `store` must outlive the session; the store's geometry must
   // match the model (checked on first use: kInvalidArgument).
-  ModelSession(const Model* model, RecurrentStateStore* store);
+  ModelSession(const LanguageModel* model, RecurrentStateStore* store);
 
   // Runs `tokens` (each in [0, vocab)) after everything run so far.
   // logits: resized to [T, vocab] (nullptr: skip the LM head). trace: per
@@ -145,7 +145,7 @@ class ModelSession {
   absl::Status RunLayer(int l, int t_count, RecurrentMode mode, std::vector<float>& h,
                         ForwardTrace::Layer* trace);
 
-  const Model* model_;
+  const LanguageModel* model_;
   RecurrentStateStore* store_;
   int64_t position_ = 0;
   std::vector<std::vector<float>> conv_state_;  // per layer [C, W-1]

@@ -30,7 +30,7 @@ double MaxRel(const std::vector<float>& got, const std::vector<float>& ref) {
 }
 
 struct Golden {
-  std::unique_ptr<Model> model;
+  std::unique_ptr<LanguageModel> model;
   SafetensorsFile golden;
 };
 
@@ -39,7 +39,7 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {};
 void CheckModel(const std::string& name, RecurrentMode mode, bool token_by_token) {
   auto dir = SharedDataPath("models/" + name);
   ASSERT_TRUE(dir.ok()) << dir.status();
-  auto model = Model::Load(*dir, {});
+  auto model = LanguageModel::Load(*dir, {});
   ASSERT_TRUE(model.ok()) << model.status();
   auto golden = SafetensorsFile::Open(*dir + "/golden.safetensors");
   ASSERT_TRUE(golden.ok()) << golden.status();

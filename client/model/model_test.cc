@@ -1,4 +1,4 @@
-// Model loading errors, session behaviour (conv windows as auxiliary bytes,
+// LanguageModel loading errors, session behaviour (conv windows as auxiliary bytes,
 // checkpoint-style resume), and the golden logits through the CPU Backend.
 #include <cmath>
 #include <string>
@@ -118,7 +118,7 @@ class WeightErrorTest : public ::testing::Test {
     if (!extra.empty()) EXPECT_TRUE(w.AddFloat32(extra, {1}, std::vector<float>{0.0f}).ok());
     auto f = SafetensorsFile::FromBytes(w.Serialize());
     EXPECT_TRUE(f.ok());
-    return Model::FromParts(config_, *f, {1}).status();
+    return LanguageModel::FromParts(config_, *f, {1}).status();
   }
   ModelConfig config_;
   std::unique_ptr<SafetensorsFile> file_;
@@ -144,8 +144,8 @@ TEST_F(WeightErrorTest, NamesTheTensor) {
   ModelConfig kda = config_;
   kda.arch = Arch::kKda;
   kda.num_heads = 4;
-  EXPECT_EQ(Model::FromParts(kda, *file_, {1}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Model::Load("/nonexistent", {}).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(LanguageModel::FromParts(kda, *file_, {1}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LanguageModel::Load("/nonexistent", {}).status().code(), StatusCode::kNotFound);
 }
 
 struct GoldenData {
@@ -168,7 +168,7 @@ class SessionTest : public ::testing::TestWithParam<std::string> {};
 // Resume from a checkpoint: states + conv windows (aux bytes) of session A
 // after 40 tokens, imported into a fresh session B, which runs the last 24.
 TEST_P(SessionTest, ResumesFromExportedStatesAndConvWindows) {
-  auto model = Model::Load(ModelDir(GetParam()), {});
+  auto model = LanguageModel::Load(ModelDir(GetParam()), {});
   ASSERT_TRUE(model.ok()) << model.status();
   const GoldenData g = ReadGolden(GetParam());
   const int V = (*model)->config().vocab_size;
@@ -208,7 +208,7 @@ TEST_P(SessionTest, ResumesFromExportedStatesAndConvWindows) {
 }
 
 TEST_P(SessionTest, GoldenThroughCpuBackendFp32AndDamp) {
-  auto model = Model::Load(ModelDir(GetParam()), {});
+  auto model = LanguageModel::Load(ModelDir(GetParam()), {});
   ASSERT_TRUE(model.ok()) << model.status();
   const GoldenData g = ReadGolden(GetParam());
   auto backend = CreateBackend("cpu");
@@ -234,7 +234,7 @@ TEST_P(SessionTest, GoldenThroughCpuBackendFp32AndDamp) {
 }
 
 TEST_P(SessionTest, RejectsBadTokensAndMismatchedStores) {
-  auto model = Model::Load(ModelDir(GetParam()), {});
+  auto model = LanguageModel::Load(ModelDir(GetParam()), {});
   ASSERT_TRUE(model.ok());
   ModelGeometry other = (*model)->config().Geometry();
   other.layers = 3;

@@ -4,7 +4,7 @@
 
 namespace statecache {
 
-absl::StatusOr<Trajectory> RecordTrajectory(const Model& model, RecurrentStateStore* store,
+absl::StatusOr<Trajectory> RecordTrajectory(const LanguageModel& model, RecurrentStateStore* store,
                                             const Document& doc, absl::string_view source,
                                             RecurrentMode mode) {
   if (doc.bytes.empty()) return absl::InvalidArgumentError("document: empty");

@@ -23,7 +23,7 @@ namespace statecache {
 
 // Every byte of `doc` is an input (all of them produce a state write).
 // kInvalidArgument for an empty document.
-absl::StatusOr<Trajectory> RecordTrajectory(const Model& model, RecurrentStateStore* store,
+absl::StatusOr<Trajectory> RecordTrajectory(const LanguageModel& model, RecurrentStateStore* store,
                                             const Document& doc, absl::string_view source,
                                             RecurrentMode mode = RecurrentMode::kPrefill);
 

@@ -89,7 +89,7 @@ struct StoreHolder {
 absl::StatusOr<std::vector<Document>> LoadCorpusFlag(const std::string& value);
 
 // The --layouts provider. Calibration runs only when a mixed format needs it.
-absl::StatusOr<LayoutProvider> MakeLayouts(const Model& model, bool needed) {
+absl::StatusOr<LayoutProvider> MakeLayouts(const LanguageModel& model, bool needed) {
   const std::string v = absl::GetFlag(FLAGS_layouts);
   if (v == "identity" || !needed) return IdentityLayouts();
   if (v == "calibrate") {
@@ -106,7 +106,7 @@ absl::StatusOr<LayoutProvider> MakeLayouts(const Model& model, bool needed) {
   return LayoutsFromFiles(files, model.config().Geometry());
 }
 
-absl::StatusOr<StoreHolder> MakeStore(const Model& model) {
+absl::StatusOr<StoreHolder> MakeStore(const LanguageModel& model) {
   StoreHolder h;
   const std::string backend = absl::GetFlag(FLAGS_backend);
   const std::string format = absl::GetFlag(FLAGS_format);
@@ -128,11 +128,11 @@ absl::StatusOr<StoreHolder> MakeStore(const Model& model) {
   return h;
 }
 
-absl::StatusOr<std::unique_ptr<Model>> LoadModel() {
+absl::StatusOr<std::unique_ptr<LanguageModel>> LoadModel() {
   ASSIGN_OR_RETURN(std::string dir, ResolveShared(absl::GetFlag(FLAGS_model), "models/"));
-  Model::Options opts;
+  LanguageModel::Options opts;
   opts.threads = absl::GetFlag(FLAGS_threads);
-  return Model::Load(dir, opts);
+  return LanguageModel::Load(dir, opts);
 }
 
 absl::StatusOr<std::vector<Document>> LoadCorpusFlag(const std::string& value) {

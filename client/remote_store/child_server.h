@@ -1,11 +1,8 @@
 // ChildServer: a statecached started as a child process on a private
 // unix-domain socket, for the demo, benchmarks and tests of the worker side.
 //
-// Why a child and not StateCacheServer in process: the worker's model class
-// (client/model/model.h, `statecache::Model`) and the server's registry entry
-// (server/model_registry.h, also `statecache::Model`) share a name, so one
-// binary must not link both (their implicit destructors would collide at link
-// time). A child process also is what a real deployment looks like.
+// A child process, not StateCacheServer in process, because that is what a
+// real deployment looks like: the worker and the server share no memory.
 //
 //   ASSIGN_OR_RETURN(std::string bin, FindStatecached(""));
 //   ChildServer::Options o;

@@ -25,9 +25,9 @@ absl::StatusOr<DemoData> LoadDemoData(const std::string& model, int threads) {
   }
   const size_t slash = dir.find_last_of('/');
   d.model_name = slash == std::string::npos ? dir : dir.substr(slash + 1);
-  Model::Options options;
+  LanguageModel::Options options;
   options.threads = threads;
-  ASSIGN_OR_RETURN(d.model, Model::Load(dir, options));
+  ASSIGN_OR_RETURN(d.model, LanguageModel::Load(dir, options));
   ASSIGN_OR_RETURN(std::string heldout, SharedDataPath("corpus/heldout.jsonl"));
   ASSIGN_OR_RETURN(d.heldout, ReadCorpus(heldout));
   ASSIGN_OR_RETURN(std::string calibration, SharedDataPath("corpus/calibration.jsonl"));

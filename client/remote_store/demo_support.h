@@ -26,7 +26,7 @@ namespace statecache {
 
 struct DemoData {
   std::string model_name;  // "gdn-tiny"
-  std::unique_ptr<Model> model;
+  std::unique_ptr<LanguageModel> model;
   std::vector<Document> heldout;      // the workload's conversations
   std::vector<Document> calibration;  // DAMP calibration
 };

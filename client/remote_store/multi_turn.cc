@@ -188,7 +188,7 @@ std::vector<std::pair<int, int>> MakeSchedule(const std::vector<Conversation>& c
   return out;
 }
 
-absl::StatusOr<WorkloadResult> RunRemoteWorkload(const Model& model, StateCacheClient* client,
+absl::StatusOr<WorkloadResult> RunRemoteWorkload(const LanguageModel& model, StateCacheClient* client,
                                                  const std::string& model_id,
                                                  const std::vector<Conversation>& conversations,
                                                  const std::vector<std::pair<int, int>>& schedule,
@@ -236,7 +236,7 @@ absl::StatusOr<WorkloadResult> RunRemoteWorkload(const Model& model, StateCacheC
   return result;
 }
 
-absl::StatusOr<WorkloadResult> RunFp32Reference(const Model& model,
+absl::StatusOr<WorkloadResult> RunFp32Reference(const LanguageModel& model,
                                                 const std::vector<Conversation>& conversations,
                                                 const std::vector<std::pair<int, int>>& schedule) {
   const Clock::time_point start = Clock::now();
@@ -324,7 +324,7 @@ double Percentile(std::vector<double> values, double p) {
   return values[lo] + (values[hi] - values[lo]) * (rank - lo);
 }
 
-absl::StatusOr<StateLayout> CalibrateLayout(const Model& model,
+absl::StatusOr<StateLayout> CalibrateLayout(const LanguageModel& model,
                                             const std::vector<Document>& calibration_docs,
                                             int per_domain, const FormatSpec& format,
                                             std::string* info) {

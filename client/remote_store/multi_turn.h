@@ -120,7 +120,7 @@ struct WorkloadResult {
 
 // Serves the schedule through statecached with one RemoteStateStore (one
 // slot, reused turn after turn) of the registered `model_id`.
-absl::StatusOr<WorkloadResult> RunRemoteWorkload(const Model& model, StateCacheClient* client,
+absl::StatusOr<WorkloadResult> RunRemoteWorkload(const LanguageModel& model, StateCacheClient* client,
                                                  const std::string& model_id,
                                                  const std::vector<Conversation>& conversations,
                                                  const std::vector<std::pair<int, int>>& schedule,
@@ -128,7 +128,7 @@ absl::StatusOr<WorkloadResult> RunRemoteWorkload(const Model& model, StateCacheC
 
 // The same turns with in-process FP32 states (one live session per
 // conversation).
-absl::StatusOr<WorkloadResult> RunFp32Reference(const Model& model,
+absl::StatusOr<WorkloadResult> RunFp32Reference(const LanguageModel& model,
                                                 const std::vector<Conversation>& conversations,
                                                 const std::vector<std::pair<int, int>>& schedule);
 
@@ -151,7 +151,7 @@ double Percentile(std::vector<double> values, double p);
 // zero state), the calibration of issue 3 (kernels/calibration, damp
 // statistics only) and BuildLayout with the format's default selector (E*P).
 // `info` receives a one-line summary.
-absl::StatusOr<StateLayout> CalibrateLayout(const Model& model,
+absl::StatusOr<StateLayout> CalibrateLayout(const LanguageModel& model,
                                             const std::vector<Document>& calibration_docs,
                                             int per_domain, const FormatSpec& format,
                                             std::string* info);

@@ -107,7 +107,7 @@ class ServedWorkloadTest : public ::testing::Test {
   void SetUp() override {
     auto dir = SharedDataPath("models/gdn-tiny");
     ASSERT_TRUE(dir.ok()) << dir.status();
-    auto model = Model::Load(*dir, {});
+    auto model = LanguageModel::Load(*dir, {});
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     auto corpus = SharedDataPath("corpus/heldout.jsonl");
@@ -144,7 +144,7 @@ class ServedWorkloadTest : public ::testing::Test {
     ASSERT_TRUE(info.ok()) << info.status();
   }
 
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<LanguageModel> model_;
   std::vector<Conversation> convs_;
   std::vector<std::pair<int, int>> schedule_;
   std::unique_ptr<ChildServer> server_;

@@ -52,7 +52,7 @@ class RemoteStateStoreTest : public ::testing::Test {
   static void SetUpTestSuite() {
     auto dir = SharedDataPath("models/gdn-tiny");
     ASSERT_TRUE(dir.ok()) << dir.status();
-    auto model = Model::Load(*dir, {});
+    auto model = LanguageModel::Load(*dir, {});
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = model->release();
   }
@@ -99,7 +99,7 @@ class RemoteStateStoreTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  static Model* model_;
+  static LanguageModel* model_;
   std::unique_ptr<ChildServer> server_;
   std::unique_ptr<StateCacheClient> client_;
   ModelGeometry geometry_;
@@ -107,7 +107,7 @@ class RemoteStateStoreTest : public ::testing::Test {
   std::unique_ptr<Backend> backend_;
 };
 
-Model* RemoteStateStoreTest::model_ = nullptr;
+LanguageModel* RemoteStateStoreTest::model_ = nullptr;
 
 // Runs the fixed script: prefill `a`, then decode `b` one byte per call, then
 // one multi-token decode call of `c`. Returns all logits.
