@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/formats/numeric.h"
 #include "kernels/io/json.h"
 
 namespace statecache {
@@ -82,39 +83,6 @@ absl::StatusOr<SafetensorsDtype> ParseSafetensorsDtype(absl::string_view name) {
                               "\" (expected F32, F16, BF16, I32, I64, U8 or I8)"));
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F;
-  uint32_t mant = h & 0x3FF;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: renormalize
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400) == 0);
-      mant &= 0x3FF;
-      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
-    }
-  } else if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float Bf16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 int64_t TensorView::num_elements() const {
   int64_t n = 1;
@@ -314,10 +282,10 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ToFloat32(absl::string_view 
       if (n > 0) std::memcpy(out.data(), p, static_cast<size_t>(n) * 4);
       break;
     case SafetensorsDtype::kF16:
-      for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(LoadU16(p + 2 * i));
+      for (int64_t i = 0; i < n; ++i) out[i] = HalfBitsToFloat(LoadU16(p + 2 * i));
       break;
     case SafetensorsDtype::kBF16:
-      for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(LoadU16(p + 2 * i));
+      for (int64_t i = 0; i < n; ++i) out[i] = Bf16BitsToFloat(LoadU16(p + 2 * i));
       break;
     default:
       return Invalid(absl::StrCat("tensor \"", name, "\" has dtype ",

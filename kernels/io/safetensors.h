@@ -53,10 +53,6 @@ int SafetensorsDtypeSize(SafetensorsDtype dtype);
 // Parses the names above (case-sensitive); kInvalidArgument otherwise.
 absl::StatusOr<SafetensorsDtype> ParseSafetensorsDtype(absl::string_view name);
 
-// IEEE half / bfloat16 bit patterns -> float (exact; NaN/Inf preserved).
-float HalfToFloat(uint16_t bits);
-float Bf16ToFloat(uint16_t bits);
-
 // A tensor inside a SafetensorsFile; `bytes` points into the file's buffer
 // and is valid while the file object lives (and is not moved-from).
 // Data is little-endian and not necessarily aligned in memory: read with

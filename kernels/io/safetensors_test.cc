@@ -1,5 +1,7 @@
 #include "kernels/io/safetensors.h"
 
+#include "kernels/formats/numeric.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -92,16 +94,16 @@ TEST(SafetensorsTest, ConvertsBf16Weights) {
 }
 
 TEST(SafetensorsTest, HalfConversionsAreExact) {
-  EXPECT_EQ(HalfToFloat(0x3C00), 1.0f);
-  EXPECT_EQ(HalfToFloat(0xC000), -2.0f);
-  EXPECT_EQ(HalfToFloat(0x7BFF), 65504.0f);
-  EXPECT_EQ(HalfToFloat(0x0001), 5.9604644775390625e-8f);  // smallest subnormal
-  EXPECT_EQ(HalfToFloat(0x03FF), 6.097555160522461e-5f);   // largest subnormal
-  EXPECT_TRUE(std::isinf(HalfToFloat(0x7C00)));
-  EXPECT_TRUE(std::isnan(HalfToFloat(0x7E00)));
-  EXPECT_TRUE(std::signbit(HalfToFloat(0x8000)));
-  EXPECT_EQ(Bf16ToFloat(0x3F80), 1.0f);
-  EXPECT_EQ(Bf16ToFloat(0xC2F7), -123.5f);
+  EXPECT_EQ(HalfBitsToFloat(0x3C00), 1.0f);
+  EXPECT_EQ(HalfBitsToFloat(0xC000), -2.0f);
+  EXPECT_EQ(HalfBitsToFloat(0x7BFF), 65504.0f);
+  EXPECT_EQ(HalfBitsToFloat(0x0001), 5.9604644775390625e-8f);  // smallest subnormal
+  EXPECT_EQ(HalfBitsToFloat(0x03FF), 6.097555160522461e-5f);   // largest subnormal
+  EXPECT_TRUE(std::isinf(HalfBitsToFloat(0x7C00)));
+  EXPECT_TRUE(std::isnan(HalfBitsToFloat(0x7E00)));
+  EXPECT_TRUE(std::signbit(HalfBitsToFloat(0x8000)));
+  EXPECT_EQ(Bf16BitsToFloat(0x3F80), 1.0f);
+  EXPECT_EQ(Bf16BitsToFloat(0xC2F7), -123.5f);
 }
 
 TEST(SafetensorsTest, WriterRoundTripsAllDtypes) {
