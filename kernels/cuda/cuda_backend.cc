@@ -196,6 +196,13 @@ class CudaBackend : public Backend {
 
   absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override {
     const ModelGeometry& g = layout.geometry();
+    if (IsStepQuantFormat(layout.format().format)) {
+      // The fused STEPQuant kernel is not written yet (kernels/stepquant/README.md
+      // has its design); refuse here instead of failing inside a launch.
+      return absl::UnimplementedError(absl::StrCat(
+          "cuda: format ", FormatSpecName(layout.format()),
+          " has no CUDA kernel yet; use --backend=cpu for STEPQuant states"));
+    }
     if (!ci::TilingSupported(g.d_k, g.d_v)) {
       return absl::UnimplementedError(absl::StrCat(
           "cuda: head shape d_k=", g.d_k, " d_v=", g.d_v,
