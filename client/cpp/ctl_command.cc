@@ -7,7 +7,7 @@ namespace statecache {
 
 absl::StatusOr<StateCacheClient*> CtlContext::client() {
   if (client_ == nullptr) {
-    ASSIGN_OR_RETURN(client_, StateCacheClient::Connect(server_));
+    ASSIGN_OR_RETURN(client_, StateCacheClient::Connect(server_, client_options_));
     absl::Status ready = client_->WaitForReady(connect_timeout_);
     if (!ready.ok()) {
       client_.reset();

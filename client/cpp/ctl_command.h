@@ -25,8 +25,12 @@ namespace statecache {
 // What every subcommand can use.
 class CtlContext {
  public:
-  CtlContext(std::string server, absl::Duration connect_timeout, std::FILE* out)
-      : server_(std::move(server)), connect_timeout_(connect_timeout), out_(out) {}
+  CtlContext(std::string server, absl::Duration connect_timeout, std::FILE* out,
+             StateCacheClient::Options client_options = {})
+      : server_(std::move(server)),
+        connect_timeout_(connect_timeout),
+        out_(out),
+        client_options_(std::move(client_options)) {}
 
   const std::string& server() const { return server_; }
   std::FILE* out() const { return out_; }
@@ -38,6 +42,7 @@ class CtlContext {
   std::string server_;
   absl::Duration connect_timeout_;
   std::FILE* out_;
+  StateCacheClient::Options client_options_;  // bearer token, TLS credentials
   std::unique_ptr<StateCacheClient> client_;
 };
 
