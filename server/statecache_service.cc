@@ -1,7 +1,9 @@
 #include "server/statecache_service.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -11,7 +13,12 @@
 #include "kernels/backend/batch_validation.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/formats/numeric.h"
+#include "kernels/calibration/build_layout.h"
+#include "kernels/calibration/calibrator.h"
+#include "kernels/calibration/scores.h"
+#include "kernels/io/safetensors.h"
 #include "kernels/layout/layout_file.h"
+#include "kernels/trajectory/trajectory_file.h"
 #include "server/auth/tenants.h"
 #include "server/log.h"
 #include "server/pool/prefix_key.h"
@@ -430,6 +437,179 @@ grpc::Status StateCacheService::RegisterModel(grpc::ServerContext* ctx,
                                               v1::RegisterModelResponse* resp) {
   return Run(ctx, "RegisterModel",
              [&](Tenant& caller) { return DoRegisterModel(caller, *req, resp); });
+}
+
+// ---------------------------------------------------------------------------
+// Calibrate: the calibration library (kernels/calibration) over streamed
+// trajectory files, as `statecachectl calibrate` runs it.
+
+namespace {
+
+absl::Status Prefixed(const absl::Status& s, absl::string_view prefix) {
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+absl::Status ExceedsCalibrationBytes(int64_t total, int64_t limit) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("trajectory_file: the stream carries more than max_calibration_bytes=", limit,
+                   " bytes of trajectories (", total, " so far)"));
+}
+
+}  // namespace
+
+absl::Status StateCacheService::DoCalibrate(Tenant& caller,
+                                            const std::vector<v1::CalibrateRequest>& msgs,
+                                            v1::CalibrateResponse* resp) {
+  if (msgs.empty() || !msgs[0].has_settings()) {
+    return absl::InvalidArgumentError("settings: the first message must carry the settings");
+  }
+  const v1::CalibrateSettings& set = msgs[0].settings();
+  absl::StatusOr<ModelGeometry> parsed_geometry = GeometryFromProto(set.geometry());
+  if (!parsed_geometry.ok()) return Prefixed(parsed_geometry.status(), "settings.");
+  const ModelGeometry geometry = *parsed_geometry;
+  absl::StatusOr<FormatSpec> spec = ParseFormatSpec(set.format());
+  if (!spec.ok()) return Prefixed(spec.status(), "settings.format: ");
+  if (!IsMixedFormat(spec->format)) {
+    return absl::InvalidArgumentError(absl::StrCat("settings.format: ", FormatSpecName(*spec),
+                                                   " has no calibrated layout (use damp:K or "
+                                                   "damp-sr:K)"));
+  }
+  Selector selector = DefaultSelector(spec->format);
+  if (!set.selector().empty()) {
+    absl::StatusOr<Selector> parsed = ParseSelector(set.selector());
+    if (!parsed.ok()) return Prefixed(parsed.status(), "settings.selector: ");
+    selector = *parsed;
+  }
+  if (set.sample_every() < 0) {
+    return absl::InvalidArgumentError("settings.sample_every: must be >= 0 (0 = 8)");
+  }
+  if (set.horizon() < 0) {
+    return absl::InvalidArgumentError("settings.horizon: must be >= 0 (0 = 256)");
+  }
+  if (!set.model_id().empty()) {
+    absl::Status id_ok = ValidateModelId(set.model_id());
+    if (!id_ok.ok()) return Prefixed(id_ok, "settings.");
+  }
+
+  // Parse every trajectory (bounded bytes), checking it against the settings.
+  int64_t total_bytes = 0;
+  std::vector<Trajectory> trajectories;
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const v1::CalibrateRequest& m = msgs[i];
+    const std::string where = absl::StrCat("message ", i, ": ");
+    if (i > 0 && m.has_settings()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "settings: only the first message may carry settings"));
+    }
+    if (m.trajectory_file().empty()) {
+      if (!m.domain().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "domain: given without a trajectory_file"));
+      }
+      continue;
+    }
+    total_bytes += static_cast<int64_t>(m.trajectory_file().size());
+    if (total_bytes > limits_.max_calibration_bytes) {
+      return ExceedsCalibrationBytes(total_bytes, limits_.max_calibration_bytes);
+    }
+    absl::StatusOr<SafetensorsFile> file = SafetensorsFile::FromBytes(m.trajectory_file());
+    if (!file.ok()) return Prefixed(file.status(), absl::StrCat(where, "trajectory_file: "));
+    absl::StatusOr<Trajectory> t = TrajectoryFromSafetensors(*file);
+    if (!t.ok()) return Prefixed(t.status(), absl::StrCat(where, "trajectory_file: "));
+    if (!(t->geometry == geometry)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "trajectory_file: geometry ", t->geometry.DebugString(),
+          " differs from settings.geometry ", geometry.DebugString()));
+    }
+    if (!m.domain().empty()) t->domain = m.domain();
+    trajectories.push_back(std::move(*t));
+  }
+  if (trajectories.empty()) {
+    return absl::InvalidArgumentError("trajectory_file: no trajectories in the stream");
+  }
+
+  CalibrationOptions opts;
+  if (set.sample_every() > 0) opts.sample_every = set.sample_every();
+  if (set.horizon() > 0) opts.horizon = set.horizon();
+  opts.damp_sr = spec->format == StateFormat::kDampSr;
+  opts.prefetch = 0;  // already in memory
+  ASSIGN_OR_RETURN(CalibrationStats st, statecache::Calibrate(TrajectoriesFromVector(&trajectories), opts));
+  LayoutRequest lreq;
+  lreq.format = *spec;
+  lreq.selector = selector;
+  ASSIGN_OR_RETURN(BuiltLayout built, BuildLayout(st, lreq));
+  const std::map<std::string, std::string> info = {
+      {"selector", SelectorName(selector)},
+      {"calibration", absl::StrCat(trajectories.size(), " streamed trajectories")},
+      {"samples_per_head", absl::StrCat(st.samples)},
+      {"sample_every", absl::StrCat(opts.sample_every)},
+      {"horizon", absl::StrCat(opts.horizon)},
+      {"tau", absl::StrCat(lreq.tau)},
+      {"domains", absl::StrJoin(st.domains, ",")},
+      {"tool", "statecached Calibrate"},
+  };
+  ASSIGN_OR_RETURN(std::string file_bytes, SerializeLayout(built.layout, info, built.scores));
+
+  resp->set_layout_fingerprint(built.layout.Fingerprint());
+  resp->set_selector(SelectorName(selector));
+  resp->set_samples(st.samples);
+  resp->set_tokens(st.tokens);
+  std::map<std::string, v1::CalibrationDomain> domains;
+  for (const Trajectory& t : trajectories) {
+    v1::CalibrationDomain& d = domains[t.domain];
+    d.set_domain(t.domain);
+    d.set_trajectories(d.trajectories() + 1);
+    d.set_samples(d.samples() + t.tokens / opts.sample_every);
+  }
+  for (auto& [name, d] : domains) *resp->add_domains() = std::move(d);
+  absl::StatusOr<StabilityReport> stab =
+      ComputeStability(st, lreq, std::min(16, geometry.d_k));
+  if (stab.ok()) {
+    v1::CalibrationStability* s = resp->mutable_stability();
+    s->set_top(stab->top);
+    s->set_common(stab->overall.common);
+    s->set_overlap(stab->overall.overlap);
+    s->set_spearman(stab->overall.spearman);
+    s->set_random_common(stab->random_common);
+  }
+  if (!set.model_id().empty()) {
+    v1::RegisterModelRequest reg;
+    reg.set_model_id(set.model_id());
+    *reg.mutable_geometry() = set.geometry();
+    reg.set_format(set.format());
+    reg.set_layout_file(file_bytes);
+    reg.set_slots(set.slots());
+    reg.set_checkpoints(set.checkpoints());
+    v1::RegisterModelResponse registered;
+    RETURN_IF_ERROR(DoRegisterModel(caller, reg, &registered));
+    *resp->mutable_model() = std::move(*registered.mutable_model());
+  }
+  resp->set_layout_file(std::move(file_bytes));
+  LogEvent("model_calibrated",
+           absl::StrCat("format=", FormatSpecName(*spec), " selector=", SelectorName(selector),
+                        " trajectories=", trajectories.size(), " samples=", st.samples,
+                        " fingerprint=", absl::Hex(built.layout.Fingerprint(), absl::kZeroPad16),
+                        " model=", set.model_id()));
+  return absl::OkStatus();
+}
+
+grpc::Status StateCacheService::Calibrate(grpc::ServerContext* ctx,
+                                          grpc::ServerReader<v1::CalibrateRequest>* reader,
+                                          v1::CalibrateResponse* resp) {
+  return Run(ctx, "Calibrate", [&](Tenant& caller) -> absl::Status {
+    std::vector<v1::CalibrateRequest> msgs;
+    int64_t total_bytes = 0;
+    v1::CalibrateRequest msg;
+    while (reader->Read(&msg)) {
+      total_bytes += static_cast<int64_t>(msg.trajectory_file().size());
+      if (total_bytes > limits_.max_calibration_bytes) {
+        return ExceedsCalibrationBytes(total_bytes, limits_.max_calibration_bytes);
+      }
+      msgs.push_back(std::move(msg));
+      msg.Clear();
+    }
+    return DoCalibrate(caller, msgs, resp);
+  });
 }
 
 grpc::Status StateCacheService::ListModels(grpc::ServerContext* ctx, const v1::ListModelsRequest*,

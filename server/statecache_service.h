@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -53,6 +54,9 @@ class StateCacheService final : public v1::StateCache::Service {
     // L2-normalized); keeps the recurrence finite. 65504 = fp16 max.
     float max_abs_value = 65504.f;
     bool log_cache_events = false;      // one line per snapshot / restore / lookup
+    // Trajectory file bytes per Calibrate call, all messages together
+    // (kResourceExhausted naming "max_calibration_bytes" beyond it).
+    int64_t max_calibration_bytes = int64_t{1} << 30;
   };
 
   // `backend`, `registry` and `metrics` must outlive the service.
@@ -61,6 +65,8 @@ class StateCacheService final : public v1::StateCache::Service {
 
   grpc::Status RegisterModel(grpc::ServerContext* ctx, const v1::RegisterModelRequest* req,
                              v1::RegisterModelResponse* resp) override;
+  grpc::Status Calibrate(grpc::ServerContext* ctx, grpc::ServerReader<v1::CalibrateRequest>* reader,
+                         v1::CalibrateResponse* resp) override;
   grpc::Status ListModels(grpc::ServerContext* ctx, const v1::ListModelsRequest* req,
                           v1::ListModelsResponse* resp) override;
   grpc::Status DescribeModel(grpc::ServerContext* ctx, const v1::DescribeModelRequest* req,
@@ -126,6 +132,11 @@ class StateCacheService final : public v1::StateCache::Service {
   // `caller` (default_tenant() when authentication is off).
   absl::Status DoRegisterModel(Tenant& caller, const v1::RegisterModelRequest& req,
                                v1::RegisterModelResponse* resp);
+  // Calibrate over the messages of one stream (the first carries the
+  // settings); also checks limits.max_calibration_bytes (the gRPC handler
+  // checks it while reading, to stop early).
+  absl::Status DoCalibrate(Tenant& caller, const std::vector<v1::CalibrateRequest>& msgs,
+                           v1::CalibrateResponse* resp);
   absl::Status DoDescribeModel(Tenant& caller, const v1::DescribeModelRequest& req,
                                v1::ModelInfo* resp);
   absl::Status DoDropModel(Tenant& caller, const v1::DropModelRequest& req);

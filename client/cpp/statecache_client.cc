@@ -176,6 +176,34 @@ absl::StatusOr<v1::ModelInfo> StateCacheClient::RegisterModel(const ModelRegistr
   return resp.model();
 }
 
+absl::StatusOr<v1::CalibrateResponse> StateCacheClient::Calibrate(
+    const v1::CalibrateSettings& settings, absl::Span<const CalibrationTrajectory> trajectories) {
+  v1::CalibrateResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  std::unique_ptr<grpc::ClientWriter<v1::CalibrateRequest>> writer =
+      stub_->Calibrate(&ctx, &resp);
+  v1::CalibrateRequest first;
+  *first.mutable_settings() = settings;
+  size_t next = 0;
+  if (!trajectories.empty()) {
+    first.set_trajectory_file(trajectories[0].file);
+    first.set_domain(trajectories[0].domain);
+    next = 1;
+  }
+  bool open = writer->Write(first);
+  for (; open && next < trajectories.size(); ++next) {
+    v1::CalibrateRequest msg;
+    msg.set_trajectory_file(trajectories[next].file);
+    msg.set_domain(trajectories[next].domain);
+    open = writer->Write(msg);
+  }
+  // A failed Write means the server already answered; Finish returns why.
+  writer->WritesDone();
+  RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  return resp;  // a registered model's geometry is fetched by Geometry() on first use
+}
+
 absl::StatusOr<std::vector<v1::ModelInfo>> StateCacheClient::ListModels() {
   v1::ListModelsResponse resp;
   grpc::ClientContext ctx;

@@ -119,6 +119,13 @@ struct ExportedState {
   std::string packed;
 };
 
+// One trajectory file of a Calibrate call (TRAJECTORY_FORMAT.md bytes) and
+// its calibration domain ("" = the file's own).
+struct CalibrationTrajectory {
+  std::string file;
+  std::string domain;
+};
+
 class StateCacheClient;
 
 // A bidirectional UpdateStream: requests are answered in order. Send() may
@@ -193,6 +200,13 @@ class StateCacheClient {
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels();
   absl::StatusOr<v1::ModelInfo> DescribeModel(absl::string_view model_id);
   absl::Status DropModel(absl::string_view model_id, bool force = false);
+  // Streams `trajectories` to the server's calibration (settings in the
+  // first message, one trajectory per message) and returns the layout file,
+  // fingerprint, per-domain counts, stability and - with settings.model_id -
+  // the registered model. Uses the client timeout for the whole call.
+  absl::StatusOr<v1::CalibrateResponse> Calibrate(
+      const v1::CalibrateSettings& settings,
+      absl::Span<const CalibrationTrajectory> trajectories);
 
   absl::StatusOr<std::vector<SlotHandle>> AllocateSlots(absl::string_view model_id, int count);
   absl::Status ReleaseSlots(absl::string_view model_id, absl::Span<const SlotHandle> slots);
