@@ -52,6 +52,8 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(int64_t, slot_idle_timeout_ms, 600000,
           "Slot lease: an allocated slot with no call for this long is released (its handle "
           "goes stale), so a dead client's slots come back. 0 = never.");
+ABSL_FLAG(int64_t, max_calibration_bytes, int64_t{1} << 30,
+          "Most trajectory bytes one Calibrate call may stream (RESOURCE_EXHAUSTED past it).");
 ABSL_FLAG(int64_t, max_work_heads, int64_t{1} << 24,
           "Per-request work bound: batch x tokens x value heads of one Update / Prefill "
           "(batch x layers x heads for a Prefill of states).");
@@ -180,6 +182,7 @@ int Main() {
   options.limits.max_aux_bytes = absl::GetFlag(FLAGS_max_aux_bytes);
   options.limits.log_cache_events = absl::GetFlag(FLAGS_log_cache_events);
   options.limits.max_work_heads = absl::GetFlag(FLAGS_max_work_heads);
+  options.limits.max_calibration_bytes = absl::GetFlag(FLAGS_max_calibration_bytes);
   options.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.security.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
