@@ -15,8 +15,7 @@
 #include "kernels/backend/backend.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/eval/format_report.h"
-#include "kernels/io/safetensors.h"
-#include "kernels/io/test_data.h"
+#include "kernels/trajectory/golden.h"
 #include "kernels/trajectory/synthetic.h"
 
 ABSL_FLAG(int, tokens, 1024, "Decode steps of the SYNTHETIC trajectory.");
@@ -25,27 +24,6 @@ ABSL_FLAG(std::string, backend, "cpu", "Backend: cpu, cuda or auto.");
 
 namespace statecache {
 namespace {
-
-absl::StatusOr<Trajectory> GoldenTrajectory() {
-  ASSIGN_OR_RETURN(std::string path, SharedDataPath("models/gdn-tiny/golden.safetensors"));
-  ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
-  Trajectory t;
-  t.geometry = ModelGeometry{Arch::kGdn, 4, 2, 4, 128, 128};
-  t.tokens = 64;
-  t.domain = "golden";
-  t.source = "gdn-tiny golden.safetensors";
-  for (int l = 0; l < 4; ++l) {
-    const std::string p = absl::StrCat("layer", l, ".");
-    LayerInputs& in = t.layers.emplace_back();
-    ASSIGN_OR_RETURN(in.q, file.ToFloat32(p + "q"));
-    ASSIGN_OR_RETURN(in.k, file.ToFloat32(p + "k"));
-    ASSIGN_OR_RETURN(in.v, file.ToFloat32(p + "v"));
-    ASSIGN_OR_RETURN(in.g, file.ToFloat32(p + "g"));
-    ASSIGN_OR_RETURN(in.beta, file.ToFloat32(p + "beta"));
-  }
-  RETURN_IF_ERROR(t.Validate());
-  return t;
-}
 
 absl::Status Run() {
   const int k_hi = absl::GetFlag(FLAGS_k_hi);
@@ -56,7 +34,8 @@ absl::Status Run() {
                                  ModelGeometry{Arch::kGdn, 30, 16, 32, 128, 128})
                   .c_str());
 
-  ASSIGN_OR_RETURN(Trajectory golden, GoldenTrajectory());
+  ASSIGN_OR_RETURN(Trajectory golden,
+                   GoldenTrajectory("gdn-tiny", ModelGeometry{Arch::kGdn, 4, 2, 4, 128, 128}));
   ASSIGN_OR_RETURN(std::vector<int32_t> golden_perm, ErrorEnergyKeyPerm(*backend, {golden}, k_hi));
   ASSIGN_OR_RETURN(std::vector<AccuracyRow> golden_rows,
                    AccuracyTable(*backend, {golden}, k_hi, golden_perm, ReplayOptions{}));

@@ -32,10 +32,9 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/eval/format_report.h"
 #include "kernels/eval/replay.h"
-#include "kernels/io/safetensors.h"
-#include "kernels/io/test_data.h"
 #include "kernels/layout/layout_file.h"
 #include "kernels/stepquant/calibration.h"
+#include "kernels/trajectory/golden.h"
 #include "kernels/trajectory/synthetic.h"
 #include "kernels/trajectory/trajectory_file.h"
 
@@ -69,27 +68,6 @@ absl::StatusOr<std::vector<Trajectory>> ReadFolder(const std::string& dir) {
   }
   if (out.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no .safetensors trajectories"));
   return out;
-}
-
-absl::StatusOr<Trajectory> Golden(const std::string& model, const ModelGeometry& geo) {
-  ASSIGN_OR_RETURN(std::string path, SharedDataPath("models/" + model + "/golden.safetensors"));
-  ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
-  Trajectory t;
-  t.geometry = geo;
-  t.tokens = 64;
-  t.domain = "golden";
-  t.source = model + " golden.safetensors";
-  for (int l = 0; l < geo.layers; ++l) {
-    const std::string p = absl::StrCat("layer", l, ".");
-    LayerInputs& in = t.layers.emplace_back();
-    ASSIGN_OR_RETURN(in.q, file.ToFloat32(p + "q"));
-    ASSIGN_OR_RETURN(in.k, file.ToFloat32(p + "k"));
-    ASSIGN_OR_RETURN(in.v, file.ToFloat32(p + "v"));
-    ASSIGN_OR_RETURN(in.g, file.ToFloat32(p + "g"));
-    ASSIGN_OR_RETURN(in.beta, file.ToFloat32(p + "beta"));
-  }
-  RETURN_IF_ERROR(t.Validate());
-  return t;
 }
 
 Trajectory Truncate(const Trajectory& t, int tokens) {
@@ -218,7 +196,7 @@ absl::Status Run() {
     names.push_back(absl::StrCat("held-out recorded (", cal[0].source, ")"));
   }
   if (!absl::GetFlag(FLAGS_golden).empty()) {
-    ASSIGN_OR_RETURN(Trajectory g, Golden(absl::GetFlag(FLAGS_golden), cal[0].geometry));
+    ASSIGN_OR_RETURN(Trajectory g, GoldenTrajectory(absl::GetFlag(FLAGS_golden), cal[0].geometry));
     evals.push_back({std::move(g)});
     names.push_back(absl::StrCat(absl::GetFlag(FLAGS_golden), " golden.safetensors inputs"));
   }
