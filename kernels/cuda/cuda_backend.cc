@@ -14,6 +14,7 @@
 #include "kernels/cuda/internal/cuda_runtime.h"
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/launchers.h"
+#include "kernels/cuda/internal/stepquant_params.h"
 
 namespace statecache {
 namespace {
@@ -42,7 +43,8 @@ class CudaPreparedModel : public PreparedModel {
  public:
   explicit CudaPreparedModel(StateLayout layout) : layout_(std::move(layout)) {}
   ~CudaPreparedModel() override {
-    for (void* p : {key_perm_, value_order_, value_scale_}) {
+    for (void* p : {key_perm_, value_order_, value_scale_, step_heads_, row_impact_,
+                    head_offsets_}) {
       if (p != nullptr) ci::Free(p);
     }
   }
@@ -54,7 +56,38 @@ class CudaPreparedModel : public PreparedModel {
     }
     RETURN_IF_ERROR(UploadVector(layout_.all_value_orders(), &value_order_));
     RETURN_IF_ERROR(UploadVector(layout_.all_value_scales(), &value_scale_));
+    if (IsStepQuantFormat(layout_.format().format)) {
+      const ModelGeometry& g = layout_.geometry();
+      std::vector<StepHeadLayout> heads;
+      heads.reserve(static_cast<size_t>(g.HeadsPerSlot()));
+      for (int layer = 0; layer < g.layers; ++layer) {
+        for (int h = 0; h < g.h_v; ++h) heads.push_back(layout_.step_head(layer, h));
+      }
+      RETURN_IF_ERROR(UploadVector(heads, &step_heads_));
+      RETURN_IF_ERROR(UploadVector(layout_.all_row_impacts(), &row_impact_));
+      RETURN_IF_ERROR(UploadVector(layout_.head_offsets(), &head_offsets_));
+    }
     return absl::OkStatus();
+  }
+
+  // Kernel parameters of a STEPQuant layout (geometry, device maps, pool).
+  ci::StepKernelParams StepParams(const PoolView& pool) const {
+    const ModelGeometry& g = layout_.geometry();
+    ci::StepKernelParams p;
+    p.layers = g.layers;
+    p.h_qk = g.h_qk;
+    p.h_v = g.h_v;
+    p.d_k = g.d_k;
+    p.d_v = g.d_v;
+    p.kda = g.arch == Arch::kKda;
+    p.scale = g.EffectiveScale();
+    p.heads = static_cast<const StepHeadLayout*>(step_heads_);
+    p.row_impact = static_cast<const float*>(row_impact_);
+    p.head_offsets = static_cast<const int64_t*>(head_offsets_);
+    p.key_perm = key_perm();
+    p.pool_base = pool.base;
+    p.slot_bytes = pool.slot_bytes();
+    return p;
   }
 
   ci::HeadGeometry Geometry() const {
@@ -102,6 +135,9 @@ class CudaPreparedModel : public PreparedModel {
   void* key_perm_ = nullptr;
   void* value_order_ = nullptr;
   void* value_scale_ = nullptr;
+  void* step_heads_ = nullptr;    // StepHeadLayout [layers * h_v] (STEPQuant)
+  void* row_impact_ = nullptr;    // float [layers * h_v * d_k] (STEPQuant)
+  void* head_offsets_ = nullptr;  // int64 [layers * h_v] (STEPQuant)
 };
 
 ci::PoolParams PoolOf(const PoolView& pool) {
@@ -197,11 +233,23 @@ class CudaBackend : public Backend {
   absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override {
     const ModelGeometry& g = layout.geometry();
     if (IsStepQuantFormat(layout.format().format)) {
-      // The fused STEPQuant kernel is not written yet (kernels/stepquant/README.md
-      // has its design); refuse here instead of failing inside a launch.
-      return absl::UnimplementedError(absl::StrCat(
-          "cuda: format ", FormatSpecName(layout.format()),
-          " has no CUDA kernel yet; use --backend=cpu for STEPQuant states"));
+      // STEPQuant: per-head sizes (head_offsets) and its own kernels
+      // (internal/stepquant_kernel.cu); one CTA holds the FP32 head in
+      // shared memory.
+      if (!ci::StepShapeSupported(g.d_k, g.d_v)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "cuda: head shape d_k=", g.d_k, " d_v=", g.d_v, " needs ",
+            ci::StepSharedBytes(g.d_k, g.d_v),
+            " bytes of shared memory per head for ", FormatSpecName(layout.format()),
+            " (limit 227 KiB)"));
+      }
+      if (layout.head_offsets().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layout: format ", FormatSpecName(layout.format()), " has no head_offsets"));
+      }
+      auto model = std::make_unique<CudaPreparedModel>(layout);
+      RETURN_IF_ERROR(model->Upload());
+      return std::unique_ptr<PreparedModel>(std::move(model));
     }
     if (!ci::TilingSupported(g.d_k, g.d_v)) {
       return absl::UnimplementedError(absl::StrCat(
@@ -467,6 +515,22 @@ class CudaBackend : public Backend {
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error) {
+    if (IsStepQuantFormat(m.layout().format().format)) {
+      ci::StepKernelParams sp = m.StepParams(pool);
+      sp.layer = layer;
+      sp.batch = batch;
+      sp.tokens = tokens;
+      sp.slots = slots;
+      sp.dtype = static_cast<int>(dtype);
+      sp.q = q;
+      sp.k = k;
+      sp.v = v;
+      sp.g = g;
+      sp.beta = beta;
+      sp.o = o;
+      sp.abort_if_error = abort_if_error;
+      return CudaStatus(ci::LaunchStepRecurrence(sp, stream_), "stepquant recurrence kernel");
+    }
     ci::RecurrenceParams p;
     p.abort_if_error = abort_if_error;
     p.geo = m.Geometry();
@@ -506,6 +570,16 @@ class CudaBackend : public Backend {
     }
     RETURN_IF_ERROR(CudaStatus(rc, "validation kernels"));
     RETURN_IF_ERROR(FinishValidation(slots, nullptr, pool.num_slots, 0));
+    if (IsStepQuantFormat(layout.format().format)) {
+      ci::StepKernelParams sp = m->StepParams(pool);
+      sp.slots = slots;
+      sp.n = n;
+      sp.states = states;
+      RETURN_IF_ERROR(CudaStatus(pack ? ci::LaunchStepPack(sp, stream_)
+                                      : ci::LaunchStepUnpack(sp, stream_),
+                                 pack ? "stepquant pack kernel" : "stepquant unpack kernel"));
+      return CudaStatus(ci::StreamSynchronize(stream_), pack ? "pack" : "unpack");
+    }
     ci::PackParams p;
     p.geo = m->Geometry();
     p.key_perm = m->key_perm();

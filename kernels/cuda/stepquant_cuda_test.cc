@@ -1,0 +1,404 @@
+// The CUDA backend with stepquant-6 / stepquant-4 layouts against the CPU
+// backend (issue 9): packed bytes after decode steps and prefill, outputs to
+// 1e-5 relative, slots outside the batch untouched, pack / unpack bytes and
+// values. Layouts are hand-built calibrated-looking maps (random key
+// permutations, FP16 pivots, mixed widths, random row impact) via
+// StateLayout::CreateStepQuant, at 128 x 128 (64 KiB of shared memory per
+// head, two 64-row reduction chunks) and small shapes.
+//
+// Exactness: the codec must be byte-identical. The recurrence's decay
+// exp(g) differs between glibc expf (CPU) and (float)exp(double) (GPU) on rare
+// near-tie arguments (internal/stepquant_params.h); the decode / prefill tests
+// count the differing bytes, print them, and allow at most
+// kMaxDifferingByteFraction of the pool. Pack / unpack involve no exp and must
+// match exactly.
+//
+// Skips (GTEST_SKIP) without a usable GPU; tagged gpu_only. On the device:
+//   kernels/cuda/stage_stepquant_device.sh   (here), then
+//   LD_LIBRARY_PATH=.device/stepquant_lib .device/stepquant_cuda_test
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/formats/format.h"
+#include "kernels/layout/state_layout.h"
+
+namespace statecache {
+namespace {
+
+constexpr double kMaxDifferingByteFraction = 1e-3;
+constexpr double kOutputRelTol = 1e-5;
+
+std::unique_ptr<Backend>& Gpu() {
+  static auto* backend = new std::unique_ptr<Backend>([] {
+    absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend();
+    if (!b.ok()) return std::unique_ptr<Backend>();
+    return std::move(b).value();
+  }());
+  return *backend;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (Gpu() == nullptr) GTEST_SKIP() << "no usable CUDA device"
+
+// A device copy of a host vector.
+template <typename T>
+std::unique_ptr<BackendBuffer> ToGpu(const std::vector<T>& host) {
+  std::unique_ptr<BackendBuffer> buf =
+      Gpu()->Allocate(static_cast<int64_t>(std::max<size_t>(1, host.size()) * sizeof(T))).value();
+  if (!host.empty()) {
+    EXPECT_TRUE(Gpu()->CopyIn(buf->data(), host.data(), host.size() * sizeof(T)).ok());
+  }
+  return buf;
+}
+template <typename T>
+std::vector<T> FromGpu(const BackendBuffer& buf, size_t n) {
+  std::vector<T> out(n);
+  EXPECT_TRUE(Gpu()->CopyOut(out.data(), buf.data(), n * sizeof(T)).ok());
+  return out;
+}
+
+struct Pool {
+  Backend* backend = nullptr;
+  std::unique_ptr<BackendBuffer> buf;
+  std::unique_ptr<PreparedModel> model;
+  PoolView view;
+  int64_t bytes() const { return view.num_slots * view.slot_bytes(); }
+  std::vector<uint8_t> Bytes() const {
+    std::vector<uint8_t> out(bytes());
+    EXPECT_TRUE(backend->CopyOut(out.data(), view.base, bytes()).ok());
+    return out;
+  }
+  void SetBytes(const std::vector<uint8_t>& b) {
+    ASSERT_EQ(static_cast<int64_t>(b.size()), bytes());
+    ASSERT_TRUE(backend->CopyIn(view.base, b.data(), bytes()).ok());
+  }
+};
+
+Pool MakePool(Backend& backend, const StateLayout& layout, int slots) {
+  Pool p;
+  p.backend = &backend;
+  p.buf = backend.Allocate(layout.slot_bytes() * slots).value();
+  absl::StatusOr<std::unique_ptr<PreparedModel>> m = backend.Prepare(layout);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (m.ok()) p.model = std::move(m).value();
+  p.view = PoolView{p.buf->data(), slots, layout.geometry().layers, layout.geometry().h_v,
+                    layout.head_layout().head_bytes};
+  return p;
+}
+
+// A calibrated-looking layout: random key permutations; GDN one width per
+// head (head 1 of each layer an FP16 pivot head), KDA mixed rows with two
+// pivots per head; random row impact in (0.05, 1].
+StateLayout MixedLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0.05f, 1.0f);
+  const std::vector<int> cand =
+      f == kStepQuant6 ? std::vector<int>{4, 6, 8} : std::vector<int>{3, 4, 6, 8};
+  std::vector<int32_t> perm;
+  std::vector<int8_t> bits;
+  std::vector<float> impact;
+  for (int64_t h = 0; h < geo.HeadsPerSlot(); ++h) {
+    std::vector<int32_t> p(geo.d_k);
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(p.begin(), p.end(), rng);
+    perm.insert(perm.end(), p.begin(), p.end());
+    std::vector<int8_t> b(geo.d_k);
+    if (geo.arch == Arch::kGdn) {
+      std::fill(b.begin(), b.end(), h % geo.h_v == 1 ? 16 : cand[h % cand.size()]);
+    } else {
+      for (int r = 0; r < geo.d_k; ++r) b[r] = r < 2 ? 16 : cand[rng() % cand.size()];
+      std::sort(b.begin(), b.end(), std::greater<int8_t>());
+    }
+    bits.insert(bits.end(), b.begin(), b.end());
+    for (int r = 0; r < geo.d_k; ++r) impact.push_back(u(rng));
+  }
+  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(geo, {f, 0}, perm, bits, impact);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return *l;
+}
+
+struct Batch {
+  std::vector<float> q, k, v, g, beta;
+};
+
+// `rows` token rows of random inputs (q, k unit norm, decays in [0.8, 1)).
+Batch RandomBatch(const ModelGeometry& geo, int rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  Batch b;
+  auto unit = [&](std::vector<float>& x, int64_t count, int dim) {
+    x.resize(count * dim);
+    for (int64_t i = 0; i < count; ++i) {
+      double s = 0;
+      for (int j = 0; j < dim; ++j) s += std::pow(x[i * dim + j] = n(rng), 2);
+      for (int j = 0; j < dim; ++j) x[i * dim + j] /= static_cast<float>(std::sqrt(s));
+    }
+  };
+  unit(b.q, int64_t{rows} * geo.h_qk, geo.d_k);
+  unit(b.k, int64_t{rows} * geo.h_qk, geo.d_k);
+  b.v.resize(int64_t{rows} * geo.h_v * geo.d_v);
+  for (float& x : b.v) x = n(rng);
+  b.g.resize(int64_t{rows} * geo.h_v * geo.GateWidth());
+  for (float& x : b.g) x = std::log(0.8f + 0.2f * u(rng));
+  b.beta.resize(int64_t{rows} * geo.h_v);
+  for (float& x : b.beta) x = 0.2f + 0.6f * u(rng);
+  return b;
+}
+
+// The batch's arrays on the device.
+struct GpuBatch {
+  std::unique_ptr<BackendBuffer> q, k, v, g, beta;
+  explicit GpuBatch(const Batch& b)
+      : q(ToGpu(b.q)), k(ToGpu(b.k)), v(ToGpu(b.v)), g(ToGpu(b.g)), beta(ToGpu(b.beta)) {}
+};
+
+std::vector<float> RandomStates(const ModelGeometry& geo, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> s(int64_t{n} * geo.HeadsPerSlot() * geo.d_k * geo.d_v);
+  for (float& x : s) x = 0.5f * d(rng);
+  return s;
+}
+
+int64_t DifferingBytes(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+// max_i |gpu_i - cpu_i| / max(max_i |cpu_i|, 1e-30).
+double MaxRelError(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  double err = 0, mag = 1e-30;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(gpu[i]) - cpu[i]));
+    mag = std::max(mag, std::fabs(static_cast<double>(cpu[i])));
+  }
+  return err / mag;
+}
+
+// Bytes of slot s of a pool image.
+std::vector<uint8_t> SlotBytes(const std::vector<uint8_t>& pool, int64_t slot_bytes, int s) {
+  return std::vector<uint8_t>(pool.begin() + s * slot_bytes, pool.begin() + (s + 1) * slot_bytes);
+}
+
+using Param = std::tuple<ModelGeometry, StateFormat>;
+
+class StepCudaTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    std::tie(geo_, format_) = GetParam();
+    layout_ = std::make_unique<StateLayout>(MixedLayout(geo_, format_, 7));
+    cpu_ = CpuBackend::Create({2});
+    cpu_pool_ = MakePool(*cpu_, *layout_, kSlots);
+    gpu_pool_ = MakePool(*Gpu(), *layout_, kSlots);
+    ASSERT_NE(gpu_pool_.model, nullptr);
+    // Same starting bytes in both pools: every slot packed on the CPU.
+    const std::vector<float> states = RandomStates(geo_, kSlots, 11);
+    const int32_t all[kSlots] = {0, 1, 2, 3};
+    ASSERT_TRUE(
+        cpu_->PackStates(*cpu_pool_.model, cpu_pool_.view, all, kSlots, states.data()).ok());
+    start_ = cpu_pool_.Bytes();
+    gpu_pool_.SetBytes(start_);
+  }
+
+  static constexpr int kSlots = 4;
+  ModelGeometry geo_;
+  StateFormat format_;
+  std::unique_ptr<StateLayout> layout_;
+  std::unique_ptr<CpuBackend> cpu_;
+  Pool cpu_pool_, gpu_pool_;
+  std::vector<uint8_t> start_;
+};
+
+TEST_P(StepCudaTest, DecodeStepsMatchCpuBytes) {
+  constexpr int kSteps = 8;
+  const std::vector<int32_t> slots = {2, -1, 0};  // slots 1 and 3 stay out
+  const int batch = static_cast<int>(slots.size());
+  auto gpu_slots = ToGpu(slots);
+  const int64_t o_count = int64_t{batch} * geo_.h_v * geo_.d_v;
+  auto gpu_o = Gpu()->Allocate(o_count * 4).value();
+  for (int step = 0; step < kSteps; ++step) {
+    const Batch b = RandomBatch(geo_, batch, 100 + step);
+    GpuBatch gb(b);
+    std::vector<float> cpu_o(o_count, -1.0f);
+    ASSERT_TRUE(cpu_->DecodeUpdate(*cpu_pool_.model, cpu_pool_.view, 0,
+                                   DecodeInputs{batch, slots.data(), DType::kFp32, b.q.data(),
+                                                b.k.data(), b.v.data(), b.g.data(), b.beta.data(),
+                                                cpu_o.data()})
+                    .ok());
+    const int layer = step % geo_.layers;
+    if (layer != 0) {
+      ASSERT_TRUE(cpu_->DecodeUpdate(*cpu_pool_.model, cpu_pool_.view, layer,
+                                     DecodeInputs{batch, slots.data(), DType::kFp32, b.q.data(),
+                                                  b.k.data(), b.v.data(), b.g.data(),
+                                                  b.beta.data(), cpu_o.data()})
+                      .ok());
+    }
+    absl::Status st = Gpu()->DecodeUpdate(
+        *gpu_pool_.model, gpu_pool_.view, 0,
+        DecodeInputs{batch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
+                     DType::kFp32, gb.q->data(), gb.k->data(), gb.v->data(),
+                     reinterpret_cast<const float*>(gb.g->data()),
+                     reinterpret_cast<const float*>(gb.beta->data()),
+                     reinterpret_cast<float*>(gpu_o->data())});
+    ASSERT_TRUE(st.ok()) << st;
+    if (layer != 0) {
+      st = Gpu()->DecodeUpdate(
+          *gpu_pool_.model, gpu_pool_.view, layer,
+          DecodeInputs{batch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
+                       DType::kFp32, gb.q->data(), gb.k->data(), gb.v->data(),
+                       reinterpret_cast<const float*>(gb.g->data()),
+                       reinterpret_cast<const float*>(gb.beta->data()),
+                       reinterpret_cast<float*>(gpu_o->data())});
+      ASSERT_TRUE(st.ok()) << st;
+    }
+    const std::vector<float> o = FromGpu<float>(*gpu_o, o_count);
+    EXPECT_LE(MaxRelError(o, cpu_o), kOutputRelTol) << "step " << step;
+    // The skipped entry's output is zero.
+    for (int j = 0; j < geo_.h_v * geo_.d_v; ++j) {
+      ASSERT_EQ(o[int64_t{geo_.h_v} * geo_.d_v + j], 0.0f);
+    }
+  }
+  const std::vector<uint8_t> cpu_bytes = cpu_pool_.Bytes();
+  const std::vector<uint8_t> gpu_bytes = gpu_pool_.Bytes();
+  const int64_t diff = DifferingBytes(gpu_bytes, cpu_bytes);
+  std::printf("decode %s: %lld of %lld pool bytes differ from the CPU backend\n",
+              FormatSpecName({format_, 0}).c_str(), static_cast<long long>(diff),
+              static_cast<long long>(gpu_bytes.size()));
+  EXPECT_LE(diff, kMaxDifferingByteFraction * gpu_bytes.size());
+  EXPECT_NE(gpu_bytes, start_);  // the steps did something
+  const int64_t sb = gpu_pool_.view.slot_bytes();
+  for (int s : {1, 3}) {
+    EXPECT_EQ(SlotBytes(gpu_bytes, sb, s), SlotBytes(start_, sb, s)) << "slot " << s;
+  }
+}
+
+TEST_P(StepCudaTest, PrefillMatchesCpuBytes) {
+  constexpr int kTokens = 5;
+  const std::vector<int32_t> slots = {3, 1};
+  const int batch = static_cast<int>(slots.size());
+  const Batch b = RandomBatch(geo_, batch * kTokens, 5);
+  GpuBatch gb(b);
+  auto gpu_slots = ToGpu(slots);
+  const int64_t o_count = int64_t{batch} * kTokens * geo_.h_v * geo_.d_v;
+  std::vector<float> cpu_o(o_count);
+  auto gpu_o = Gpu()->Allocate(o_count * 4).value();
+  const int layer = geo_.layers - 1;
+  ASSERT_TRUE(cpu_->Prefill(*cpu_pool_.model, cpu_pool_.view, layer,
+                            PrefillInputs{batch, kTokens, slots.data(), DType::kFp32, b.q.data(),
+                                          b.k.data(), b.v.data(), b.g.data(), b.beta.data(),
+                                          cpu_o.data()})
+                  .ok());
+  const absl::Status st = Gpu()->Prefill(
+      *gpu_pool_.model, gpu_pool_.view, layer,
+      PrefillInputs{batch, kTokens, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
+                    DType::kFp32, gb.q->data(), gb.k->data(), gb.v->data(),
+                    reinterpret_cast<const float*>(gb.g->data()),
+                    reinterpret_cast<const float*>(gb.beta->data()),
+                    reinterpret_cast<float*>(gpu_o->data())});
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_LE(MaxRelError(FromGpu<float>(*gpu_o, o_count), cpu_o), kOutputRelTol);
+  const std::vector<uint8_t> gpu_bytes = gpu_pool_.Bytes();
+  const int64_t diff = DifferingBytes(gpu_bytes, cpu_pool_.Bytes());
+  std::printf("prefill %s: %lld of %lld pool bytes differ from the CPU backend\n",
+              FormatSpecName({format_, 0}).c_str(), static_cast<long long>(diff),
+              static_cast<long long>(gpu_bytes.size()));
+  EXPECT_LE(diff, kMaxDifferingByteFraction * gpu_bytes.size());
+  EXPECT_NE(gpu_bytes, start_);
+  const int64_t sb = gpu_pool_.view.slot_bytes();
+  for (int s : {0, 2}) {
+    EXPECT_EQ(SlotBytes(gpu_bytes, sb, s), SlotBytes(start_, sb, s)) << "slot " << s;
+  }
+}
+
+TEST_P(StepCudaTest, PackMatchesCpuBytesExactly) {
+  const std::vector<int32_t> slots = {3, -1, 0};
+  const int n = static_cast<int>(slots.size());
+  const std::vector<float> states = RandomStates(geo_, n, 23);
+  ASSERT_TRUE(cpu_->PackStates(*cpu_pool_.model, cpu_pool_.view, slots.data(), n, states.data())
+                  .ok());
+  auto gpu_slots = ToGpu(slots);
+  auto gpu_states = ToGpu(states);
+  const absl::Status st = Gpu()->PackStates(
+      *gpu_pool_.model, gpu_pool_.view,
+      static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())), n,
+      reinterpret_cast<const float*>(gpu_states->data()));
+  ASSERT_TRUE(st.ok()) << st;
+  const std::vector<uint8_t> gpu_bytes = gpu_pool_.Bytes();
+  EXPECT_EQ(DifferingBytes(gpu_bytes, cpu_pool_.Bytes()), 0);
+  const int64_t sb = gpu_pool_.view.slot_bytes();
+  EXPECT_NE(SlotBytes(gpu_bytes, sb, 3), SlotBytes(start_, sb, 3));
+  for (int s : {1, 2}) {
+    EXPECT_EQ(SlotBytes(gpu_bytes, sb, s), SlotBytes(start_, sb, s)) << "slot " << s;
+  }
+}
+
+TEST_P(StepCudaTest, UnpackMatchesCpuExactly) {
+  const std::vector<int32_t> slots = {2, -1, 1};
+  const int n = static_cast<int>(slots.size());
+  const int64_t count = int64_t{n} * geo_.HeadsPerSlot() * geo_.d_k * geo_.d_v;
+  std::vector<float> cpu_states(count);
+  ASSERT_TRUE(
+      cpu_->UnpackStates(*cpu_pool_.model, cpu_pool_.view, slots.data(), n, cpu_states.data())
+          .ok());
+  auto gpu_slots = ToGpu(slots);
+  auto gpu_states = ToGpu(std::vector<float>(count, 7.0f));
+  const absl::Status st = Gpu()->UnpackStates(
+      *gpu_pool_.model, gpu_pool_.view,
+      static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())), n,
+      reinterpret_cast<float*>(gpu_states->data()));
+  ASSERT_TRUE(st.ok()) << st;
+  const std::vector<float> gpu = FromGpu<float>(*gpu_states, count);
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    mismatches += std::memcmp(&gpu[i], &cpu_states[i], 4) != 0;
+  }
+  EXPECT_EQ(mismatches, 0);
+  const int64_t per_slot = geo_.HeadsPerSlot() * geo_.d_k * geo_.d_v;
+  for (int64_t i = per_slot; i < 2 * per_slot; ++i) ASSERT_EQ(gpu[i], 0.0f) << i;
+  EXPECT_EQ(gpu_pool_.Bytes(), start_);  // unpack writes nothing to the pool
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  const ModelGeometry& g = std::get<0>(info.param);
+  return absl::StrCat(g.arch == Arch::kGdn ? "Gdn" : "Kda", g.d_k, "x", g.d_v,
+                      std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, StepCudaTest,
+    ::testing::Combine(::testing::Values(ModelGeometry{Arch::kGdn, 2, 1, 4, 128, 128},
+                                         ModelGeometry{Arch::kKda, 2, 2, 2, 128, 128},
+                                         ModelGeometry{Arch::kKda, 2, 3, 3, 64, 32}),
+                       ::testing::Values(kStepQuant6, kStepQuant4)),
+    ParamName);
+
+// Prepare accepts STEPQuant layouts now (it answered kUnimplemented before
+// the kernel existed).
+TEST(StepCudaPrepareTest, AcceptsStepQuantLayouts) {
+  SKIP_WITHOUT_GPU();
+  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+    const StateLayout layout = MixedLayout(ModelGeometry{Arch::kGdn, 1, 1, 2, 128, 128}, f, 3);
+    absl::StatusOr<std::unique_ptr<PreparedModel>> m = Gpu()->Prepare(layout);
+    EXPECT_TRUE(m.ok()) << m.status();
+  }
+}
+
+}  // namespace
+}  // namespace statecache
