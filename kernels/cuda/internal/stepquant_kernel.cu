@@ -10,12 +10,14 @@
 //   row scale and codes  one thread per integer row (its own code bytes)
 //   column least squares one thread per column, stored rows in order with the
 //                  64-row chunk partials of the reference (exact)
+// The decays are GlibcExpf (glibc_expf.h), bit-equal to the CPU's std::exp.
 // Built with --fmad=false: only explicit fmaf() is fused.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/glibc_expf.h"
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/stepquant_params.h"
 #include "kernels/formats/numeric.h"
@@ -214,12 +216,12 @@ __global__ void __launch_bounds__(kThreads) StepRecurrenceKernel(StepKernelParam
     const int64_t v_off = (row * p.h_v + h) * d_v;
     const int64_t g_off = (row * p.h_v + h) * gate_width;
     // Gather q, k, the decay (stored order) and v.
-    const float gdn_decay = p.kda ? 0.0f : static_cast<float>(exp(static_cast<double>(p.g[g_off])));
+    const float gdn_decay = p.kda ? 0.0f : GlibcExpf(p.g[g_off]);
     for (int r = threadIdx.x; r < d_k; r += blockDim.x) {
       const int c = perm != nullptr ? perm[r] : r;
       s.q[r] = p.scale * LoadIn(p.dtype, p.q, qk_off + c);
       s.k[r] = LoadIn(p.dtype, p.k, qk_off + c);
-      s.a[r] = p.kda ? static_cast<float>(exp(static_cast<double>(p.g[g_off + c]))) : gdn_decay;
+      s.a[r] = p.kda ? GlibcExpf(p.g[g_off + c]) : gdn_decay;
     }
     for (int j = threadIdx.x; j < d_v; j += blockDim.x) s.v[j] = LoadIn(p.dtype, p.v, v_off + j);
     __syncthreads();

@@ -11,11 +11,12 @@
 // sums run serially per column in stored row order with the 64-row chunk
 // partials). The recurrence runs one thread per value column over the stored
 // rows in order, with the products and sums of the CPU build of HeadStep
-// (GCC, -march=x86-64-v3, which contracts `acc += a * b` to fmaf). The only
-// documented difference: the decay exp(g) is (float)exp((double)g) on the
-// device and glibc expf on the host; both are within 0.502 ulp of exp, so
-// they disagree only on rare near-tie arguments, and the tests count the
-// bytes such cases change (kernels/cuda/stepquant_cuda_test.cc).
+// (GCC, -march=x86-64-v3, which contracts `acc += a * b` to fmaf), and the
+// decays exp(g) are GlibcExpf (kernels/cuda/glibc_expf.h), bit-equal to the
+// CPU's std::exp (glibc expf, FMA variant). Residual risk, counted by the
+// tests (kernels/cuda/stepquant_cuda_test.cc): a CPU build that contracts
+// HeadStep differently, or a host glibc that dispatches its non-FMA expf
+// (rare last-bit differences).
 #ifndef STATECACHE_KERNELS_CUDA_INTERNAL_STEPQUANT_PARAMS_H_
 #define STATECACHE_KERNELS_CUDA_INTERNAL_STEPQUANT_PARAMS_H_
 
