@@ -14,6 +14,7 @@
 #include "kernels/formats/numeric.h"
 #include "kernels/io/safetensors.h"
 #include "kernels/io/test_data.h"
+#include "kernels/testing/token_batch.h"
 
 namespace statecache {
 namespace {
@@ -163,15 +164,12 @@ INSTANTIATE_TEST_SUITE_P(ShippedModels, GoldenTest,
 // ---------------------------------------------------------------------------
 // Random inputs for small geometries.
 
-struct Batch {
-  std::vector<float> q, k, v, g, beta;
-};
-
-Batch RandomBatch(const ModelGeometry& geo, int rows, uint64_t seed) {
+// Wider ranges than RandomTokenBatch: decays and beta uniform in [0.05, 0.95).
+TokenBatch RandomBatch(const ModelGeometry& geo, int rows, uint64_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> n01(0.0f, 1.0f);
   std::uniform_real_distribution<float> u(0.05f, 0.95f);
-  Batch b;
+  TokenBatch b;
   auto unit = [&](std::vector<float>& x, int count, int dim) {
     x.resize(static_cast<size_t>(count) * dim);
     for (int c = 0; c < count; ++c) {
@@ -189,19 +187,6 @@ Batch RandomBatch(const ModelGeometry& geo, int rows, uint64_t seed) {
   b.beta.resize(static_cast<size_t>(rows) * geo.h_v);
   for (float& x : b.beta) x = u(rng);
   return b;
-}
-
-DecodeInputs Inputs(const Batch& b, const ModelGeometry& geo, const int32_t* slots, int batch,
-                    float* o, int row = 0) {
-  return DecodeInputs{batch,
-                      slots,
-                      DType::kFp32,
-                      b.q.data() + int64_t{row} * geo.h_qk * geo.d_k,
-                      b.k.data() + int64_t{row} * geo.h_qk * geo.d_k,
-                      b.v.data() + int64_t{row} * geo.h_v * geo.d_v,
-                      b.g.data() + int64_t{row} * geo.h_v * geo.GateWidth(),
-                      b.beta.data() + int64_t{row} * geo.h_v,
-                      o};
 }
 
 const ModelGeometry kGdnSmall{Arch::kGdn, 2, 2, 4, 64, 64};
@@ -230,13 +215,13 @@ TEST_P(ArchTest, KeyPermutationIsInvisibleInFp32) {
   ASSERT_FALSE(permuted.identity_key_perm());
   TestPool a = MakePool(*backend, plain, 2), b = MakePool(*backend, permuted, 2);
   const int steps = 20, batch = 2;
-  Batch in = RandomBatch(geo, steps * batch, 11);
+  TokenBatch in = RandomBatch(geo, steps * batch, 11);
   const int32_t slots[2] = {1, 0};
   std::vector<float> oa(batch * geo.h_v * geo.d_v), ob(oa.size());
   for (int t = 0; t < steps; ++t) {
     for (int layer = 0; layer < geo.layers; ++layer) {
-      ASSERT_TRUE(backend->DecodeUpdate(*a.model, a.view, layer, Inputs(in, geo, slots, batch, oa.data(), t * batch)).ok());
-      ASSERT_TRUE(backend->DecodeUpdate(*b.model, b.view, layer, Inputs(in, geo, slots, batch, ob.data(), t * batch)).ok());
+      ASSERT_TRUE(backend->DecodeUpdate(*a.model, a.view, layer, DecodeInputsFor(in, geo, slots, batch, oa.data(), t * batch)).ok());
+      ASSERT_TRUE(backend->DecodeUpdate(*b.model, b.view, layer, DecodeInputsFor(in, geo, slots, batch, ob.data(), t * batch)).ok());
       ASSERT_LE(RelativeError(ob, oa), 1e-6);
     }
   }
@@ -254,7 +239,7 @@ TEST_P(ArchTest, PrefillEqualsTokenByTokenDecodeInFp32) {
   StateLayout layout = *StateLayout::Create(geo, {StateFormat::kFp32, 0}, RandomKeyPerms(geo, 2), {}, {});
   TestPool a = MakePool(*backend, layout, 1), b = MakePool(*backend, layout, 1);
   const int tokens = 9;
-  Batch in = RandomBatch(geo, tokens, 3);
+  TokenBatch in = RandomBatch(geo, tokens, 3);
   const int32_t slot = 0;
   std::vector<float> o_prefill(tokens * geo.h_v * geo.d_v), o_decode(o_prefill.size());
   PrefillInputs p{1, tokens, &slot, DType::kFp32, in.q.data(), in.k.data(), in.v.data(),
@@ -262,7 +247,7 @@ TEST_P(ArchTest, PrefillEqualsTokenByTokenDecodeInFp32) {
   ASSERT_TRUE(backend->Prefill(*a.model, a.view, 1, p).ok());
   for (int t = 0; t < tokens; ++t) {
     ASSERT_TRUE(backend->DecodeUpdate(*b.model, b.view, 1,
-                                      Inputs(in, geo, &slot, 1, o_decode.data() + t * geo.h_v * geo.d_v, t)).ok());
+                                      DecodeInputsFor(in, geo, &slot, 1, o_decode.data() + t * geo.h_v * geo.d_v, t)).ok());
   }
   EXPECT_EQ(o_prefill, o_decode);
   EXPECT_EQ(a.Bytes(), b.Bytes());
@@ -275,14 +260,14 @@ TEST_P(ArchTest, SlotsOutsideTheBatchAndSkippedEntriesAreUntouched) {
   TestPool pool = MakePool(*backend, layout, 5);
   // Give every slot non-zero content first.
   const int32_t all[5] = {0, 1, 2, 3, 4};
-  Batch warm = RandomBatch(geo, 5, 1);
+  TokenBatch warm = RandomBatch(geo, 5, 1);
   std::vector<float> o(5 * geo.h_v * geo.d_v);
-  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0, Inputs(warm, geo, all, 5, o.data())).ok());
+  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0, DecodeInputsFor(warm, geo, all, 5, o.data())).ok());
   const std::vector<uint8_t> before = pool.Bytes();
   const int32_t batch[3] = {3, -1, 1};
-  Batch in = RandomBatch(geo, 3, 2);
+  TokenBatch in = RandomBatch(geo, 3, 2);
   std::fill(o.begin(), o.end(), 7.0f);
-  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0, Inputs(in, geo, batch, 3, o.data())).ok());
+  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0, DecodeInputsFor(in, geo, batch, 3, o.data())).ok());
   const std::vector<uint8_t> after = pool.Bytes();
   const int64_t sb = pool.view.slot_bytes();
   for (int s : {0, 2, 4}) {
@@ -301,15 +286,15 @@ TEST_P(ArchTest, Bf16InputsEqualFp32InputsOfTheRoundedValues) {
   auto backend = Backend2();
   StateLayout layout = *StateLayout::Identity(geo, {StateFormat::kDamp, 16});
   TestPool a = MakePool(*backend, layout, 1), b = MakePool(*backend, layout, 1);
-  Batch in = RandomBatch(geo, 1, 9);
+  TokenBatch in = RandomBatch(geo, 1, 9);
   std::vector<uint16_t> q16(in.q.size()), k16(in.k.size()), v16(in.v.size());
   for (size_t i = 0; i < in.q.size(); ++i) in.q[i] = Bf16BitsToFloat(q16[i] = FloatToBf16Bits(in.q[i]));
   for (size_t i = 0; i < in.k.size(); ++i) in.k[i] = Bf16BitsToFloat(k16[i] = FloatToBf16Bits(in.k[i]));
   for (size_t i = 0; i < in.v.size(); ++i) in.v[i] = Bf16BitsToFloat(v16[i] = FloatToBf16Bits(in.v[i]));
   const int32_t slot = 0;
   std::vector<float> oa(geo.h_v * geo.d_v), ob(oa.size());
-  ASSERT_TRUE(backend->DecodeUpdate(*a.model, a.view, 0, Inputs(in, geo, &slot, 1, oa.data())).ok());
-  DecodeInputs bf = Inputs(in, geo, &slot, 1, ob.data());
+  ASSERT_TRUE(backend->DecodeUpdate(*a.model, a.view, 0, DecodeInputsFor(in, geo, &slot, 1, oa.data())).ok());
+  DecodeInputs bf = DecodeInputsFor(in, geo, &slot, 1, ob.data());
   bf.dtype = DType::kBf16;
   bf.q = q16.data();
   bf.k = k16.data();
@@ -365,13 +350,13 @@ TEST_P(ArchTest, ValueTransformsPreserveTheRecurrence) {
                                         order, scale);
   TestPool ref = MakePool(*backend, ref_layout, 1), a = MakePool(*backend, damp, 1), b = MakePool(*backend, sr, 1);
   const int steps = 16;
-  Batch in = RandomBatch(geo, steps, 5);
+  TokenBatch in = RandomBatch(geo, steps, 5);
   const int32_t slot = 0;
   std::vector<float> o_ref(geo.h_v * geo.d_v), o_a(o_ref.size()), o_b(o_ref.size());
   for (int t = 0; t < steps; ++t) {
-    ASSERT_TRUE(backend->DecodeUpdate(*ref.model, ref.view, 0, Inputs(in, geo, &slot, 1, o_ref.data(), t)).ok());
-    ASSERT_TRUE(backend->DecodeUpdate(*a.model, a.view, 0, Inputs(in, geo, &slot, 1, o_a.data(), t)).ok());
-    ASSERT_TRUE(backend->DecodeUpdate(*b.model, b.view, 0, Inputs(in, geo, &slot, 1, o_b.data(), t)).ok());
+    ASSERT_TRUE(backend->DecodeUpdate(*ref.model, ref.view, 0, DecodeInputsFor(in, geo, &slot, 1, o_ref.data(), t)).ok());
+    ASSERT_TRUE(backend->DecodeUpdate(*a.model, a.view, 0, DecodeInputsFor(in, geo, &slot, 1, o_a.data(), t)).ok());
+    ASSERT_TRUE(backend->DecodeUpdate(*b.model, b.view, 0, DecodeInputsFor(in, geo, &slot, 1, o_b.data(), t)).ok());
     EXPECT_LE(RelativeError(o_a, o_ref), 2e-3) << t;
     EXPECT_LE(RelativeError(o_b, o_ref), 2e-3) << t;
   }
@@ -389,9 +374,9 @@ TEST(CpuBackendErrorsTest, BadInputIsRejectedAndNothingIsWritten) {
   StateLayout layout = *StateLayout::Identity(geo, {StateFormat::kDamp, 16});
   TestPool pool = MakePool(*backend, layout, 3);
   const int32_t slots[2] = {0, 2};
-  Batch good = RandomBatch(geo, 2, 1);
+  TokenBatch good = RandomBatch(geo, 2, 1);
   std::vector<float> o(2 * geo.h_v * geo.d_v);
-  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0, Inputs(good, geo, slots, 2, o.data())).ok());
+  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0, DecodeInputsFor(good, geo, slots, 2, o.data())).ok());
   const std::vector<uint8_t> before = pool.Bytes();
 
   auto expect_invalid = [&](DecodeInputs in, int layer, const std::string& needle) {
@@ -402,32 +387,32 @@ TEST(CpuBackendErrorsTest, BadInputIsRejectedAndNothingIsWritten) {
   };
   for (const char* field : {"q", "k", "v", "g", "beta"}) {
     for (float bad : {std::nanf(""), INFINITY}) {
-      Batch b = good;
+      TokenBatch b = good;
       std::vector<float>& x = std::string(field) == "q"   ? b.q
                               : std::string(field) == "k" ? b.k
                               : std::string(field) == "v" ? b.v
                               : std::string(field) == "g" ? b.g
                                                           : b.beta;
       x[x.size() - 1] = bad;  // the last head of the last slot
-      expect_invalid(Inputs(b, geo, slots, 2, o.data()), 0, std::string(field) + "[");
+      expect_invalid(DecodeInputsFor(b, geo, slots, 2, o.data()), 0, std::string(field) + "[");
     }
   }
-  Batch positive_g = good;
+  TokenBatch positive_g = good;
   positive_g.g[3] = 0.5f;
-  expect_invalid(Inputs(positive_g, geo, slots, 2, o.data()), 0, "g[3]");
-  Batch big_beta = good;
+  expect_invalid(DecodeInputsFor(positive_g, geo, slots, 2, o.data()), 0, "g[3]");
+  TokenBatch big_beta = good;
   big_beta.beta[1] = 3.0f;
-  expect_invalid(Inputs(big_beta, geo, slots, 2, o.data()), 0, "beta[1]");
-  expect_invalid(Inputs(good, geo, slots, 2, o.data()), geo.layers, "layer");
-  expect_invalid(Inputs(good, geo, slots, 2, o.data()), -1, "layer");
+  expect_invalid(DecodeInputsFor(big_beta, geo, slots, 2, o.data()), 0, "beta[1]");
+  expect_invalid(DecodeInputsFor(good, geo, slots, 2, o.data()), geo.layers, "layer");
+  expect_invalid(DecodeInputsFor(good, geo, slots, 2, o.data()), -1, "layer");
   const int32_t out_of_range[2] = {0, 3};
-  expect_invalid(Inputs(good, geo, out_of_range, 2, o.data()), 0, "slots[1]");
+  expect_invalid(DecodeInputsFor(good, geo, out_of_range, 2, o.data()), 0, "slots[1]");
   const int32_t duplicate[2] = {2, 2};
-  expect_invalid(Inputs(good, geo, duplicate, 2, o.data()), 0, "twice");
+  expect_invalid(DecodeInputsFor(good, geo, duplicate, 2, o.data()), 0, "twice");
   // A pool whose shape does not match the model (dimension mismatch).
   PoolView wrong = pool.view;
   wrong.head_bytes += 16;
-  const absl::Status s = backend->DecodeUpdate(*pool.model, wrong, 0, Inputs(good, geo, slots, 2, o.data()));
+  const absl::Status s = backend->DecodeUpdate(*pool.model, wrong, 0, DecodeInputsFor(good, geo, slots, 2, o.data()));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("pool"), absl::string_view::npos);
   EXPECT_EQ(pool.Bytes(), before);

@@ -35,6 +35,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
+#include "kernels/testing/token_batch.h"
 
 namespace statecache {
 namespace {
@@ -131,39 +132,10 @@ StateLayout MixedLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) 
   return *l;
 }
 
-struct Batch {
-  std::vector<float> q, k, v, g, beta;
-};
-
-// `rows` token rows of random inputs (q, k unit norm, decays in [0.8, 1)).
-Batch RandomBatch(const ModelGeometry& geo, int rows, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  Batch b;
-  auto unit = [&](std::vector<float>& x, int64_t count, int dim) {
-    x.resize(count * dim);
-    for (int64_t i = 0; i < count; ++i) {
-      double s = 0;
-      for (int j = 0; j < dim; ++j) s += std::pow(x[i * dim + j] = n(rng), 2);
-      for (int j = 0; j < dim; ++j) x[i * dim + j] /= static_cast<float>(std::sqrt(s));
-    }
-  };
-  unit(b.q, int64_t{rows} * geo.h_qk, geo.d_k);
-  unit(b.k, int64_t{rows} * geo.h_qk, geo.d_k);
-  b.v.resize(int64_t{rows} * geo.h_v * geo.d_v);
-  for (float& x : b.v) x = n(rng);
-  b.g.resize(int64_t{rows} * geo.h_v * geo.GateWidth());
-  for (float& x : b.g) x = std::log(0.8f + 0.2f * u(rng));
-  b.beta.resize(int64_t{rows} * geo.h_v);
-  for (float& x : b.beta) x = 0.2f + 0.6f * u(rng);
-  return b;
-}
-
 // The batch's arrays on the device.
 struct GpuBatch {
   std::unique_ptr<BackendBuffer> q, k, v, g, beta;
-  explicit GpuBatch(const Batch& b)
+  explicit GpuBatch(const TokenBatch& b)
       : q(ToGpu(b.q)), k(ToGpu(b.k)), v(ToGpu(b.v)), g(ToGpu(b.g)), beta(ToGpu(b.beta)) {}
 };
 
@@ -234,7 +206,7 @@ TEST_P(StepCudaTest, DecodeStepsMatchCpuBytes) {
   const int64_t o_count = int64_t{batch} * geo_.h_v * geo_.d_v;
   auto gpu_o = Gpu()->Allocate(o_count * 4).value();
   for (int step = 0; step < kSteps; ++step) {
-    const Batch b = RandomBatch(geo_, batch, 100 + step);
+    const TokenBatch b = RandomTokenBatch(geo_, batch, 100 + step);
     GpuBatch gb(b);
     std::vector<float> cpu_o(o_count, -1.0f);
     ASSERT_TRUE(cpu_->DecodeUpdate(*cpu_pool_.model, cpu_pool_.view, 0,
@@ -293,7 +265,7 @@ TEST_P(StepCudaTest, PrefillMatchesCpuBytes) {
   constexpr int kTokens = 5;
   const std::vector<int32_t> slots = {3, 1};
   const int batch = static_cast<int>(slots.size());
-  const Batch b = RandomBatch(geo_, batch * kTokens, 5);
+  const TokenBatch b = RandomTokenBatch(geo_, batch * kTokens, 5);
   GpuBatch gb(b);
   auto gpu_slots = ToGpu(slots);
   const int64_t o_count = int64_t{batch} * kTokens * geo_.h_v * geo_.d_v;

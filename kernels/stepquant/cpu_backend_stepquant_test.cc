@@ -12,6 +12,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/formats/stepquant_codec.h"
 #include "kernels/stepquant/calibration.h"
+#include "kernels/testing/token_batch.h"
 #include "kernels/trajectory/synthetic.h"
 
 namespace statecache {
@@ -33,48 +34,6 @@ TestPool MakePool(Backend& backend, const StateLayout& layout, int slots) {
   p.view = PoolView{p.buf->data(), slots, layout.geometry().layers, layout.geometry().h_v,
                     layout.head_layout().head_bytes};
   return p;
-}
-
-struct Batch {
-  std::vector<float> q, k, v, g, beta;
-};
-
-// `rows` token rows of random inputs (q, k unit norm, KDA g per channel).
-Batch RandomBatch(const ModelGeometry& geo, int rows, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  Batch b;
-  auto unit = [&](std::vector<float>& x, int64_t count, int dim) {
-    x.resize(count * dim);
-    for (int64_t i = 0; i < count; ++i) {
-      double s = 0;
-      for (int j = 0; j < dim; ++j) s += std::pow(x[i * dim + j] = n(rng), 2);
-      for (int j = 0; j < dim; ++j) x[i * dim + j] /= static_cast<float>(std::sqrt(s));
-    }
-  };
-  unit(b.q, int64_t{rows} * geo.h_qk, geo.d_k);
-  unit(b.k, int64_t{rows} * geo.h_qk, geo.d_k);
-  b.v.resize(int64_t{rows} * geo.h_v * geo.d_v);
-  for (float& x : b.v) x = n(rng);
-  b.g.resize(int64_t{rows} * geo.h_v * geo.GateWidth());
-  for (float& x : b.g) x = std::log(0.8f + 0.2f * u(rng));
-  b.beta.resize(int64_t{rows} * geo.h_v);
-  for (float& x : b.beta) x = 0.2f + 0.6f * u(rng);
-  return b;
-}
-
-DecodeInputs Inputs(const Batch& b, const ModelGeometry& geo, const int32_t* slots, int batch,
-                    float* o, int row = 0) {
-  return DecodeInputs{batch,
-                      slots,
-                      DType::kFp32,
-                      b.q.data() + int64_t{row} * geo.h_qk * geo.d_k,
-                      b.k.data() + int64_t{row} * geo.h_qk * geo.d_k,
-                      b.v.data() + int64_t{row} * geo.h_v * geo.d_v,
-                      b.g.data() + int64_t{row} * geo.h_v * geo.GateWidth(),
-                      b.beta.data() + int64_t{row} * geo.h_v,
-                      o};
 }
 
 // A calibrated-looking layout: random key permutations, per-head widths
@@ -195,17 +154,17 @@ TEST_P(StepCpuTest, DecodeIsByteDeterministicAndPrefillOfOneTokenMatches) {
   auto b2 = CpuBackend::Create({2});
   TestPool p1 = MakePool(*b1, layout, 4), p2 = MakePool(*b2, layout, 4), p3 = MakePool(*b1, layout, 4);
   const int steps = 6, batch = 3;
-  Batch in = RandomBatch(geo, steps * batch, 6);
+  TokenBatch in = RandomTokenBatch(geo, steps * batch, 6);
   const int32_t slots[3] = {3, 0, 2};
   std::vector<float> o1(batch * geo.h_v * geo.d_v), o2(o1.size()), o3(o1.size());
   for (int t = 0; t < steps; ++t) {
     for (int layer = 0; layer < geo.layers; ++layer) {
-      ASSERT_TRUE(b1->DecodeUpdate(*p1.model, p1.view, layer, Inputs(in, geo, slots, batch, o1.data(), t * batch)).ok());
-      ASSERT_TRUE(b2->DecodeUpdate(*p2.model, p2.view, layer, Inputs(in, geo, slots, batch, o2.data(), t * batch)).ok());
+      ASSERT_TRUE(b1->DecodeUpdate(*p1.model, p1.view, layer, DecodeInputsFor(in, geo, slots, batch, o1.data(), t * batch)).ok());
+      ASSERT_TRUE(b2->DecodeUpdate(*p2.model, p2.view, layer, DecodeInputsFor(in, geo, slots, batch, o2.data(), t * batch)).ok());
       EXPECT_EQ(o1, o2);
       // Prefill of one token per slot = one decode step.
       for (int b = 0; b < batch; ++b) {
-        const Batch& x = in;
+        const TokenBatch& x = in;
         const int row = t * batch + b;
         PrefillInputs pin{1, 1, &slots[b], DType::kFp32,
                           x.q.data() + int64_t{row} * geo.h_qk * geo.d_k,
@@ -229,16 +188,16 @@ TEST_P(StepCpuTest, SlotsOutsideTheBatchAndSkippedEntriesAreUntouched) {
   auto backend = CpuBackend::Create({2});
   TestPool pool = MakePool(*backend, layout, 5);
   const int32_t all[5] = {0, 1, 2, 3, 4};
-  Batch warm = RandomBatch(geo, 5, 1);
+  TokenBatch warm = RandomTokenBatch(geo, 5, 1);
   std::vector<float> o(5 * geo.h_v * geo.d_v);
   for (int layer = 0; layer < geo.layers; ++layer) {
-    ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, layer, Inputs(warm, geo, all, 5, o.data())).ok());
+    ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, layer, DecodeInputsFor(warm, geo, all, 5, o.data())).ok());
   }
   const std::vector<uint8_t> before = pool.Bytes();
   const int32_t batch[3] = {3, -1, 1};
-  Batch in = RandomBatch(geo, 3, 2);
+  TokenBatch in = RandomTokenBatch(geo, 3, 2);
   std::fill(o.begin(), o.end(), 7.0f);
-  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 1, Inputs(in, geo, batch, 3, o.data())).ok());
+  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 1, DecodeInputsFor(in, geo, batch, 3, o.data())).ok());
   const std::vector<uint8_t> after = pool.Bytes();
   const int64_t sb = pool.view.slot_bytes();
   for (int s : {0, 2, 4}) {
@@ -261,13 +220,13 @@ TEST_P(StepCpuTest, DecodeTracksTheFp32Recurrence) {
   auto backend = CpuBackend::Create({2});
   TestPool a = MakePool(*backend, layout, 1), b = MakePool(*backend, fp32, 1);
   const int steps = 40;
-  Batch in = RandomBatch(geo, steps, 10);
+  TokenBatch in = RandomTokenBatch(geo, steps, 10);
   const int32_t slot = 0;
   std::vector<float> oa(geo.h_v * geo.d_v), ob(oa.size());
   double e = 0, r = 0;
   for (int t = 0; t < steps; ++t) {
-    ASSERT_TRUE(backend->DecodeUpdate(*a.model, a.view, 0, Inputs(in, geo, &slot, 1, oa.data(), t)).ok());
-    ASSERT_TRUE(backend->DecodeUpdate(*b.model, b.view, 0, Inputs(in, geo, &slot, 1, ob.data(), t)).ok());
+    ASSERT_TRUE(backend->DecodeUpdate(*a.model, a.view, 0, DecodeInputsFor(in, geo, &slot, 1, oa.data(), t)).ok());
+    ASSERT_TRUE(backend->DecodeUpdate(*b.model, b.view, 0, DecodeInputsFor(in, geo, &slot, 1, ob.data(), t)).ok());
     for (size_t i = 0; i < oa.size(); ++i) {
       e += (double{oa[i]} - ob[i]) * (oa[i] - ob[i]);
       r += double{ob[i]} * ob[i];
@@ -293,25 +252,25 @@ TEST(StepCpuErrorsTest, BadInputIsRejectedAndNothingIsWritten) {
   auto backend = CpuBackend::Create({2});
   TestPool pool = MakePool(*backend, layout, 3);
   const int32_t slots[2] = {0, 2};
-  Batch good = RandomBatch(geo, 2, 1);
+  TokenBatch good = RandomTokenBatch(geo, 2, 1);
   std::vector<float> o(2 * geo.h_v * geo.d_v);
-  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0, Inputs(good, geo, slots, 2, o.data())).ok());
+  ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0, DecodeInputsFor(good, geo, slots, 2, o.data())).ok());
   const std::vector<uint8_t> before = pool.Bytes();
-  Batch nan_v = good;
+  TokenBatch nan_v = good;
   nan_v.v.back() = std::nanf("");
-  absl::Status s = backend->DecodeUpdate(*pool.model, pool.view, 0, Inputs(nan_v, geo, slots, 2, o.data()));
+  absl::Status s = backend->DecodeUpdate(*pool.model, pool.view, 0, DecodeInputsFor(nan_v, geo, slots, 2, o.data()));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("v["), absl::string_view::npos) << s;
   // A pool sized for the nominal head instead of the layout's stride.
   PoolView wrong = pool.view;
   wrong.head_bytes = MakeHeadLayout({kStepQuant4, 0}, geo.d_k, geo.d_v).head_bytes;
   if (wrong.head_bytes != pool.view.head_bytes) {
-    s = backend->DecodeUpdate(*pool.model, wrong, 0, Inputs(good, geo, slots, 2, o.data()));
+    s = backend->DecodeUpdate(*pool.model, wrong, 0, DecodeInputsFor(good, geo, slots, 2, o.data()));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("pool"), absl::string_view::npos) << s;
   }
   const int32_t dup[2] = {2, 2};
-  s = backend->DecodeUpdate(*pool.model, pool.view, 0, Inputs(good, geo, dup, 2, o.data()));
+  s = backend->DecodeUpdate(*pool.model, pool.view, 0, DecodeInputsFor(good, geo, dup, 2, o.data()));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   std::vector<float> states(geo.HeadsPerSlot() * geo.d_k * geo.d_v, 0.0f);
   states[5] = INFINITY;
@@ -333,10 +292,10 @@ TEST(StepCpuCalibratedTest, CalibratedLayoutRunsOnTheBackend) {
   ASSERT_TRUE(cal.ok()) << cal.status();
   auto backend = CpuBackend::Create({2});
   TestPool pool = MakePool(*backend, cal->layout, 1);
-  Batch in = RandomBatch(kKdaSmall, 1, 3);
+  TokenBatch in = RandomTokenBatch(kKdaSmall, 1, 3);
   const int32_t slot = 0;
   std::vector<float> o(kKdaSmall.h_v * kKdaSmall.d_v);
-  EXPECT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 1, Inputs(in, kKdaSmall, &slot, 1, o.data())).ok());
+  EXPECT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 1, DecodeInputsFor(in, kKdaSmall, &slot, 1, o.data())).ok());
 }
 
 }  // namespace
