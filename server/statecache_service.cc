@@ -808,6 +808,26 @@ grpc::Status StateCacheService::UpdateStream(
   return grpc::Status::OK;
 }
 
+grpc::Status StateCacheService::SubmitUpdates(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<v1::SubmitUpdatesResponse, v1::SubmitUpdatesRequest>* stream) {
+  absl::StatusOr<Tenant*> caller = Authenticate(ctx);
+  if (!caller.ok()) {
+    if (metrics_) metrics_->ObserveRpc("SubmitUpdates", static_cast<int>(caller.status().code()), 0);
+    return ToGrpcStatus(caller.status());
+  }
+  if (dataplane_ == nullptr) return ToGrpcStatus(NoDataPlane());
+  DataPlane::StreamIo io;
+  io.read = [&](v1::SubmitUpdatesRequest* r) { return !ctx->IsCancelled() && stream->Read(r); };
+  io.write = [&](const v1::SubmitUpdatesResponse& r) { return stream->Write(r); };
+  io.admit = [&] { return (*caller)->Admit(absl::Now()); };
+  io.done = [&](absl::StatusCode code, double seconds) {
+    if (metrics_) metrics_->ObserveRpc("SubmitUpdates", static_cast<int>(code), seconds);
+  };
+  return ToGrpcStatus(dataplane_->SubmitUpdates((*caller)->name(), io, ComputeLimitsOf(limits_),
+                                                KernelObserverOf(metrics_.get())));
+}
+
 absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillRequest& req,
                                           v1::PrefillResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));

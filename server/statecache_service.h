@@ -82,6 +82,12 @@ class StateCacheService final : public v1::StateCache::Service {
   grpc::Status UpdateStream(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::UpdateResponse, v1::UpdateRequest>* stream) override;
+  // Data plane (issue 10): per-layer updates on registered buffers, replies
+  // asynchronous (DataPlane::SubmitUpdates).
+  grpc::Status SubmitUpdates(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::SubmitUpdatesResponse, v1::SubmitUpdatesRequest>* stream)
+      override;
   grpc::Status Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
                        v1::PrefillResponse* resp) override;
   grpc::Status Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,

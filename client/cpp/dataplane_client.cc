@@ -1,5 +1,7 @@
 #include "client/cpp/dataplane_client.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -8,6 +10,7 @@
 #include "kernels/common/status_macros.h"
 #include "kernels/cuda_ipc/ipc_runtime.h"
 #include "kernels/formats/format.h"
+#include "server/dataplane/stream_wait.h"
 
 namespace statecache {
 namespace {
@@ -35,6 +38,36 @@ absl::Status SetRef(const BufferTensor& t, std::initializer_list<int64_t> shape,
   out->mutable_ref()->set_buffer_id(t.buffer->id());
   out->mutable_ref()->set_offset(t.offset);
   return absl::OkStatus();
+}
+
+// The request of `c` (everything but model_id).
+absl::Status FillRefUpdate(const ModelGeometry& g, const RefUpdateCall& c, v1::UpdateRequest* req) {
+  const int64_t b = static_cast<int64_t>(c.slots.size());
+  req->set_layer(c.layer);
+  for (const SlotHandle& h : c.slots) {
+    v1::SlotHandle* p = req->add_slots();
+    p->set_id(h.id);
+    p->set_generation(h.generation);
+  }
+  RETURN_IF_ERROR(SetRef(c.q, {b, g.h_qk, g.d_k}, "q", req->mutable_q()));
+  RETURN_IF_ERROR(SetRef(c.k, {b, g.h_qk, g.d_k}, "k", req->mutable_k()));
+  RETURN_IF_ERROR(SetRef(c.v, {b, g.h_v, g.d_v}, "v", req->mutable_v()));
+  if (g.arch == Arch::kKda) {
+    RETURN_IF_ERROR(SetRef(c.g, {b, g.h_v, g.d_k}, "g", req->mutable_g()));
+  } else {
+    RETURN_IF_ERROR(SetRef(c.g, {b, g.h_v}, "g", req->mutable_g()));
+  }
+  RETURN_IF_ERROR(SetRef(c.beta, {b, g.h_v}, "beta", req->mutable_beta()));
+  if (c.o.buffer == nullptr) return absl::InvalidArgumentError("o: no buffer");
+  req->mutable_o_ref()->set_buffer_id(c.o.buffer->id());
+  req->mutable_o_ref()->set_offset(c.o.offset);
+  return absl::OkStatus();
+}
+
+int64_t MonotonicNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -183,27 +216,9 @@ absl::Status DataPlaneSession::ReleaseBuffer(WorkerBuffer* buffer) {
 absl::StatusOr<v1::UpdateRequest> DataPlaneSession::BuildUpdate(absl::string_view model_id,
                                                                 const RefUpdateCall& c) {
   ASSIGN_OR_RETURN(ModelGeometry g, client_->Geometry(model_id));
-  const int64_t b = static_cast<int64_t>(c.slots.size());
   v1::UpdateRequest req;
   req.set_model_id(std::string(model_id));
-  req.set_layer(c.layer);
-  for (const SlotHandle& h : c.slots) {
-    v1::SlotHandle* p = req.add_slots();
-    p->set_id(h.id);
-    p->set_generation(h.generation);
-  }
-  RETURN_IF_ERROR(SetRef(c.q, {b, g.h_qk, g.d_k}, "q", req.mutable_q()));
-  RETURN_IF_ERROR(SetRef(c.k, {b, g.h_qk, g.d_k}, "k", req.mutable_k()));
-  RETURN_IF_ERROR(SetRef(c.v, {b, g.h_v, g.d_v}, "v", req.mutable_v()));
-  if (g.arch == Arch::kKda) {
-    RETURN_IF_ERROR(SetRef(c.g, {b, g.h_v, g.d_k}, "g", req.mutable_g()));
-  } else {
-    RETURN_IF_ERROR(SetRef(c.g, {b, g.h_v}, "g", req.mutable_g()));
-  }
-  RETURN_IF_ERROR(SetRef(c.beta, {b, g.h_v}, "beta", req.mutable_beta()));
-  if (c.o.buffer == nullptr) return absl::InvalidArgumentError("o: no buffer");
-  req.mutable_o_ref()->set_buffer_id(c.o.buffer->id());
-  req.mutable_o_ref()->set_offset(c.o.offset);
+  RETURN_IF_ERROR(FillRefUpdate(g, c, &req));
   return req;
 }
 
@@ -213,6 +228,199 @@ absl::Status DataPlaneSession::Update(absl::string_view model_id, const RefUpdat
   grpc::ClientContext ctx;
   client_->PrepareContext(&ctx);
   return FromGrpcStatus(client_->stub().Update(&ctx, req, &resp));
+}
+
+// ---------------------------------------------------------------------------
+// UpdateSubmitter
+
+absl::StatusOr<std::unique_ptr<UpdateSubmitter>> UpdateSubmitter::Open(DataPlaneSession* session,
+                                                                       absl::string_view model_id,
+                                                                       BufferTensor done,
+                                                                       Options options) {
+  if (done.buffer == nullptr) return absl::InvalidArgumentError("done: no buffer");
+  if (done.offset < 0 || done.offset % 16 != 0 || done.offset + 8 > done.buffer->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "done.offset: ", done.offset, " (want a multiple of 16 with 8 bytes inside the buffer)"));
+  }
+  auto s = std::unique_ptr<UpdateSubmitter>(new UpdateSubmitter());
+  s->session_ = session;
+  s->model_id_ = std::string(model_id);
+  s->done_buffer_ = done.buffer;
+  s->done_offset_ = done.offset;
+  s->cuda_ = session->backend() == "cuda";
+  ASSIGN_OR_RETURN(s->geometry_, session->client().Geometry(model_id));
+  v1::SubmitUpdatesRequest msg;
+  v1::SubmitUpdatesOpen* open = msg.mutable_open();
+  open->set_session_id(session->id());
+  open->set_model_id(s->model_id_);
+  open->mutable_done_ref()->set_buffer_id(done.buffer->id());
+  open->mutable_done_ref()->set_offset(done.offset);
+  if (s->cuda_) {
+    if (options.ring_size < 1 || options.ring_size > 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring_size: ", options.ring_size, " is outside 1..1024"));
+    }
+    for (int i = 0; i < options.ring_size; ++i) {
+      void* e = nullptr;
+      RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventCreateInterprocess(&e), "ring event"));
+      s->ring_.push_back(e);
+      RETURN_IF_ERROR(
+          CudaStatus(cuda_ipc::GetEventHandle(e, open->add_cuda_ipc_events()), "ring event"));
+    }
+  }
+  s->ctx_ = std::make_unique<grpc::ClientContext>();
+  session->client().PrepareContext(s->ctx_.get());
+  s->ctx_->set_deadline(std::chrono::system_clock::time_point::max());  // long-lived
+  s->stream_ = session->client().stub().SubmitUpdates(s->ctx_.get());
+  v1::SubmitUpdatesResponse ack;
+  if (!s->stream_->Write(msg) || !s->stream_->Read(&ack)) {
+    absl::Status st = FromGrpcStatus(s->stream_->Finish());
+    s->stream_.reset();
+    s->finished_ = true;
+    return st.ok() ? absl::UnavailableError("SubmitUpdates: the server closed the stream") : st;
+  }
+  s->reader_ = std::make_unique<std::thread>([p = s.get()] { p->ReadReplies(); });
+  return s;
+}
+
+UpdateSubmitter::~UpdateSubmitter() {
+  Finish().IgnoreError();
+  for (void* e : ring_) cuda_ipc::EventDestroy(e);
+}
+
+void UpdateSubmitter::ReadReplies() {
+  v1::SubmitUpdatesResponse r;
+  while (stream_->Read(&r)) {
+    absl::MutexLock lock(&mu_);
+    replied_ = r.seq();
+    if (r.has_error()) {
+      errors_[r.seq()] = absl::Status(static_cast<absl::StatusCode>(r.error().code()),
+                                      r.error().message());
+      untaken_.push_back(r.seq());
+    }
+    ++times_.replies;
+    times_.wait_us += r.wait_micros();
+    times_.kernel_us += r.kernel_micros();
+    times_.server_us += r.server_micros();
+  }
+  absl::Status st = FromGrpcStatus(stream_->Finish());
+  absl::MutexLock lock(&mu_);
+  stream_status_ = st.ok() ? absl::UnavailableError("SubmitUpdates: the stream ended") : st;
+  reader_done_ = true;
+}
+
+absl::StatusOr<uint64_t> UpdateSubmitter::Submit(const RefUpdateCall& call, void* stream) {
+  if (finished_) return absl::FailedPreconditionError("stream: finished");
+  const uint64_t seq = next_seq_;
+  v1::SubmitUpdatesRequest msg;
+  v1::UpdateSubmission* sub = msg.mutable_update();
+  sub->set_seq(seq);
+  RETURN_IF_ERROR(FillRefUpdate(geometry_, call, sub->mutable_update()));
+  if (cuda_) {
+    const uint64_t n = ring_.size();
+    const int entry = static_cast<int>((seq - 1) % n);
+    if (seq > n) {
+      // The entry's previous generation must have been waited on by the
+      // server (its reply is here) before it is re-recorded.
+      const uint64_t need = seq - n;
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return replied_ >= need || reader_done_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (replied_ < need) return stream_status_;
+    }
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventRecord(ring_[entry], stream), "record ring event"));
+    sub->mutable_wait()->set_index(entry);
+  }
+  if (!stream_->Write(msg)) {
+    absl::MutexLock lock(&mu_);
+    return reader_done_ ? stream_status_
+                        : absl::UnavailableError("SubmitUpdates: the stream is closed");
+  }
+  ++next_seq_;
+  return seq;
+}
+
+absl::Status UpdateSubmitter::StreamWait(uint64_t seq, void* stream) {
+  if (seq == 0 || seq >= next_seq_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq: ", seq, " was not submitted (last: ", next_seq_ - 1, ")"));
+  }
+  const uint8_t* word = done_buffer_->data() + done_offset_;
+  if (cuda_) {
+    return CudaStatus(stream_wait::StreamWaitGeq(stream, word, static_cast<uint32_t>(seq)),
+                      "stream wait");
+  }
+  const auto* w = reinterpret_cast<const uint64_t*>(word);
+  for (int spins = 0; __atomic_load_n(w, __ATOMIC_ACQUIRE) < seq; ++spins) {
+    if (spins < 1000) continue;
+    std::this_thread::yield();
+    if (spins % 1024 == 0) {
+      absl::MutexLock lock(&mu_);
+      if (reader_done_ && __atomic_load_n(w, __ATOMIC_ACQUIRE) < seq) return stream_status_;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UpdateSubmitter::Wait(uint64_t seq) {
+  if (seq == 0 || seq >= next_seq_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq: ", seq, " was not submitted (last: ", next_seq_ - 1, ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return replied_ >= seq || reader_done_; };
+  mu_.Await(absl::Condition(&ready));
+  auto it = errors_.find(seq);
+  if (it != errors_.end()) {
+    untaken_.erase(std::remove(untaken_.begin(), untaken_.end(), seq), untaken_.end());
+    return it->second;
+  }
+  if (replied_ < seq) return stream_status_;
+  return absl::OkStatus();
+}
+
+absl::Status UpdateSubmitter::TakeError() {
+  absl::MutexLock lock(&mu_);
+  if (!untaken_.empty()) {
+    const uint64_t seq = untaken_.front();
+    untaken_.erase(untaken_.begin());
+    return errors_[seq];
+  }
+  if (reader_done_ && replied_ < next_seq_ - 1) return stream_status_;
+  return absl::OkStatus();
+}
+
+absl::Status UpdateSubmitter::Finish() {
+  if (!finished_) {
+    finished_ = true;
+    if (stream_ != nullptr) stream_->WritesDone();
+    if (reader_ != nullptr) reader_->join();
+  }
+  absl::MutexLock lock(&mu_);
+  if (!untaken_.empty()) {
+    const uint64_t seq = untaken_.front();
+    untaken_.erase(untaken_.begin());
+    return errors_[seq];
+  }
+  if (replied_ < next_seq_ - 1) return stream_status_;
+  return absl::OkStatus();
+}
+
+void UpdateSubmitter::Cancel() {
+  if (ctx_ != nullptr) ctx_->TryCancel();
+}
+
+UpdateSubmitter::ServerTimes UpdateSubmitter::server_times() const {
+  absl::MutexLock lock(&mu_);
+  ServerTimes t = times_;
+  if (t.replies > 0) {
+    t.wait_us /= t.replies;
+    t.kernel_us /= t.replies;
+    t.server_us /= t.replies;
+  }
+  return t;
 }
 
 // ---------------------------------------------------------------------------
@@ -240,9 +448,9 @@ absl::StatusOr<std::unique_ptr<AttachedSession>> AttachedSession::Attach(
     session->client().PrepareContext(&ctx);
     RETURN_IF_ERROR(FromGrpcStatus(session->client().stub().AttachSlots(&ctx, req, &resp)));
   }
-  const absl::Time now = absl::Now();
-  a->expires_at_ = now + absl::Milliseconds(resp.lease_ms());
-  a->renew_at_ = now + absl::Milliseconds(resp.lease_ms()) / 2;
+  const int64_t now = MonotonicNanos();
+  a->expires_at_ns_ = now + resp.lease_ms() * 1000000;
+  a->renew_at_ns_ = now + resp.lease_ms() * 500000;
   for (int i = 0; i < resp.slot_indices_size(); ++i) {
     a->index_[slots[i].id] = {slots[i].generation, resp.slot_indices(i)};
   }
@@ -306,6 +514,7 @@ AttachedSession::~AttachedSession() {
 absl::Status AttachedSession::Detach() {
   if (detached_) return absl::OkStatus();
   detached_ = true;
+  renew_at_ns_ = 0;
   v1::DetachSlotsRequest req;
   req.set_session_id(session_->id());
   req.set_model_id(model_id_);
@@ -320,24 +529,21 @@ absl::Status AttachedSession::Detach() {
   return FromGrpcStatus(session_->client().stub().DetachSlots(&ctx, req, &resp));
 }
 
-absl::Status AttachedSession::CheckLease() {
+absl::Status AttachedSession::CheckLeaseSlow(int64_t now) {
   if (detached_) return absl::FailedPreconditionError("slots: the session is detached");
-  const absl::Time now = absl::Now();
-  if (now >= expires_at_) {
+  if (now >= expires_at_ns_) {
     detached_ = true;
+    renew_at_ns_ = 0;
     return absl::FailedPreconditionError("slots: the attach lease expired");
   }
-  if (now >= renew_at_) {
-    RETURN_IF_ERROR(session_->Renew());
-    renew_at_ = now + session_->lease() / 2;
-    expires_at_ = now + session_->lease();
-  }
+  RETURN_IF_ERROR(session_->Renew());
+  const int64_t lease_ns = absl::ToInt64Nanoseconds(session_->lease());
+  renew_at_ns_ = now + lease_ns / 2;
+  expires_at_ns_ = now + lease_ns;
   return absl::OkStatus();
 }
 
-absl::Status AttachedSession::DecodeUpdate(int layer, absl::Span<const SlotHandle> slots,
-                                           DecodeInputs in) {
-  RETURN_IF_ERROR(CheckLease());
+absl::Status AttachedSession::StageSlots(absl::Span<const SlotHandle> slots) {
   if (slots.empty() || slots.size() > handles_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("slots: ", slots.size(), " slots; 1..",
                                                    handles_.size(), " are attached"));
@@ -351,10 +557,19 @@ absl::Status AttachedSession::DecodeUpdate(int layer, absl::Span<const SlotHandl
     }
     idx[i] = it->second.second;
   }
-  if (idx != staged_) {
-    RETURN_IF_ERROR(backend_->CopyIn(slot_buffer_->data(), idx.data(), 4 * idx.size()));
-    staged_ = idx;
-  }
+  staged_handles_.clear();  // a failed copy leaves nothing cached
+  RETURN_IF_ERROR(backend_->CopyIn(slot_buffer_->data(), idx.data(), 4 * idx.size()));
+  staged_handles_.assign(slots.begin(), slots.end());
+  return absl::OkStatus();
+}
+
+absl::Status AttachedSession::DecodeUpdate(int layer, absl::Span<const SlotHandle> slots,
+                                           DecodeInputs in) {
+  const int64_t now = MonotonicNanos();
+  if (now >= renew_at_ns_) RETURN_IF_ERROR(CheckLeaseSlow(now));
+  bool same = slots.size() == staged_handles_.size();
+  for (size_t i = 0; same && i < slots.size(); ++i) same = slots[i] == staged_handles_[i];
+  if (!same) RETURN_IF_ERROR(StageSlots(slots));
   in.batch = static_cast<int>(slots.size());
   in.slots = reinterpret_cast<const int32_t*>(slot_buffer_->data());
   return backend_->DecodeUpdate(*prepared_, view_, layer, in);

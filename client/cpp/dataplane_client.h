@@ -25,18 +25,37 @@
 //   ASSIGN_OR_RETURN(auto attached, AttachedSession::Attach(session.get(), "qwen", slots));
 //   RETURN_IF_ERROR(attached->DecodeUpdate(layer, slots, inputs));  // attached mode
 //
-// Python: no binding yet (a ctypes shim over these classes is future work).
+// UpdateSubmitter: the streamed fast path of registered buffers
+// (SubmitUpdates). Per layer the worker calls Submit (never waits for a
+// reply) and StreamWait (CUDA: its stream waits on the device for the
+// server's done word; CPU: its host polls the done word), then computes the
+// next layer's inputs from o:
+//
+//   ASSIGN_OR_RETURN(auto sub, UpdateSubmitter::Open(session.get(), "qwen", done_buffer));
+//   for (int l = 0; l < layers; ++l) {
+//     ... write layer l's q, k, v, g, beta on `stream` ...
+//     ASSIGN_OR_RETURN(uint64_t seq, sub->Submit(call_for(l), stream));
+//     RETURN_IF_ERROR(sub->StreamWait(seq, stream));
+//     ... read o on `stream` ...
+//   }
+//   RETURN_IF_ERROR(sub->Finish());   // or Wait(seq) / TakeError() per step
+//
+// Python: client/python/statecache/attached.py (attached mode, ctypes over
+// libstatecache_dataplane.so, c_api.h).
 #ifndef STATECACHE_CLIENT_CPP_DATAPLANE_CLIENT_H_
 #define STATECACHE_CLIENT_CPP_DATAPLANE_CLIENT_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/cpp/statecache_client.h"
@@ -127,6 +146,87 @@ class DataPlaneSession {
   std::vector<std::unique_ptr<WorkerBuffer>> buffers_;
 };
 
+// One SubmitUpdates stream of a session for one model. Submissions get seq
+// 1, 2, 3, ...; replies are read by a background thread. CUDA: a ring of
+// `ring_size` interprocess events; Submit records the next entry on the
+// worker's stream (after the inputs were written there) and names it, and
+// reuses an entry only after the reply of the submission that last used it
+// (it blocks only then). Thread-compatible: one thread submits.
+class UpdateSubmitter {
+ public:
+  struct Options {
+    int ring_size = 64;  // CUDA ring events (1..DataPlane::kMaxRingEvents)
+  };
+  // Opens the stream; the done word is 8 bytes at `done.offset` of a
+  // buffer of `session` (the server stores each submission's seq there).
+  static absl::StatusOr<std::unique_ptr<UpdateSubmitter>> Open(DataPlaneSession* session,
+                                                               absl::string_view model_id,
+                                                               BufferTensor done,
+                                                               Options options);
+  static absl::StatusOr<std::unique_ptr<UpdateSubmitter>> Open(DataPlaneSession* session,
+                                                               absl::string_view model_id,
+                                                               BufferTensor done) {
+    return Open(session, model_id, done, Options());
+  }
+  // Finish() (best effort); cancels the stream if replies are outstanding
+  // for too long.
+  ~UpdateSubmitter();
+
+  // Submits one update (call.o must be set); returns its seq. CUDA:
+  // `stream` (cudaStream_t as void*, nullptr = legacy default stream) is
+  // where the worker wrote the inputs. kUnavailable / the stream's status
+  // once the stream broke; errors of a submission come back through
+  // Wait / TakeError / Finish, never here.
+  absl::StatusOr<uint64_t> Submit(const RefUpdateCall& call, void* stream = nullptr);
+  // Orders `stream` after submission `seq` (its o written, or it failed):
+  // CUDA - enqueues a device-side wait on the done word, the host returns at
+  // once; CPU - the host waits until the done word reaches seq.
+  absl::Status StreamWait(uint64_t seq, void* stream = nullptr);
+  // Host: waits for the reply of `seq`; returns that submission's status.
+  absl::Status Wait(uint64_t seq);
+  // The first error reply not yet taken (OK if none), without waiting.
+  absl::Status TakeError();
+  // Half-closes the stream, waits for every reply, returns the first error
+  // not taken (or the stream's status).
+  absl::Status Finish();
+  // Cancels the stream (replies outstanding are lost; the server stops
+  // after the submission it is running).
+  void Cancel();
+
+  uint64_t last_seq() const { return next_seq_ - 1; }
+  // Mean server-side microseconds per reply so far (wait, kernel, total).
+  struct ServerTimes {
+    int64_t replies = 0;
+    double wait_us = 0, kernel_us = 0, server_us = 0;
+  };
+  ServerTimes server_times() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  UpdateSubmitter() = default;
+  void ReadReplies();
+
+  DataPlaneSession* session_ = nullptr;
+  std::string model_id_;
+  ModelGeometry geometry_;
+  const WorkerBuffer* done_buffer_ = nullptr;
+  int64_t done_offset_ = 0;
+  std::vector<void*> ring_;  // CUDA events
+  bool cuda_ = false;
+  uint64_t next_seq_ = 1;
+  bool finished_ = false;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SubmitUpdatesRequest, v1::SubmitUpdatesResponse>>
+      stream_;
+  std::unique_ptr<std::thread> reader_;
+  mutable absl::Mutex mu_;
+  uint64_t replied_ ABSL_GUARDED_BY(mu_) = 0;  // replies arrive in seq order
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> untaken_ ABSL_GUARDED_BY(mu_);  // seqs of errors not taken
+  ServerTimes times_ ABSL_GUARDED_BY(mu_);
+};
+
 class AttachedSession {
  public:
   // Attaches `slots` of `model_id` to `session` and maps the model's arena
@@ -141,6 +241,12 @@ class AttachedSession {
   // session, no duplicates) run in this process on the mapped pool. Input
   // and output pointers of `in` are in backend() memory (host memory on the
   // CPU, device pointers on CUDA); in.batch and in.slots are filled here.
+  // Per-call host cost: one monotonic clock read against a cached deadline
+  // (the lease is renewed by an RPC inside the call once half of it has
+  // passed) and, when `slots` equals the previous call's slots (a decode
+  // loop), one comparison of the handles; otherwise the handles are mapped
+  // to slot indices and staged. Not thread-safe: one worker thread per
+  // AttachedSession.
   absl::Status DecodeUpdate(int layer, absl::Span<const SlotHandle> slots, DecodeInputs in);
 
   // Ends the attachment; the slots go back to server-side use.
@@ -152,7 +258,11 @@ class AttachedSession {
 
  private:
   AttachedSession() = default;
-  absl::Status CheckLease();
+  // The slow path of the lease check: detached, expired or due for renewal.
+  absl::Status CheckLeaseSlow(int64_t now_ns);
+  // Maps `slots` to indices (kFailedPrecondition naming slots[i] for one not
+  // attached here) and stages them in slot_buffer_.
+  absl::Status StageSlots(absl::Span<const SlotHandle> slots);
 
   DataPlaneSession* session_ = nullptr;
   std::string model_id_;
@@ -165,9 +275,12 @@ class AttachedSession {
   void* ipc_base_ = nullptr;
   PoolView view_;
   std::unique_ptr<BackendBuffer> slot_buffer_;
-  std::vector<int32_t> staged_;  // indices currently in slot_buffer_
-  absl::Time renew_at_;
-  absl::Time expires_at_;
+  std::vector<SlotHandle> staged_handles_;  // handles whose indices are in slot_buffer_
+  // Monotonic deadlines (steady clock, ns). DecodeUpdate compares the clock
+  // with renew_at_ns_ only; it is zero once detached, so that the slow path
+  // runs and refuses the call.
+  int64_t renew_at_ns_ = 0;
+  int64_t expires_at_ns_ = 0;
   bool detached_ = false;
 };
 

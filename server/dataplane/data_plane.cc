@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
@@ -37,6 +38,11 @@ class ShmBuffer : public DataPlane::Buffer {
   explicit ShmBuffer(std::unique_ptr<SharedMemoryRegion> region) : region_(std::move(region)) {}
   uint8_t* data() const override { return region_->data(); }
   int64_t size() const override { return region_->size(); }
+  absl::Status StoreWord(int64_t offset, uint64_t value) override {
+    __atomic_store_n(reinterpret_cast<uint64_t*>(region_->data() + offset), value,
+                     __ATOMIC_RELEASE);
+    return absl::OkStatus();
+  }
 
  private:
   std::unique_ptr<SharedMemoryRegion> region_;
@@ -92,6 +98,12 @@ class IpcBuffer : public DataPlane::Buffer {
     return absl::OkStatus();
   }
   std::string server_event_handle() const override { return server_event_handle_; }
+  absl::Status StoreWord(int64_t offset, uint64_t value) override {
+    if (int e = cuda_ipc::CopyHostToDevice(data_ + offset, &value, sizeof(value)); e != 0) {
+      return CudaError(e, "store the done word");
+    }
+    return absl::OkStatus();
+  }
 
  private:
   IpcBuffer() = default;
@@ -507,7 +519,10 @@ absl::StatusOr<DataPlane::Resolved> DataPlane::ResolveRef(const std::string& ten
                                                          const v1::BufferRef& ref,
                                                          absl::string_view field, DType dtype,
                                                          int64_t count) {
-  const std::string f = absl::StrCat(field, ".ref");
+  // "q" -> "q.ref"; fields that are references themselves ("open.done_ref")
+  // keep their name.
+  const std::string f =
+      absl::EndsWith(field, "_ref") ? std::string(field) : absl::StrCat(field, ".ref");
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, FindBuffer(tenant, ref.buffer_id(), f));
   const int64_t bytes = count * DTypeSize(dtype);
   const int64_t off = ref.offset();
@@ -611,6 +626,14 @@ absl::Status DataPlane::HostValueCheck(const ComputeLimits& limits, absl::string
 absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::UpdateRequest& req,
                                const ComputeLimits& limits, const KernelObserver& observe,
                                v1::UpdateResponse* resp) {
+  return UpdateImpl(tenant, m, req, limits, observe, nullptr, resp);
+}
+
+absl::Status DataPlane::UpdateImpl(const std::string& tenant, Model& m,
+                                   const v1::UpdateRequest& req, const ComputeLimits& limits,
+                                   const KernelObserver& observe,
+                                   const std::function<absl::Status()>* before_read,
+                                   v1::UpdateResponse* resp) {
   const ModelGeometry& g = m.layout.geometry();
   RETURN_IF_ERROR(CheckLayerRange(req.layer(), g.layers, "layer"));
   const int b = req.slots_size();
@@ -630,7 +653,11 @@ absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::Up
   ASSIGN_OR_RETURN(Resolved bt, Resolve(tenant, req.beta(), "beta", kFp32Only, {b, g.h_v}));
   const int64_t o_count = int64_t{b} * g.h_v * g.d_v;
   ASSIGN_OR_RETURN(Resolved o, ResolveOutput(tenant, req.has_o_ref(), req.o_ref(), "o", o_count));
-  RETURN_IF_ERROR(BeforeReads({&q.buffer, &k.buffer, &v.buffer, &gt.buffer, &bt.buffer}));
+  if (before_read != nullptr) {
+    RETURN_IF_ERROR((*before_read)());
+  } else {
+    RETURN_IF_ERROR(BeforeReads({&q.buffer, &k.buffer, &v.buffer, &gt.buffer, &bt.buffer}));
+  }
   RETURN_IF_ERROR(HostValueCheck(limits, "", q, k, v, g.d_k));
 
   const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
@@ -655,7 +682,7 @@ absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::Up
   for (int64_t d : {int64_t{b}, int64_t{g.h_v}, int64_t{g.d_v}}) out->add_shape(d);
   if (o.buffer != nullptr) {
     *out->mutable_ref() = req.o_ref();
-    RETURN_IF_ERROR(o.buffer->AfterWrite());
+    if (before_read == nullptr) RETURN_IF_ERROR(o.buffer->AfterWrite());
   } else {
     std::string* data = out->mutable_data();
     data->resize(o_count * 4);

@@ -19,6 +19,19 @@
 // "<field>.ref", never a stray read. Another tenant's buffer is kNotFound like
 // an unknown one.
 //
+// SubmitUpdates (the fast path of registered buffers): one stream per worker
+// and model; the worker submits per-layer updates with references and never
+// waits for a reply on the critical path. Ordering, worker -> server: on CUDA
+// the worker records an entry of its ring of interprocess events after
+// writing a submission's inputs and names it; the server waits for that
+// event (host-side, outside the backend's lock, so a worker whose event never
+// completes stalls only its own stream) and the worker re-records an entry
+// only after the reply of the submission that last named it. Server ->
+// worker: after each submission (failed ones too) the server stores its seq
+// into the stream's done word (a registered buffer): the worker's stream
+// waits for it on the device (cuStreamWaitValue32), its host does not.
+// Replies (one per submission, error set on failure) arrive asynchronously.
+//
 // Attached mode (AttachSlots). The session takes an attach lease over
 // allocated slots: the server holds them busy (SlotPool::SlotAccess) so no
 // server-side call, eviction or idle release touches them, and refuses calls
@@ -115,6 +128,23 @@ class DataPlane {
                        const ComputeLimits& limits, const KernelObserver& observe,
                        v1::PrefillResponse* resp);
 
+  // The SubmitUpdates stream. `read` returns false at the end of the stream,
+  // `write` false when the client went away; `admit` runs before each
+  // submission (the tenant's rate quota), `done` after it (code, seconds;
+  // metrics). Returns the status that ends the stream: OK when the client
+  // half-closed or went away, else the open message's error (naming
+  // "open.<field>"). Submission errors are replies, never the stream's end.
+  struct StreamIo {
+    std::function<bool(v1::SubmitUpdatesRequest*)> read;
+    std::function<bool(const v1::SubmitUpdatesResponse&)> write;
+    std::function<absl::Status()> admit;
+    std::function<void(absl::StatusCode, double)> done;
+  };
+  absl::Status SubmitUpdates(const std::string& tenant, const StreamIo& io,
+                             const ComputeLimits& limits, const KernelObserver& observe);
+  // Most ring events one SubmitUpdates stream may register.
+  static constexpr int kMaxRingEvents = 1024;
+
   // kFailedPrecondition naming field[i] when one of `handles` of `model` is
   // attached to a session. Call before SlotPool::Acquire.
   absl::Status CheckNotAttached(const Model& model, absl::Span<const SlotHandle> handles,
@@ -135,6 +165,11 @@ class DataPlane {
     virtual absl::Status BeforeRead() { return absl::OkStatus(); }
     virtual absl::Status AfterWrite() { return absl::OkStatus(); }
     virtual std::string server_event_handle() const { return ""; }
+    // Stores `value` (8 bytes, little-endian) at `offset` (8-aligned, in
+    // range) once everything written before is visible to the worker: CPU a
+    // release store; CUDA a host-to-device copy after the backend call
+    // returned (its kernels finished).
+    virtual absl::Status StoreWord(int64_t offset, uint64_t value) = 0;
   };
 
  private:
@@ -190,6 +225,14 @@ class DataPlane {
   // buffers are never written after staging, so concurrent calls share them.
   absl::StatusOr<std::shared_ptr<BackendBuffer>> StagedIndices(const std::vector<int32_t>& idx)
       ABSL_LOCKS_EXCLUDED(index_mu_);
+  // Update with a replaceable worker -> server ordering: null `before_read`
+  // waits for the registered buffers' events and records the server event
+  // of o's buffer after writing (unary Update); otherwise before_read runs
+  // instead and no buffer event is recorded (SubmitUpdates).
+  absl::Status UpdateImpl(const std::string& tenant, Model& model, const v1::UpdateRequest& req,
+                          const ComputeLimits& limits, const KernelObserver& observe,
+                          const std::function<absl::Status()>* before_read,
+                          v1::UpdateResponse* resp);
   absl::Status HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
                               const Resolved& q, const Resolved& k, const Resolved& v,
                               int d_k) const;

@@ -7,6 +7,14 @@
 //             (CPU shared memory / CUDA IPC), under an attach lease
 //   buffers   Update RPCs over a unix socket whose tensors are references into
 //             registered buffers (CPU shm / CUDA IPC + events); o written there
+//   stream    the same references submitted on one SubmitUpdates stream: per
+//             layer Submit (records a ring event on the worker's stream, no
+//             reply awaited) + StreamWait (CUDA: the worker's stream waits on
+//             the device for the server's done word; CPU: the host polls it),
+//             as a worker whose layer l+1 depends on layer l's o; the step
+//             ends when the last reply is in. Also prints the server-side
+//             means per submission: ring-event wait, backend call (kernel +
+//             validation incl. its host sync), total
 //   inline    Update RPCs over TCP loopback carrying the bytes
 //
 // One step = one update per layer. Every mode starts from zeroed slots and
@@ -57,7 +65,7 @@ ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda.");
 ABSL_FLAG(std::string, geometry, "gdn:30:16:32:128:128", "arch:layers:h_qk:h_v:d_k:d_v");
 ABSL_FLAG(std::string, format, "damp", "Storage format.");
 ABSL_FLAG(std::string, batches, "1,32,256", "Batch sizes.");
-ABSL_FLAG(std::string, modes, "inproc,attached,buffers,inline", "Modes to run.");
+ABSL_FLAG(std::string, modes, "inproc,attached,buffers,stream,inline", "Modes to run.");
 ABSL_FLAG(int, steps, 5, "Timed decode steps per (mode, batch).");
 ABSL_FLAG(int, warmup, 1, "Untimed decode steps first.");
 ABSL_FLAG(std::string, server, "inproc", "inproc (CPU only) or spawn.");
@@ -145,16 +153,20 @@ absl::StatusOr<DeviceInputs> Upload(Backend& be, const Inputs& in) {
 struct Timing {
   std::vector<double> step_ms;
   std::vector<float> first_o;  // o of the last layer of the first step
+  std::string extra;           // appended to the RESULT line
 };
 
-// Runs warmup + steps decode steps of `layer_fn(layer)`; `read_o` fetches o.
+// Runs warmup + steps decode steps of `layer_fn(layer)` (then `step_end`,
+// if given, inside the timed step); `read_o` fetches o.
 absl::StatusOr<Timing> TimeSteps(int layers, const std::function<absl::Status(int)>& layer_fn,
-                                 const std::function<absl::StatusOr<std::vector<float>>()>& read_o) {
+                                 const std::function<absl::StatusOr<std::vector<float>>()>& read_o,
+                                 const std::function<absl::Status()>& step_end = nullptr) {
   Timing t;
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
   for (int s = 0; s < warmup + steps; ++s) {
     const absl::Time start = absl::Now();
     for (int l = 0; l < layers; ++l) RETURN_IF_ERROR(layer_fn(l));
+    if (step_end) RETURN_IF_ERROR(step_end());
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     if (s == 0) {
       ASSIGN_OR_RETURN(t.first_o, read_o());
@@ -314,6 +326,58 @@ absl::StatusOr<Timing> RunBuffers(const ServerHandle& s, const ModelGeometry& ge
       });
 }
 
+absl::StatusOr<Timing> RunStream(const ServerHandle& s, const ModelGeometry& geo,
+                                 const Inputs& in, int b) {
+  ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
+  ASSIGN_OR_RETURN(std::vector<SlotHandle> h, client->AllocateSlots("bench", b));
+  ASSIGN_OR_RETURN(auto session, DataPlaneSession::Open(client.get()));
+  auto up = [](int64_t x) { return (x + 255) / 256 * 256; };
+  const int64_t q = 0, k = up(4 * in.q.size()), v = k + up(4 * in.k.size()),
+                g = v + up(4 * in.v.size()), beta = g + up(4 * in.g.size()),
+                total = beta + up(4 * in.beta.size());
+  ASSIGN_OR_RETURN(WorkerBuffer * buf, session->CreateBuffer(total));
+  ASSIGN_OR_RETURN(WorkerBuffer * out, session->CreateBuffer(4 * in.o_count));
+  ASSIGN_OR_RETURN(WorkerBuffer * done, session->CreateBuffer(256));
+  RETURN_IF_ERROR(buf->Write(q, in.q.data(), 4 * in.q.size()));
+  RETURN_IF_ERROR(buf->Write(k, in.k.data(), 4 * in.k.size()));
+  RETURN_IF_ERROR(buf->Write(v, in.v.data(), 4 * in.v.size()));
+  RETURN_IF_ERROR(buf->Write(g, in.g.data(), 4 * in.g.size()));
+  RETURN_IF_ERROR(buf->Write(beta, in.beta.data(), 4 * in.beta.size()));
+  ASSIGN_OR_RETURN(auto sub, UpdateSubmitter::Open(session.get(), "bench", {done, 0}));
+  std::vector<RefUpdateCall> calls(geo.layers);
+  for (int l = 0; l < geo.layers; ++l) {
+    RefUpdateCall& c = calls[l];
+    c.layer = l;
+    c.slots = h;
+    c.q = {buf, q};
+    c.k = {buf, k};
+    c.v = {buf, v};
+    c.g = {buf, g};
+    c.beta = {buf, beta};
+    c.o = {out, 0};
+  }
+  // The worker's stream: the legacy default stream (nullptr), where
+  // WorkerBuffer::Write put the inputs.
+  auto t = TimeSteps(
+      geo.layers,
+      [&](int l) -> absl::Status {
+        ASSIGN_OR_RETURN(uint64_t seq, sub->Submit(calls[l], nullptr));
+        return sub->StreamWait(seq, nullptr);
+      },
+      [&]() -> absl::StatusOr<std::vector<float>> {
+        std::vector<float> o(in.o_count);
+        RETURN_IF_ERROR(out->Read(0, o.data(), 4 * in.o_count));
+        return o;
+      },
+      [&]() -> absl::Status { return sub->Wait(sub->last_seq()); });
+  RETURN_IF_ERROR(t.status());
+  RETURN_IF_ERROR(sub->Finish());
+  const UpdateSubmitter::ServerTimes st = sub->server_times();
+  t->extra = absl::StrFormat(" server_us=%.1f backend_call_us=%.1f event_wait_us=%.1f",
+                             st.server_us, st.kernel_us, st.wait_us);
+  return t;
+}
+
 absl::StatusOr<Timing> RunInline(const ServerHandle& s, const ModelGeometry& geo,
                                  const Inputs& in, int b) {
   ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
@@ -365,13 +429,29 @@ int Main() {
     const Inputs in = MakeInputs(*geo, b);
     const int64_t state_bytes = int64_t{b} * layout->slot_bytes() + (1 << 20);
     std::unique_ptr<ServerHandle> unix_server, tcp_server;
+    // The unix-socket server starts before every mode, inproc included, so
+    // that all modes run with statecached's process (and, on CUDA, its
+    // context) alive on the device.
+    if (std::any_of(modes.begin(), modes.end(), [](const std::string& m) {
+          return m == "attached" || m == "buffers" || m == "stream";
+        })) {
+      auto s = ServerHandle::Start(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
+                                   state_bytes);
+      if (!s.ok()) { std::fprintf(stderr, "%s\n", s.status().ToString().c_str()); return 1; }
+      unix_server = *std::move(s);
+      auto c = StateCacheClient::Connect(unix_server->target());
+      if (!c.ok() || !(*c)->WaitForReady(absl::Seconds(60)).ok()) {
+        std::fprintf(stderr, "statecached did not come up\n");
+        return 1;
+      }
+    }
     std::vector<float> reference;
     double floor_ms = 0;
     for (const std::string& mode : modes) {
       absl::StatusOr<Timing> t = absl::UnknownError("unknown mode");
       if (mode == "inproc") {
         t = RunInproc(*geo, *layout, in, b);
-      } else if (mode == "attached" || mode == "buffers") {
+      } else if (mode == "attached" || mode == "buffers" || mode == "stream") {
         if (unix_server == nullptr) {
           auto s = ServerHandle::Start(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
                                        state_bytes);
@@ -379,7 +459,8 @@ int Main() {
           unix_server = *std::move(s);
         }
         t = mode == "attached" ? RunAttached(*unix_server, *geo, in, b)
-                               : RunBuffers(*unix_server, *geo, in, b);
+            : mode == "buffers" ? RunBuffers(*unix_server, *geo, in, b)
+                                : RunStream(*unix_server, *geo, in, b);
       } else if (mode == "inline") {
         if (tcp_server == nullptr) {
           auto s = ServerHandle::Start(absl::StrCat("127.0.0.1:", port), state_bytes);
@@ -412,8 +493,9 @@ int Main() {
         if (!eq) ++failures;
       }
       std::printf("RESULT mode=%s B=%d step_ms_mean=%.3f step_ms_min=%.3f per_layer_us=%.1f "
-                  "identical=%s\n",
-                  mode.c_str(), b, mean, mn, 1000 * mean / geo->layers, same.c_str());
+                  "identical=%s%s\n",
+                  mode.c_str(), b, mean, mn, 1000 * mean / geo->layers, same.c_str(),
+                  t->extra.c_str());
       std::fflush(stdout);
       absl::StrAppend(&table, absl::StrFormat("| %d | %s | %.3f | %.3f | %s | %s |\n", b, mode,
                                               mean, mn,

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -514,6 +515,262 @@ TEST_F(DataPlaneTest, AttachNeedsSharedPoolsOnCpu) {
   absl::Status st = AttachedSession::Attach(session.get(), kModel, h).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(st.message()), HasSubstr("--shared_pools"));
+}
+
+// ---------------------------------------------------------------------------
+// SubmitUpdates (the streamed fast path)
+
+// The done word sits in its own small buffer.
+struct DoneWord {
+  WorkerBuffer* buffer = nullptr;
+  uint64_t value() const {
+    return __atomic_load_n(reinterpret_cast<const uint64_t*>(buffer->data()), __ATOMIC_ACQUIRE);
+  }
+};
+
+TEST_F(DataPlaneTest, SubmitUpdatesIsBitIdenticalToUnaryUpdate) {
+  Reference ref;
+  std::vector<SlotHandle> unary_slots = Alloc(), stream_slots = Alloc();
+  auto session = *DataPlaneSession::Open(client_.get());
+  Arena unary = MakeArena(session.get()), streamed = MakeArena(session.get());
+  DoneWord done{*session->CreateBuffer(64)};
+  auto sub = UpdateSubmitter::Open(session.get(), kModel, {done.buffer, 0});
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  std::mt19937 rng(11);
+  for (int step = 0; step < 3; ++step) {
+    for (int layer = 0; layer < Geo().layers; ++layer) {
+      const Step s = MakeStep(&rng);
+      const std::vector<float> want = ref.Update(layer, s);
+      ASSERT_TRUE(session->Update(kModel, Write(unary, layer, unary_slots, s)).ok());
+      EXPECT_EQ(ReadO(unary), want);
+      // Worker loop: write inputs, submit, wait for the done word (never for
+      // the reply), read o.
+      absl::StatusOr<uint64_t> seq = (*sub)->Submit(Write(streamed, layer, stream_slots, s));
+      ASSERT_TRUE(seq.ok()) << seq.status();
+      ASSERT_TRUE((*sub)->StreamWait(*seq).ok());
+      EXPECT_GE(done.value(), *seq);
+      ASSERT_EQ(ReadO(streamed), want) << "step " << step << " layer " << layer;
+    }
+    ASSERT_TRUE((*sub)->TakeError().ok());
+  }
+  ASSERT_TRUE((*sub)->Finish().ok());
+  EXPECT_EQ(done.value(), 3u * Geo().layers);
+  EXPECT_EQ(Export(stream_slots), Export(unary_slots));
+  for (int i = 0; i < kB; ++i) EXPECT_EQ(Export(stream_slots)[i], ref.Packed(i));
+}
+
+TEST_F(DataPlaneTest, SubmitUpdatesPipelinesInMessageOrder) {
+  // All layers of several steps submitted without any wait, each with its
+  // own input and output regions: the server runs them in message order.
+  Reference ref;
+  std::vector<SlotHandle> h = Alloc();
+  auto session = *DataPlaneSession::Open(client_.get());
+  DoneWord done{*session->CreateBuffer(64)};
+  auto sub = *UpdateSubmitter::Open(session.get(), kModel, {done.buffer, 0});
+  std::mt19937 rng(12);
+  std::vector<Arena> arenas;
+  std::vector<std::vector<float>> want;
+  for (int step = 0; step < 2; ++step) {
+    for (int layer = 0; layer < Geo().layers; ++layer) {
+      const Step s = MakeStep(&rng);
+      want.push_back(ref.Update(layer, s));
+      arenas.push_back(MakeArena(session.get()));
+      ASSERT_TRUE(sub->Submit(Write(arenas.back(), layer, h, s)).ok());
+    }
+  }
+  ASSERT_TRUE(sub->Wait(sub->last_seq()).ok());
+  for (size_t i = 0; i < arenas.size(); ++i) EXPECT_EQ(ReadO(arenas[i]), want[i]) << i;
+  ASSERT_TRUE(sub->Finish().ok());
+  EXPECT_EQ(sub->server_times().replies, static_cast<int64_t>(arenas.size()));
+}
+
+TEST_F(DataPlaneTest, SubmitUpdatesReportsErrorsPerSubmission) {
+  Reference ref;
+  std::vector<SlotHandle> h = Alloc(), other = Alloc();
+  const std::vector<std::string> other_before = Export(other);
+  auto session = *DataPlaneSession::Open(client_.get());
+  Arena a = MakeArena(session.get());
+  DoneWord done{*session->CreateBuffer(64)};
+  auto sub = *UpdateSubmitter::Open(session.get(), kModel, {done.buffer, 16});
+  std::mt19937 rng(13);
+  const Step s0 = MakeStep(&rng), s1 = MakeStep(&rng);
+  // 1: fine.
+  const uint64_t ok1 = *sub->Submit(Write(a, 0, h, s0));
+  EXPECT_EQ(ReadO(a), (sub->StreamWait(ok1).ok(), ref.Update(0, s0)));
+  // 2: q out of the buffer (no stray read, nothing written).
+  RefUpdateCall bad = Write(a, 1, h, s1);
+  bad.q.offset = a.in_bytes;
+  const uint64_t e2 = *sub->Submit(bad);
+  // 3: misaligned o.
+  bad = Write(a, 1, h, s1);
+  bad.o.offset = 4;
+  const uint64_t e3 = *sub->Submit(bad);
+  // 4: layer out of range.
+  bad = Write(a, 1, h, s1);
+  bad.layer = Geo().layers;
+  const uint64_t e4 = *sub->Submit(bad);
+  // 5: a stale slot handle.
+  std::vector<SlotHandle> stale = h;
+  stale[1].generation += 1;
+  const uint64_t e5 = *sub->Submit(Write(a, 1, stale, s1));
+  // 6: fine again: the stream goes on after errors.
+  const uint64_t ok6 = *sub->Submit(Write(a, 1, h, s1));
+  ASSERT_TRUE(sub->StreamWait(ok6).ok());
+  EXPECT_EQ(ReadO(a), ref.Update(1, s1));
+
+  absl::Status st = sub->Wait(e2);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), StartsWith("update.q.ref: "));
+  st = sub->Wait(e3);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), StartsWith("update.o.ref: "));
+  st = sub->Wait(e4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), StartsWith("update.layer: "));
+  st = sub->Wait(e5);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(st.message()), StartsWith("update.slots[1]"));
+  EXPECT_TRUE(sub->Wait(ok1).ok());
+  EXPECT_TRUE(sub->Wait(ok6).ok());
+  EXPECT_TRUE(sub->TakeError().ok());  // all four were taken by Wait
+  ASSERT_TRUE(sub->Finish().ok());
+  // Failed submissions advanced the done word too; the word sits at its
+  // offset; slots outside the calls are untouched, and the called slots
+  // hold exactly the two good updates.
+  EXPECT_EQ(done.value(), 0u);
+  EXPECT_EQ(__atomic_load_n(reinterpret_cast<const uint64_t*>(done.buffer->data() + 16),
+                            __ATOMIC_ACQUIRE),
+            ok6);
+  EXPECT_EQ(Export(other), other_before);
+  for (int i = 0; i < kB; ++i) EXPECT_EQ(Export(h)[i], ref.Packed(i));
+}
+
+// A raw SubmitUpdates stream (for messages UpdateSubmitter never sends).
+class RawStream {
+ public:
+  explicit RawStream(StateCacheClient* c) {
+    c->PrepareContext(&ctx_);
+    stream_ = c->stub().SubmitUpdates(&ctx_);
+  }
+  bool Send(const v1::SubmitUpdatesRequest& m) { return stream_->Write(m); }
+  absl::StatusOr<v1::SubmitUpdatesResponse> Next() {
+    v1::SubmitUpdatesResponse r;
+    if (stream_->Read(&r)) return r;
+    return absl::OutOfRangeError("stream ended");
+  }
+  absl::Status Close() {
+    stream_->WritesDone();
+    v1::SubmitUpdatesResponse r;
+    while (stream_->Read(&r)) {
+    }
+    return FromGrpcStatus(stream_->Finish());
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SubmitUpdatesRequest, v1::SubmitUpdatesResponse>>
+      stream_;
+};
+
+TEST_F(DataPlaneTest, SubmitUpdatesRejectsBadOpenAndBadSubmissions) {
+  std::vector<SlotHandle> h = Alloc();
+  auto session = *DataPlaneSession::Open(client_.get());
+  Arena a = MakeArena(session.get());
+  WorkerBuffer* done = *session->CreateBuffer(64);
+  v1::SubmitUpdatesRequest good_open;
+  good_open.mutable_open()->set_session_id(session->id());
+  good_open.mutable_open()->set_model_id(kModel);
+  good_open.mutable_open()->mutable_done_ref()->set_buffer_id(done->id());
+  struct Case {
+    std::function<void(v1::SubmitUpdatesRequest*)> edit;
+    absl::StatusCode code;
+    std::string prefix;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::SubmitUpdatesRequest* m) { m->mutable_update(); },
+       absl::StatusCode::kInvalidArgument, "open: "},
+      {[](v1::SubmitUpdatesRequest* m) { m->mutable_open()->set_session_id(7); },
+       absl::StatusCode::kNotFound, "open.session_id: "},
+      {[](v1::SubmitUpdatesRequest* m) { m->mutable_open()->set_model_id("nope"); },
+       absl::StatusCode::kNotFound, "open.model_id: "},
+      {[](v1::SubmitUpdatesRequest* m) { m->mutable_open()->clear_done_ref(); },
+       absl::StatusCode::kInvalidArgument, "open.done_ref: "},
+      {[](v1::SubmitUpdatesRequest* m) { m->mutable_open()->mutable_done_ref()->set_offset(64); },
+       absl::StatusCode::kInvalidArgument, "open.done_ref: "},
+      {[](v1::SubmitUpdatesRequest* m) { m->mutable_open()->add_cuda_ipc_events(std::string(64, 'x')); },
+       absl::StatusCode::kInvalidArgument, "open.cuda_ipc_events: "},
+  };
+  for (const Case& c : cases) {
+    RawStream raw(client_.get());
+    v1::SubmitUpdatesRequest m = good_open;
+    c.edit(&m);
+    raw.Send(m);
+    absl::Status st = raw.Close();
+    EXPECT_EQ(st.code(), c.code) << c.prefix << st;
+    EXPECT_THAT(std::string(st.message()), StartsWith(c.prefix));
+  }
+  // Submission-level errors a well-behaved client never sends.
+  RawStream raw(client_.get());
+  ASSERT_TRUE(raw.Send(good_open));
+  ASSERT_EQ(raw.Next()->seq(), 0u);  // the open ack
+  std::mt19937 rng(14);
+  v1::SubmitUpdatesRequest m;
+  *m.mutable_update()->mutable_update() = *session->BuildUpdate(kModel, Write(a, 0, h, MakeStep(&rng)));
+  auto expect_error = [&](uint64_t seq, absl::StatusCode code, absl::string_view prefix) {
+    m.mutable_update()->set_seq(seq);
+    ASSERT_TRUE(raw.Send(m));
+    absl::StatusOr<v1::SubmitUpdatesResponse> r = raw.Next();
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->error().code(), static_cast<int>(code)) << r->error().message();
+    EXPECT_THAT(r->error().message(), StartsWith(std::string(prefix)));
+  };
+  m.mutable_update()->mutable_wait()->set_index(0);  // no ring on the CPU backend
+  expect_error(1, absl::StatusCode::kInvalidArgument, "wait.index: ");
+  m.mutable_update()->clear_wait();
+  expect_error(1, absl::StatusCode::kInvalidArgument, "seq: ");  // not increasing
+  m.mutable_update()->mutable_update()->set_model_id("other");
+  expect_error(2, absl::StatusCode::kInvalidArgument, "update.model_id: ");
+  m.mutable_update()->mutable_update()->set_model_id(kModel);
+  m.mutable_update()->mutable_update()->clear_o_ref();
+  expect_error(3, absl::StatusCode::kInvalidArgument, "update.o_ref: ");
+  EXPECT_TRUE(raw.Close().ok());
+  EXPECT_EQ(__atomic_load_n(reinterpret_cast<const uint64_t*>(done->data()), __ATOMIC_ACQUIRE),
+            3u);
+}
+
+TEST_F(DataPlaneTest, CancellingASubmitStreamReleasesNothing) {
+  Reference ref;
+  std::vector<SlotHandle> h = Alloc();
+  DataPlane* dp = server_->service().dataplane();
+  auto session = *DataPlaneSession::Open(client_.get());
+  Arena a = MakeArena(session.get());
+  DoneWord done{*session->CreateBuffer(64)};
+  std::mt19937 rng(15);
+  {
+    auto sub = *UpdateSubmitter::Open(session.get(), kModel, {done.buffer, 0});
+    const Step s = MakeStep(&rng);
+    const uint64_t seq = *sub->Submit(Write(a, 0, h, s));
+    ASSERT_TRUE(sub->StreamWait(seq).ok());
+    EXPECT_EQ(ReadO(a), ref.Update(0, s));
+    for (int i = 0; i < 4; ++i) (void)sub->Submit(Write(a, 1, h, s));
+    sub->Cancel();
+    // Replies may all have arrived before the cancellation (then OK).
+    const absl::Status st = sub->Finish();
+    EXPECT_TRUE(st.ok() || st.code() == absl::StatusCode::kCancelled) << st;
+  }
+  // The session, its buffers and the slots are as before; the slots are not
+  // left busy, so a unary Update and a new stream work.
+  EXPECT_EQ(dp->session_count(), 1);
+  EXPECT_EQ(dp->buffer_count(), 3);
+  EXPECT_EQ(dp->attached_count(), 0);
+  EXPECT_TRUE(session->Renew().ok());
+  const Step s = MakeStep(&rng);
+  ASSERT_TRUE(session->Update(kModel, Write(a, 0, h, s)).ok());
+  auto sub = *UpdateSubmitter::Open(session.get(), kModel, {done.buffer, 0});
+  const uint64_t seq = *sub->Submit(Write(a, 0, h, s));
+  EXPECT_TRUE(sub->Wait(seq).ok());
+  EXPECT_TRUE(sub->Finish().ok());
+  EXPECT_EQ(done.value(), 1u);
 }
 
 }  // namespace

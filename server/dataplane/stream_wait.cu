@@ -1,0 +1,72 @@
+#include "server/dataplane/stream_wait.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+namespace statecache {
+namespace stream_wait {
+namespace {
+
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+struct Driver {
+  bool device = false;
+  WaitValue32Fn wait32 = nullptr;  // through the runtime (no libcuda link)
+  std::atomic<bool> wait32_failed{false};
+};
+
+Driver& GetDriver() {
+  static Driver* d = [] {
+    auto* r = new Driver();
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      cudaGetLastError();
+      return r;
+    }
+    r->device = true;
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess && fn != nullptr) {
+      r->wait32 = reinterpret_cast<WaitValue32Fn>(fn);
+    } else {
+      cudaGetLastError();
+    }
+    return r;
+  }();
+  return *d;
+}
+
+__global__ void PollGeqKernel(const volatile uint32_t* word, uint32_t value) {
+  while (static_cast<int32_t>(*word - value) < 0) __nanosleep(256);
+}
+
+}  // namespace
+
+int StreamWaitGeq(void* stream, const void* device_word, uint32_t value) {
+  Driver& d = GetDriver();
+  if (!d.device) return cudaErrorNoDevice;
+  if (d.wait32 != nullptr && !d.wait32_failed.load(std::memory_order_relaxed)) {
+    const CUresult r = d.wait32(static_cast<CUstream>(stream),
+                                reinterpret_cast<CUdeviceptr>(device_word), value,
+                                CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_SUCCESS) return cudaSuccess;
+    // Not supported by this device / driver (not a sticky error): poll.
+    d.wait32_failed.store(true, std::memory_order_relaxed);
+  }
+  PollGeqKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const volatile uint32_t*>(device_word), value);
+  return cudaGetLastError();
+}
+
+const char* Mechanism() {
+  Driver& d = GetDriver();
+  if (!d.device) return "none";
+  return d.wait32 != nullptr && !d.wait32_failed.load() ? "cuStreamWaitValue32" : "polling kernel";
+}
+
+}  // namespace stream_wait
+}  // namespace statecache

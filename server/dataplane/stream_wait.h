@@ -1,0 +1,32 @@
+// Device-side waits of a worker's CUDA stream on a done word written by
+// statecached (SubmitUpdates, issue 10): the worker's host never blocks.
+//
+// Plain C++ (no CUDA types): streams are cudaStream_t as void* (nullptr = the
+// legacy default stream); functions return a cudaError_t value as int
+// (0 = success; cuda_ipc::ErrorString names it).
+//
+//   // o of submission `seq` is read by kernels enqueued on `stream` after:
+//   RETURN_IF_ERROR(Check(StreamWaitGeq(stream, done_word, seq)));
+#ifndef STATECACHE_SERVER_DATAPLANE_STREAM_WAIT_H_
+#define STATECACHE_SERVER_DATAPLANE_STREAM_WAIT_H_
+
+#include <cstdint>
+
+namespace statecache {
+namespace stream_wait {
+
+// Enqueues on `stream` a wait until the 32-bit word at `device_word` (device
+// memory, 4-aligned) satisfies (int32_t)(*word - value) >= 0 (cyclic, so the
+// low 32 bits of a 64-bit counter work across wrap-around). Uses the driver's
+// cuStreamWaitValue32 (no SM is occupied) when the driver offers it, else a
+// one-thread polling kernel.
+int StreamWaitGeq(void* stream, const void* device_word, uint32_t value);
+
+// "cuStreamWaitValue32", "polling kernel" or "none" (no usable device):
+// which mechanism StreamWaitGeq uses in this process.
+const char* Mechanism();
+
+}  // namespace stream_wait
+}  // namespace statecache
+
+#endif  // STATECACHE_SERVER_DATAPLANE_STREAM_WAIT_H_
