@@ -255,6 +255,13 @@ class AttachedSession {
   Backend& backend() { return *backend_; }
   const StateLayout& layout() const { return *layout_; }
   const PoolView& pool() const { return view_; }
+  const PreparedModel& prepared() const { return *prepared_; }
+  // Arena index of an attached slot (-1 if not attached here); with pool()
+  // and prepared() for diagnostics (dataplane_bench's attached_raw mode).
+  int32_t IndexOf(const SlotHandle& slot) const {
+    auto it = index_.find(slot.id);
+    return it == index_.end() || it->second.first != slot.generation ? -1 : it->second.second;
+  }
 
  private:
   AttachedSession() = default;

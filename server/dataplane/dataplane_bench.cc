@@ -5,6 +5,10 @@
 //   inproc    Backend::DecodeUpdate in this process on a private pool (floor)
 //   attached  AttachedSession: the same call on statecached's pool, mapped
 //             (CPU shared memory / CUDA IPC), under an attach lease
+//   attached_raw  diagnostic: Backend::DecodeUpdate called directly on the
+//             mapped pool (no AttachedSession bookkeeping); attached minus
+//             attached_raw is the per-call host cost of the lease checks,
+//             attached_raw minus inproc that of the mapping itself
 //   buffers   Update RPCs over a unix socket whose tensors are references into
 //             registered buffers (CPU shm / CUDA IPC + events); o written there
 //   stream    the same references submitted on one SubmitUpdates stream: per
@@ -65,7 +69,8 @@ ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda.");
 ABSL_FLAG(std::string, geometry, "gdn:30:16:32:128:128", "arch:layers:h_qk:h_v:d_k:d_v");
 ABSL_FLAG(std::string, format, "damp", "Storage format.");
 ABSL_FLAG(std::string, batches, "1,32,256", "Batch sizes.");
-ABSL_FLAG(std::string, modes, "inproc,attached,buffers,stream,inline", "Modes to run.");
+ABSL_FLAG(std::string, modes, "inproc,attached,attached_raw,buffers,stream,inline",
+          "Modes to run.");
 ABSL_FLAG(int, steps, 5, "Timed decode steps per (mode, batch).");
 ABSL_FLAG(int, warmup, 1, "Untimed decode steps first.");
 ABSL_FLAG(std::string, server, "inproc", "inproc (CPU only) or spawn.");
@@ -282,6 +287,33 @@ absl::StatusOr<Timing> RunAttached(const ServerHandle& s, const ModelGeometry& g
   return t;
 }
 
+absl::StatusOr<Timing> RunAttachedRaw(const ServerHandle& s, const ModelGeometry& geo,
+                                      const Inputs& in, int b) {
+  ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
+  ASSIGN_OR_RETURN(std::vector<SlotHandle> h, client->AllocateSlots("bench", b));
+  ASSIGN_OR_RETURN(auto session, DataPlaneSession::Open(client.get()));
+  ASSIGN_OR_RETURN(auto attached, AttachedSession::Attach(session.get(), "bench", h));
+  Backend& be = attached->backend();
+  std::vector<int32_t> idx(b);
+  for (int i = 0; i < b; ++i) idx[i] = attached->IndexOf(h[i]);
+  ASSIGN_OR_RETURN(auto slots, be.Allocate(std::max(4 * b, 256)));
+  RETURN_IF_ERROR(be.CopyIn(slots->data(), idx.data(), 4 * b));
+  ASSIGN_OR_RETURN(DeviceInputs d, Upload(be, in));
+  DecodeInputs di = d.Decode();
+  di.batch = b;
+  di.slots = reinterpret_cast<const int32_t*>(slots->data());
+  auto t = TimeSteps(
+      geo.layers,
+      [&](int l) { return be.DecodeUpdate(attached->prepared(), attached->pool(), l, di); },
+      [&]() -> absl::StatusOr<std::vector<float>> {
+        std::vector<float> o(in.o_count);
+        RETURN_IF_ERROR(be.CopyOut(o.data(), di.o, 4 * in.o_count));
+        return o;
+      });
+  RETURN_IF_ERROR(attached->Detach());
+  return t;
+}
+
 absl::StatusOr<Timing> RunBuffers(const ServerHandle& s, const ModelGeometry& geo,
                                   const Inputs& in, int b) {
   ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
@@ -433,7 +465,7 @@ int Main() {
     // that all modes run with statecached's process (and, on CUDA, its
     // context) alive on the device.
     if (std::any_of(modes.begin(), modes.end(), [](const std::string& m) {
-          return m == "attached" || m == "buffers" || m == "stream";
+          return m == "attached" || m == "attached_raw" || m == "buffers" || m == "stream";
         })) {
       auto s = ServerHandle::Start(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
                                    state_bytes);
@@ -451,16 +483,18 @@ int Main() {
       absl::StatusOr<Timing> t = absl::UnknownError("unknown mode");
       if (mode == "inproc") {
         t = RunInproc(*geo, *layout, in, b);
-      } else if (mode == "attached" || mode == "buffers" || mode == "stream") {
+      } else if (mode == "attached" || mode == "attached_raw" || mode == "buffers" ||
+                 mode == "stream") {
         if (unix_server == nullptr) {
           auto s = ServerHandle::Start(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
                                        state_bytes);
           if (!s.ok()) { std::fprintf(stderr, "%s\n", s.status().ToString().c_str()); return 1; }
           unix_server = *std::move(s);
         }
-        t = mode == "attached" ? RunAttached(*unix_server, *geo, in, b)
-            : mode == "buffers" ? RunBuffers(*unix_server, *geo, in, b)
-                                : RunStream(*unix_server, *geo, in, b);
+        t = mode == "attached"       ? RunAttached(*unix_server, *geo, in, b)
+            : mode == "attached_raw" ? RunAttachedRaw(*unix_server, *geo, in, b)
+            : mode == "buffers"      ? RunBuffers(*unix_server, *geo, in, b)
+                                     : RunStream(*unix_server, *geo, in, b);
       } else if (mode == "inline") {
         if (tcp_server == nullptr) {
           auto s = ServerHandle::Start(absl::StrCat("127.0.0.1:", port), state_bytes);
