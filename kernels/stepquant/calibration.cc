@@ -23,6 +23,7 @@ struct HeadAccum {
   std::vector<double> omega;     // [d_k] sum of g_i^2
   std::vector<double> log_ret;   // [d_k] (KDA) or [1] (GDN): sum of g
   std::vector<double> row_err;   // [candidates][d_k] sum of squared errors
+  double out_energy = 0;         // sum over tokens of ||o||^2 (FP32 readout)
   int64_t tokens = 0;
   int64_t samples = 0;
 };
@@ -60,6 +61,7 @@ void AccumulateHead(const Trajectory& traj, int layer, int h, const std::vector<
     const HeadStepInputs step{q.data(), k.data(), g.data(), beta,
                               in.v.data() + (int64_t{t} * geo.h_v + h) * d_v};
     HeadStep(geo.arch, d_k, d_v, step, w.data(), o.data(), scratch.data());
+    for (int j = 0; j < d_v; ++j) acc.out_energy += double{o[j]} * o[j];
     if ((t + 1) % sample_every != 0) continue;
     ++acc.samples;
     for (size_t c = 0; c < layouts.size(); ++c) {
@@ -90,6 +92,15 @@ std::vector<int> StepQuantCandidateBits(StateFormat format) {
   if (format == kStepQuant6) return {4, 6, 8};
   if (format == kStepQuant4) return {3, 4, 6, 8};
   return {};
+}
+
+absl::StatusOr<StepQuantOptions::RiskWeight> ParseRiskWeight(const std::string& name) {
+  using W = StepQuantOptions::RiskWeight;
+  if (name == "lifetime") return W::kLifetime;
+  if (name == "head-relative") return W::kHeadRelative;
+  if (name == "readout") return W::kReadout;
+  return absl::InvalidArgumentError(
+      absl::StrCat("risk_weight: '", name, "' is not lifetime, head-relative or readout"));
 }
 
 double DefaultPivotFraction(Arch arch) {
@@ -259,18 +270,34 @@ absl::StatusOr<StepQuantCalibration> CalibrateStepQuant(const std::vector<Trajec
     const int row = kda ? static_cast<int>(u % d_k) : 0;
     cal.mean_log_retention[u] = a.log_ret[row] / static_cast<double>(a.tokens);
     cal.lifetime_weight[u] = LifetimeWeight(cal.mean_log_retention[u], options.horizon);
+    // Readout-relative weighting (RiskWeight): per-row omega factors and the
+    // head's mean readout energy (1 for the seed's kLifetime).
+    const bool readout = options.risk_weight == StepQuantOptions::RiskWeight::kReadout;
+    const double out_energy = a.out_energy / static_cast<double>(a.tokens);
+    const double head_scale =
+        options.risk_weight == StepQuantOptions::RiskWeight::kLifetime
+            ? 1.0
+            : 1.0 / std::max(out_energy, 1e-30);
+    auto row_factor = [&](int i) {
+      return readout ? a.omega[i] / static_cast<double>(a.tokens) : 1.0;
+    };
+    prob.weighted[u].resize(nc);
     for (int c = 0; c < nc; ++c) {
-      double d = 0;
+      double d = 0, wd = 0;
       if (kda) {
         d = a.row_err[c * d_k + row];
+        wd = row_factor(row) * d;
       } else {
-        for (int i = 0; i < d_k; ++i) d += a.row_err[c * d_k + i];
+        for (int i = 0; i < d_k; ++i) {
+          d += a.row_err[c * d_k + i];
+          wd += row_factor(i) * a.row_err[c * d_k + i];
+        }
       }
       cal.distortion[u][c] = d / static_cast<double>(a.samples);
+      prob.weighted[u][c] =
+          cal.lifetime_weight[u] * head_scale * wd / static_cast<double>(a.samples);
     }
     prob.unit_values[u] = kda ? d_v : int64_t{d_k} * d_v;
-    prob.weighted[u].resize(nc);
-    for (int c = 0; c < nc; ++c) prob.weighted[u][c] = cal.lifetime_weight[u] * cal.distortion[u][c];
     prob.risk[u] = prob.weighted[u][nc - 1];
   }
   const double frac =

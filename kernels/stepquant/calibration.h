@@ -61,7 +61,25 @@ struct StepQuantOptions {
   bool allocate = true;
   // Candidate widths (ascending, 2..8); empty = StepQuantCandidateBits.
   std::vector<int> candidates;
+  // What the allocation and the pivot choice minimize (see RiskWeight).
+  enum class RiskWeight {
+    // Seed 002: L_u d_u(b), absolute squared state error, compared across
+    // the whole model.
+    kLifetime,
+    // L_u d_u(b) / E||o_h||^2: the same error relative to its head's FP32
+    // readout energy (each head's readout is RMS-normalized by the model,
+    // so a small head's relative error matters as much as a large one's).
+    kHeadRelative,
+    // L_u sum_{i in u} omega_i d_i(b) / E||o_h||^2: the readout error
+    // (o = S^T q, row i weighted by omega_i = E[(A^T q)_i^2]) relative to
+    // the head's readout energy.
+    kReadout,
+  };
+  RiskWeight risk_weight = RiskWeight::kLifetime;
 };
+
+// "lifetime", "head-relative", "readout" (kInvalidArgument otherwise).
+absl::StatusOr<StepQuantOptions::RiskWeight> ParseRiskWeight(const std::string& name);
 
 // Candidate code widths of a STEPQuant format: stepquant-6 {4, 6, 8} (three
 // precisions, seed 002 appendix D), stepquant-4 {3, 4, 6, 8} (four).

@@ -156,6 +156,48 @@ TEST(CalibrateStepQuantTest, KdaRowsArePermutedByWidthWithPivotsFirst) {
   EXPECT_EQ(back->info.at("stepquant.pivots"), "4");
 }
 
+// The readout-relative risks compare each head's error with its own readout
+// energy: scaling one head's values by 64 (exact in FP32 and FP16) scales its
+// state, readout and distortion by exact powers of two, so those allocations
+// do not move, while the seed's absolute lifetime risk shifts bits to the
+// scaled head.
+TEST(CalibrateStepQuantTest, HeadRelativeRisksIgnoreAHeadsScale) {
+  const std::vector<Trajectory> trajs = Synthetic(Arch::kKda, 1, 128);
+  std::vector<Trajectory> scaled = trajs;
+  const ModelGeometry& g = trajs[0].geometry;
+  for (LayerInputs& in : scaled[0].layers) {
+    for (int t = 0; t < scaled[0].tokens; ++t) {
+      for (int j = 0; j < g.d_v; ++j) in.v[(int64_t{t} * g.h_v + 0) * g.d_v + j] *= 64.0f;
+    }
+  }
+  using W = StepQuantOptions::RiskWeight;
+  for (W w : {W::kLifetime, W::kHeadRelative, W::kReadout}) {
+    StepQuantOptions opts;
+    opts.risk_weight = w;
+    absl::StatusOr<StepQuantCalibration> a = CalibrateStepQuant(trajs, {kStepQuant4, 0}, opts);
+    absl::StatusOr<StepQuantCalibration> b = CalibrateStepQuant(scaled, {kStepQuant4, 0}, opts);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_LE(a->nominal_code_bits, 4.0 + 1e-12);
+    // Bits given to head 0 of each layer (KDA units: [layer][head][row]).
+    auto head0_bits = [&](const StepQuantCalibration& c) {
+      int64_t sum = 0;
+      for (int layer = 0; layer < g.layers; ++layer) {
+        for (int r = 0; r < g.d_k; ++r) sum += c.unit_bits[int64_t{layer} * g.h_v * g.d_k + r];
+      }
+      return sum;
+    };
+    if (w == W::kLifetime) {
+      EXPECT_GT(head0_bits(*b), head0_bits(*a));
+    } else {
+      EXPECT_EQ(a->unit_bits, b->unit_bits) << static_cast<int>(w);
+    }
+  }
+  EXPECT_EQ(*ParseRiskWeight("readout"), W::kReadout);
+  EXPECT_EQ(*ParseRiskWeight("head-relative"), W::kHeadRelative);
+  EXPECT_EQ(*ParseRiskWeight("lifetime"), W::kLifetime);
+  EXPECT_EQ(ParseRiskWeight("omega").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CalibrateStepQuantTest, AblationsAndBadInput) {
   const std::vector<Trajectory> trajs = Synthetic(Arch::kKda, 1, 64);
   StepQuantOptions opts;
