@@ -6,6 +6,13 @@
 // StateLayout::CreateStepQuant, at 128 x 128 (64 KiB of shared memory per
 // head, two 64-row reduction chunks) and small shapes.
 //
+// Decode steps at 128 x 128 run the fast kernel (StepFastDecodeKernel:
+// persistent CTAs, bulk-copy prefetch, pivot heads read from global memory);
+// FastDecode* below also pin it to the one-CTA-per-head kernel
+// (STATECACHE_STEPQUANT_FAST=0) bit for bit, with bf16 inputs, and with more
+// items than the persistent grid (stage reuse, barrier parities), -1 entries
+// and untouched slots.
+//
 // Exactness: the kernels are meant to be byte-identical (same codec element
 // functions, the CPU build's HeadStep arithmetic, glibc's expf via
 // glibc_expf.h). The decode / prefill tests still count and print the
@@ -33,7 +40,9 @@
 #include "kernels/backend/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/internal/stepquant_params.h"
 #include "kernels/formats/format.h"
+#include "kernels/formats/numeric.h"
 #include "kernels/layout/state_layout.h"
 #include "kernels/testing/token_batch.h"
 
@@ -360,6 +369,168 @@ INSTANTIATE_TEST_SUITE_P(
                                          ModelGeometry{Arch::kKda, 2, 3, 3, 64, 32}),
                        ::testing::Values(kStepQuant6, kStepQuant4)),
     ParamName);
+
+// Sets STATECACHE_STEPQUANT_FAST for the scope (the launcher reads it at
+// every launch).
+class ScopedFastPath {
+ public:
+  explicit ScopedFastPath(bool fast) { setenv("STATECACHE_STEPQUANT_FAST", fast ? "1" : "0", 1); }
+  ~ScopedFastPath() { unsetenv("STATECACHE_STEPQUANT_FAST"); }
+};
+
+TEST(StepFastDecodeTest, EligibilityFollowsShapeTokensAndAlignment) {
+  alignas(16) static uint8_t buf[64];
+  cuda_internal::StepKernelParams p;
+  p.d_k = p.d_v = 128;
+  p.h_qk = 2;
+  p.h_v = 4;
+  p.tokens = 1;
+  p.heads = reinterpret_cast<const StepHeadLayout*>(buf);
+  p.head_offsets = reinterpret_cast<const int64_t*>(buf);
+  p.pool_base = buf;
+  p.slot_bytes = 4096;
+  p.q = p.k = p.v = buf;
+  EXPECT_TRUE(cuda_internal::StepFastDecodeEligible(p));
+  cuda_internal::StepKernelParams t = p;
+  t.tokens = 2;
+  EXPECT_FALSE(cuda_internal::StepFastDecodeEligible(t));
+  t = p;
+  t.d_k = 64;
+  EXPECT_FALSE(cuda_internal::StepFastDecodeEligible(t));
+  t = p;
+  t.v = buf + 4;
+  EXPECT_FALSE(cuda_internal::StepFastDecodeEligible(t));
+  t = p;
+  t.slot_bytes = 4104;
+  EXPECT_FALSE(cuda_internal::StepFastDecodeEligible(t));
+  t = p;
+  t.kda = true;
+  t.g = reinterpret_cast<const float*>(buf + 8);
+  EXPECT_FALSE(cuda_internal::StepFastDecodeEligible(t));
+  {
+    ScopedFastPath off(false);
+    EXPECT_FALSE(cuda_internal::StepFastDecodeEnabled());
+  }
+  EXPECT_TRUE(cuda_internal::StepFastDecodeEnabled());
+}
+
+// Many items (more than the persistent grid), shuffled slots with -1 entries,
+// bf16 or fp32 inputs: fast kernel vs CPU (bytes, outputs) and vs the
+// one-CTA-per-head kernel (bit for bit).
+using FastParam = std::tuple<Arch, StateFormat, DType>;
+
+class StepFastDecodeBatchTest : public ::testing::TestWithParam<FastParam> {};
+
+TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
+  SKIP_WITHOUT_GPU();
+  const auto [arch, format, dtype] = GetParam();
+  const ModelGeometry geo{arch, 2, arch == Arch::kGdn ? 2 : 4, 4, 128, 128};
+  const StateLayout layout = MixedLayout(geo, format, 19);
+  constexpr int kSlots = 300;
+  constexpr int kBatch = 280;  // 1,120 items > 2 CTAs x 132 SMs
+  auto cpu = CpuBackend::Create({2});
+  Pool cpu_pool = MakePool(*cpu, layout, kSlots);
+  Pool fast_pool = MakePool(*Gpu(), layout, kSlots);
+  Pool slow_pool = MakePool(*Gpu(), layout, kSlots);
+  ASSERT_NE(fast_pool.model, nullptr);
+  std::vector<int32_t> all(kSlots);
+  std::iota(all.begin(), all.end(), 0);
+  const std::vector<float> states = RandomStates(geo, kSlots, 29);
+  ASSERT_TRUE(cpu->PackStates(*cpu_pool.model, cpu_pool.view, all.data(), kSlots, states.data()).ok());
+  const std::vector<uint8_t> start = cpu_pool.Bytes();
+  fast_pool.SetBytes(start);
+  slow_pool.SetBytes(start);
+  // Slots: a shuffled subset, every 13th entry -1; the rest stay untouched.
+  std::mt19937 rng(31);
+  std::shuffle(all.begin(), all.end(), rng);
+  std::vector<int32_t> slots(all.begin(), all.begin() + kBatch);
+  for (int i = 5; i < kBatch; i += 13) slots[i] = -1;
+  std::vector<bool> used(kSlots, false);
+  for (int32_t s2 : slots) {
+    if (s2 >= 0) used[s2] = true;
+  }
+  auto gpu_slots = ToGpu(slots);
+  const int64_t o_count = int64_t{kBatch} * geo.h_v * geo.d_v;
+  auto gpu_o = Gpu()->Allocate(o_count * 4).value();
+  for (int step = 0; step < 3; ++step) {
+    const int layer = step % geo.layers;
+    TokenBatch b = RandomTokenBatch(geo, kBatch, 200 + step);
+    std::vector<uint16_t> q16, k16, v16;
+    if (dtype == DType::kBf16) {
+      // Round to bf16 so both backends read the same values.
+      for (auto* vec : {&b.q, &b.k, &b.v}) {
+        std::vector<uint16_t>& out = vec == &b.q ? q16 : vec == &b.k ? k16 : v16;
+        for (float& x : *vec) {
+          out.push_back(FloatToBf16Bits(x));
+          x = Bf16BitsToFloat(out.back());
+        }
+      }
+    }
+    const bool bf = dtype == DType::kBf16;
+    std::vector<float> cpu_o(o_count, -1.0f);
+    const void* hq = bf ? static_cast<const void*>(q16.data()) : b.q.data();
+    const void* hk = bf ? static_cast<const void*>(k16.data()) : b.k.data();
+    const void* hv = bf ? static_cast<const void*>(v16.data()) : b.v.data();
+    ASSERT_TRUE(cpu->DecodeUpdate(*cpu_pool.model, cpu_pool.view, layer,
+                                  DecodeInputs{kBatch, slots.data(), dtype, hq, hk, hv, b.g.data(),
+                                               b.beta.data(), cpu_o.data()})
+                    .ok());
+    auto dq = bf ? ToGpu(q16) : ToGpu(b.q);
+    auto dk = bf ? ToGpu(k16) : ToGpu(b.k);
+    auto dv = bf ? ToGpu(v16) : ToGpu(b.v);
+    auto dg = ToGpu(b.g);
+    auto dbeta = ToGpu(b.beta);
+    std::vector<float> outs[2];
+    for (int fast = 1; fast >= 0; --fast) {
+      ScopedFastPath path(fast == 1);
+      Pool& pool = fast == 1 ? fast_pool : slow_pool;
+      const absl::Status st = Gpu()->DecodeUpdate(
+          *pool.model, pool.view, layer,
+          DecodeInputs{kBatch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
+                       dtype, dq->data(), dk->data(), dv->data(),
+                       reinterpret_cast<const float*>(dg->data()),
+                       reinterpret_cast<const float*>(dbeta->data()),
+                       reinterpret_cast<float*>(gpu_o->data())});
+      ASSERT_TRUE(st.ok()) << st;
+      outs[fast] = FromGpu<float>(*gpu_o, o_count);
+    }
+    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), o_count * 4), 0) << "step " << step;
+    EXPECT_LE(MaxRelError(outs[1], cpu_o), kOutputRelTol) << "step " << step;
+    for (int i = 5; i < kBatch; i += 13) {
+      for (int j = 0; j < geo.h_v * geo.d_v; ++j) {
+        ASSERT_EQ(outs[1][int64_t{i} * geo.h_v * geo.d_v + j], 0.0f) << "entry " << i;
+      }
+    }
+  }
+  const std::vector<uint8_t> fast_bytes = fast_pool.Bytes();
+  const std::vector<uint8_t> cpu_bytes = cpu_pool.Bytes();
+  EXPECT_EQ(DifferingBytes(fast_bytes, slow_pool.Bytes()), 0);
+  const int64_t diff = DifferingBytes(fast_bytes, cpu_bytes);
+  std::printf("fast decode %s %s %s: %lld of %lld pool bytes differ from the CPU backend\n",
+              arch == Arch::kGdn ? "gdn" : "kda", FormatSpecName({format, 0}).c_str(),
+              dtype == DType::kBf16 ? "bf16" : "fp32", static_cast<long long>(diff),
+              static_cast<long long>(fast_bytes.size()));
+  EXPECT_LE(diff, kMaxDifferingByteFraction * fast_bytes.size());
+  const int64_t sb = fast_pool.view.slot_bytes();
+  int untouched = 0;
+  for (int s2 = 0; s2 < kSlots; ++s2) {
+    if (used[s2]) continue;
+    ++untouched;
+    ASSERT_EQ(SlotBytes(fast_bytes, sb, s2), SlotBytes(start, sb, s2)) << "slot " << s2;
+  }
+  EXPECT_GT(untouched, 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, StepFastDecodeBatchTest,
+    ::testing::Combine(::testing::Values(Arch::kGdn, Arch::kKda),
+                       ::testing::Values(kStepQuant6, kStepQuant4),
+                       ::testing::Values(DType::kFp32, DType::kBf16)),
+    [](const ::testing::TestParamInfo<FastParam>& info) {
+      return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",
+                          std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4",
+                          std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32");
+    });
 
 // Prepare accepts STEPQuant layouts now (it answered kUnimplemented before
 // the kernel existed).

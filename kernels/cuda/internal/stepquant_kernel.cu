@@ -14,8 +14,10 @@
 // Built with --fmad=false: only explicit fmaf() is fused.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/glibc_expf.h"
 #include "kernels/cuda/internal/kernel_params.h"
@@ -290,6 +292,394 @@ __global__ void __launch_bounds__(kThreads) StepPackKernel(StepKernelParams p) {
   }
 }
 
+
+// ---- Fast decode (T = 1, d_k = d_v = 128) -----------------------------------
+//
+// StepFastDecodeKernel: persistent CTAs of 128 threads, thread j = value
+// column j holding its whole column (128 FP32 values) in registers from the
+// decode to the encode. This mapping keeps every order-dependent sum of the
+// contract local to one thread: the recurrence's S^T k and S^T q chains run
+// over the stored rows in order exactly as the CPU's HeadStep (and the slow
+// kernel), and so do the column least-squares sums with their 64-row chunk
+// partials. Cross-column work is order-free (maxima) or pure data movement:
+//   row maxima  per 32-row chunk a warp max reduce-scatter (lane L ends with
+//               row L of the chunk), then a max over the 4 warps in shared
+//               memory;
+//   code bytes  each thread stores its int8 codes into a [128][128] shared
+//               buffer; then (row, 8-column segment) tasks pack 8 codes into
+//               b bytes and store them (32-/16-/8-bit stores).
+// Per-row quantities (width, code offset, scales, w_i^2, q, k, decay) are
+// computed once per head by thread r into a shared table and read as
+// broadcasts. The next items' packed heads and inputs are fetched into one of
+// two shared-memory stages by the bulk-copy engine (cp.async.bulk on an
+// mbarrier) while the current item computes; a head larger than a stage
+// (FP16 pivot heads) is decoded from global memory instead. Every byte of the
+// head is written (padding as zeros), none outside it.
+constexpr int kFastDim = 128;
+constexpr int kFastThreads = 128;
+constexpr int kFastWarps = kFastThreads / 32;
+// Stage capacity for a packed head: an all-8-bit 128 x 128 head is 16,896
+// bytes; larger heads (pivot-heavy) are read from global memory.
+constexpr int kFastHeadCap = 17408;
+constexpr int kFastBulkChunk = 4096;
+
+// Byte offsets inside one stage (multiples of 16).
+constexpr int kFsHeader = 0;                            // int32 slot, int32 staged
+constexpr int kFsHead = 16;                             // [kFastHeadCap] + 16 slack
+constexpr int kFsQ = kFsHead + kFastHeadCap + 16;       // [d_k] dtype (<= 4 bytes)
+constexpr int kFsK = kFsQ + 4 * kFastDim;
+constexpr int kFsV = kFsK + 4 * kFastDim;
+constexpr int kFsG = kFsV + 4 * kFastDim;               // KDA [d_k] fp32
+constexpr int kFsPerm = kFsG + 4 * kFastDim;            // [d_k] int32
+constexpr int kFsImpact = kFsPerm + 4 * kFastDim;       // [d_k] fp32
+constexpr int kFsBytes = (kFsImpact + 4 * kFastDim + 127) / 128 * 128;
+// After the two stages: code bytes [128][128], row-max partials
+// [warps][128], the row table (9 arrays of 128).
+constexpr int kFastCodeBytes = kFastDim * kFastDim;
+constexpr int kFastRedBytes = 4 * kFastWarps * kFastDim;
+constexpr int kFastTableBytes = 9 * 4 * kFastDim;
+constexpr int kFastSmemBytes = 2 * kFsBytes + kFastCodeBytes + kFastRedBytes + kFastTableBytes;
+
+// The row table: arrays of kFastDim entries at fixed offsets of the dynamic
+// shared memory (constant addresses, no pointer registers).
+constexpr int kFastTableOff = 2 * kFsBytes + kFastCodeBytes + kFastRedBytes;
+enum FastTableEntry : int {
+  kTabBits = 0,  // int: row width (16 = pivot)
+  kTabCbyte,     // int: byte offset of the row inside the head (codes or pivot row)
+  kTabRf,        // decoded row scale (old head, then the new one)
+  kTabMult,      // Q_b / r (new)
+  kTabInvq,      // 1 / Q_b
+  kTabWw,        // w_i^2
+  kTabK,         // k, stored order
+  kTabQ,         // scale * q, stored order
+  kTabA,         // decay
+};
+
+__device__ __forceinline__ uint32_t FastSmemAddr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void FastBulkCopy(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          FastSmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(FastSmemAddr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void FastWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "SQ_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra SQ_WAIT_%=;\n"
+      "}\n" ::"r"(FastSmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Thread 0 only: stages item `item` (its head when it fits, and its inputs)
+// into `stage`; everything completes on `bar`.
+__device__ void FastIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* bar, int item) {
+  const int b = item / p.h_v;
+  const int h = item % p.h_v;
+  const int32_t slot = p.slots[b];
+  int32_t* header = reinterpret_cast<int32_t*>(stage + kFsHeader);
+  header[0] = slot;
+  if (slot < 0) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(FastSmemAddr(bar)) : "memory");
+    return;
+  }
+  const int64_t hi = int64_t{p.layer} * p.h_v + h;
+  const int hb = static_cast<int>(p.heads[hi].head_bytes);
+  const bool staged = hb <= kFastHeadCap;
+  header[1] = staged ? 1 : 0;
+  const int ds = p.dtype == 0 ? 4 : 2;
+  const int kh = h / (p.h_v / p.h_qk);
+  int total = 3 * kFastDim * ds;
+  if (staged) total += hb;
+  if (p.kda) total += 4 * kFastDim;
+  if (p.key_perm != nullptr) total += 4 * kFastDim;
+  if (p.row_impact != nullptr) total += 4 * kFastDim;
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(FastSmemAddr(bar)),
+               "r"(total)
+               : "memory");
+  if (staged) {
+    const uint8_t* src = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
+    for (int off = 0; off < hb; off += kFastBulkChunk) {
+      FastBulkCopy(stage + kFsHead + off, src + off,
+                   hb - off < kFastBulkChunk ? hb - off : kFastBulkChunk, bar);
+    }
+  }
+  const int64_t qk_off = (int64_t{b} * p.h_qk + kh) * kFastDim * ds;
+  FastBulkCopy(stage + kFsQ, static_cast<const uint8_t*>(p.q) + qk_off, kFastDim * ds, bar);
+  FastBulkCopy(stage + kFsK, static_cast<const uint8_t*>(p.k) + qk_off, kFastDim * ds, bar);
+  FastBulkCopy(stage + kFsV, static_cast<const uint8_t*>(p.v) + int64_t{item} * kFastDim * ds,
+               kFastDim * ds, bar);
+  if (p.kda) FastBulkCopy(stage + kFsG, p.g + int64_t{item} * kFastDim, 4 * kFastDim, bar);
+  if (p.key_perm != nullptr) {
+    FastBulkCopy(stage + kFsPerm, p.key_perm + hi * kFastDim, 4 * kFastDim, bar);
+  }
+  if (p.row_impact != nullptr) {
+    FastBulkCopy(stage + kFsImpact, p.row_impact + hi * kFastDim, 4 * kFastDim, bar);
+  }
+}
+
+// One level of RowMaxScatter16: lanes differing in lane bit 2 kHalf exchange
+// the half of x[0, 2 kHalf) they do not keep; x[0, kHalf) keeps the maxima.
+template <int kHalf>
+__device__ __forceinline__ void RowMaxLevel(float (&x)[16], int lane) {
+  const bool up = (lane & (2 * kHalf)) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = up ? x[i] : x[i + kHalf];
+    const float keep = up ? x[i + kHalf] : x[i];
+    x[i] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 2 * kHalf));
+  }
+}
+
+// Max over the warp's 32 columns of x[i] (row i of a 16-row chunk); lanes
+// 2i and 2i + 1 return the maximum of row i (reduce-scatter over lane bits
+// 4, 3, 2, 1, then a max with the pair partner).
+__device__ __forceinline__ float RowMaxScatter16(float (&x)[16], int lane) {
+  RowMaxLevel<8>(x, lane);
+  RowMaxLevel<4>(x, lane);
+  RowMaxLevel<2>(x, lane);
+  RowMaxLevel<1>(x, lane);
+  return fmaxf(x[0], __shfl_xor_sync(0xffffffffu, x[0], 1));
+}
+
+// Writes the b bytes of `bits` (little-endian) at dst, with the widest
+// stores dst's alignment allows (dst is b-aligned within a 16-aligned row).
+__device__ __forceinline__ void StoreCodeBytes(uint8_t* dst, uint64_t bits, int b) {
+  if ((b & 3) == 0) {
+    for (int i = 0; i < b; i += 4) {
+      *reinterpret_cast<uint32_t*>(dst + i) = static_cast<uint32_t>(bits >> (8 * i));
+    }
+  } else if ((b & 1) == 0) {
+    for (int i = 0; i < b; i += 2) {
+      *reinterpret_cast<uint16_t*>(dst + i) = static_cast<uint16_t>(bits >> (8 * i));
+    }
+  } else {
+    for (int i = 0; i < b; ++i) dst[i] = static_cast<uint8_t>(bits >> (8 * i));
+  }
+}
+
+// kMinBlocks = CTAs per SM the register budget is sized for: 2 (255
+// registers, no spills) or 3 (168 registers, some spills to L1);
+// STATECACHE_STEPQUANT_CTAS selects (A/B benchmarks).
+template <int kMinBlocks>
+__global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel(const StepKernelParams p) {
+  extern __shared__ __align__(128) uint8_t fsmem[];
+  __shared__ __align__(8) uint64_t bars[2];
+  if (Aborted(p.abort_if_error)) return;
+  const int items = p.batch * p.h_v;
+  const int stride = gridDim.x;
+  const int j = threadIdx.x;
+  const int lane = j & 31;
+  const int warp = j >> 5;
+  int8_t* codebuf = reinterpret_cast<int8_t*>(fsmem + 2 * kFsBytes);
+  float* red = reinterpret_cast<float*>(fsmem + 2 * kFsBytes + kFastCodeBytes);
+  auto tf = [&](FastTableEntry e) { return reinterpret_cast<float*>(fsmem + kFastTableOff) + e * kFastDim; };
+  auto ti = [&](FastTableEntry e) { return reinterpret_cast<int*>(fsmem + kFastTableOff) + e * kFastDim; };
+  int* const tab_bits = ti(kTabBits);
+  int* const tab_cbyte = ti(kTabCbyte);
+  float* const tab_rf = tf(kTabRf);
+  float* const tab_mult = tf(kTabMult);
+  float* const tab_invq = tf(kTabInvq);
+  float* const tab_ww = tf(kTabWw);
+  float* const tab_k = tf(kTabK);
+  float* const tab_q = tf(kTabQ);
+  float* const tab_a = tf(kTabA);
+
+  if (j == 0) {
+    for (int s = 0; s < 2; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(FastSmemAddr(&bars[s])) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < 2; ++s) {
+      const int item = blockIdx.x + s * stride;
+      if (item < items) FastIssue(p, fsmem + s * kFsBytes, &bars[s], item);
+    }
+  }
+  __syncthreads();
+
+  for (int n = 0, item = blockIdx.x; item < items; ++n, item += stride) {
+    const int st = n & 1;
+    const uint32_t parity = static_cast<uint32_t>((n >> 1) & 1);
+    uint8_t* stage = fsmem + st * kFsBytes;
+    const int h = item % p.h_v;
+    const int next = item + 2 * stride;
+    const int64_t hi = int64_t{p.layer} * p.h_v + h;
+    const float beta = p.beta[item];
+    const float g_head = p.kda ? 0.0f : p.g[item];
+    FastWait(&bars[st], parity);
+    const int32_t slot = reinterpret_cast<const int32_t*>(stage + kFsHeader)[0];
+    float* o = p.o != nullptr ? p.o + int64_t{item} * kFastDim : nullptr;
+    if (slot < 0) {  // skipped item: o is zeroed, the pool is untouched
+      if (o != nullptr) o[j] = 0.0f;
+      __syncthreads();
+      if (j == 0 && next < items) FastIssue(p, stage, &bars[st], next);
+      continue;
+    }
+    const bool staged = reinterpret_cast<const int32_t*>(stage + kFsHeader)[1] != 0;
+    uint8_t* head = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
+    const uint8_t* src = staged ? stage + kFsHead : head;
+    const StepHeadLayout& l = p.heads[hi];
+    const int pivots = l.pivot_rows;
+    const bool has_int = l.int_rows() > 0;
+
+    // Row table (thread r = j) and this column's old scale and input.
+    {
+      const int r = j;
+      const int b = l.RowBits(r);
+      tab_bits[r] = b;
+      tab_cbyte[r] = r < pivots ? static_cast<int>(l.pivot_offset) + r * kFastDim * 2
+                                : static_cast<int>(l.codes_offset + l.RowCodeOffset(r));
+      tab_rf[r] = r < pivots ? 0.0f
+                             : HalfBitsToFloat(LoadU16(src + l.row_scale_offset + 2 * (r - pivots)));
+      tab_invq[r] = r < pivots ? 0.0f : StepInvQ(b);
+      const float wi =
+          p.row_impact != nullptr ? reinterpret_cast<const float*>(stage + kFsImpact)[r] : 1.0f;
+      tab_ww[r] = wi * wi;
+      const int c = p.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + kFsPerm)[r] : r;
+      tab_q[r] = p.scale * LoadIn(p.dtype, stage + kFsQ, c);
+      tab_k[r] = LoadIn(p.dtype, stage + kFsK, c);
+      tab_a[r] = GlibcExpf(p.kda ? reinterpret_cast<const float*>(stage + kFsG)[c] : g_head);
+    }
+    const float cj = has_int ? HalfBitsToFloat(LoadU16(src + l.col_scale_offset + 2 * j)) : 0.0f;
+    const float vj = LoadIn(p.dtype, stage + kFsV, j);
+    __syncthreads();
+
+    // Decode the column (StepDecodeHead).
+    float s[kFastDim];
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(src);
+#pragma unroll
+    for (int r = 0; r < kFastDim; ++r) {
+      if (r < pivots) {
+        s[r] = HalfBitsToFloat(*reinterpret_cast<const uint16_t*>(src + tab_cbyte[r] + 2 * j));
+      } else {
+        const int b = tab_bits[r];
+        const int bit = j * b;
+        const int w = (tab_cbyte[r] >> 2) + (bit >> 5);
+        const uint32_t u = __funnelshift_r(words[w], words[w + 1], bit & 31);
+        const int z = static_cast<int>(u << (32 - b)) >> (32 - b);
+        s[r] = StepDecodeValue(z, tab_rf[r], cj, tab_invq[r]);
+      }
+    }
+    __syncthreads();  // the stage is consumed: fetch the item after next into it
+    if (j == 0 && next < items) FastIssue(p, stage, &bars[st], next);
+
+    // Recurrence (HeadStep's order: decay and S^T k over rows, delta, update
+    // and S^T q over rows).
+    float kv = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kFastDim; ++r) {
+      const float x = s[r] * tab_a[r];
+      s[r] = x;
+      kv = fmaf(tab_k[r], x, kv);
+    }
+    const float delta = beta * (vj - kv);
+    float oj = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kFastDim; ++r) {
+      const float x = fmaf(tab_k[r], delta, s[r]);
+      s[r] = x;
+      oj = fmaf(tab_q[r], x, oj);
+    }
+    if (o != nullptr) o[j] = oj;
+
+    // Encode (StepEncodeHead). 1. Column absmax over the integer rows.
+    float nmax = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kFastDim; ++r) {
+      if (r >= pivots) nmax = fmaxf(nmax, fabsf(s[r]));
+    }
+    const float c0 = HalfBitsToFloat(StepScaleBits(nmax));
+    const float inv_c = StepInvColumn(c0);
+    // 2. Row maxima in column-normalized units.
+#pragma unroll
+    for (int ch = 0; ch < kFastDim / 16; ++ch) {
+      float x[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = fabsf(s[ch * 16 + i]) * inv_c;
+      const float m = RowMaxScatter16(x, lane);
+      if ((lane & 1) == 0) red[warp * kFastDim + ch * 16 + (lane >> 1)] = m;
+    }
+    __syncthreads();
+    {
+      const int r = j;
+      if (r >= pivots) {
+        float m = red[r];
+        for (int w = 1; w < kFastWarps; ++w) m = fmaxf(m, red[w * kFastDim + r]);
+        const uint16_t rbits = StepScaleBits(m);
+        const float rf = HalfBitsToFloat(rbits);
+        StoreU16(head + l.row_scale_offset + 2 * (r - pivots), rbits);
+        tab_rf[r] = rf;
+        tab_mult[r] = StepRowMultiplier(rf, tab_bits[r]);
+      }
+    }
+    __syncthreads();
+    // 3-4. Codes (to the shared buffer), pivots (stored), and the weighted
+    // column sums in stored row order with the 64-row chunk partials.
+    float num = 0.0f, den = 0.0f, pnum = 0.0f, pden = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kFastDim; ++r) {
+      if (r % kStepReduceRows == 0) pnum = pden = 0.0f;
+      if (r < pivots) {
+        *reinterpret_cast<uint16_t*>(head + tab_cbyte[r] + 2 * j) = FloatToHalfBits(s[r]);
+      } else {
+        const int b = tab_bits[r];
+        const float x = s[r];
+        const int z = StepEncodeValue(x, inv_c, tab_mult[r], b);
+        codebuf[r * kFastDim + j] = static_cast<int8_t>(z);
+        const float zn = static_cast<float>(z) * tab_invq[r];
+        const float a = tab_rf[r] * zn;
+        const float wa = tab_ww[r] * a;
+        pnum = fmaf(wa, x, pnum);
+        pden = fmaf(wa, a, pden);
+      }
+      if (r % kStepReduceRows == kStepReduceRows - 1 || r == kFastDim - 1) {
+        num = num + pnum;
+        den = den + pden;
+      }
+    }
+    if (has_int) {
+      const float c = (num > 0.0f && den > 0.0f) ? num / den : c0;
+      StoreU16(head + l.col_scale_offset + 2 * j, StepScaleBits(c));
+    }
+    // Section padding is zero (the reference zero-fills the head).
+    if (j < 16) {
+      auto zero = [&](int64_t from, int64_t to) {
+        if (from + j < to) head[from + j] = 0;
+      };
+      zero(int64_t{pivots} * kFastDim * 2, l.codes_offset);
+      if (has_int) {
+        zero(l.codes_offset + l.code_bytes, l.row_scale_offset);
+        zero(l.row_scale_offset + 2LL * l.int_rows(), l.col_scale_offset);
+        zero(l.col_scale_offset + 2LL * kFastDim, l.head_bytes);
+      }
+    }
+    __syncthreads();
+    // Pack: task = (row, 8-column segment) -> b bytes of the row stream.
+    for (int task = j; task < kFastDim * (kFastDim / 8); task += kFastThreads) {
+      const int r = task >> 4;
+      const int seg = task & 15;
+      if (r < pivots) continue;
+      const int b = tab_bits[r];
+      const uint2 raw = *reinterpret_cast<const uint2*>(codebuf + r * kFastDim + seg * 8);
+      const uint64_t codes = (static_cast<uint64_t>(raw.y) << 32) | raw.x;
+      const uint64_t mask = (uint64_t{1} << b) - 1;
+      uint64_t packed = 0;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) packed |= ((codes >> (8 * c)) & mask) << (c * b);
+      StoreCodeBytes(head + tab_cbyte[r] + seg * b, packed, b);
+    }
+    __syncthreads();  // the table and code buffer are reused by the next item
+  }
+}
+
 template <typename Kernel>
 int LaunchWith(Kernel kernel, const StepKernelParams& p, int64_t blocks, void* stream) {
   if (blocks == 0) return 0;
@@ -312,7 +702,57 @@ bool StepShapeSupported(int d_k, int d_v) {
          SharedBytesFor(d_k, d_v) <= kMaxSharedBytes;
 }
 
+bool StepFastDecodeEligible(const StepKernelParams& p) {
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  if (p.tokens != 1 || p.d_k != kFastDim || p.d_v != kFastDim) return false;
+  if (p.heads == nullptr || p.head_offsets == nullptr || p.h_qk < 1 || p.h_v % p.h_qk != 0) {
+    return false;
+  }
+  if (!aligned(p.pool_base) || p.slot_bytes % 16 != 0) return false;
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.key_perm),
+                          static_cast<const void*>(p.row_impact)}) {
+    if (!aligned(ptr)) return false;
+  }
+  return !p.kda || aligned(p.g);
+}
+
+template <int kMinBlocks>
+int LaunchFastT(const StepKernelParams& p, int64_t items, void* stream) {
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  }
+  cudaError_t rc = cudaFuncSetAttribute(StepFastDecodeKernel<kMinBlocks>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kFastSmemBytes);
+  if (rc != cudaSuccess) return static_cast<int>(rc);
+  int per_sm = 0;
+  rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StepFastDecodeKernel<kMinBlocks>,
+                                                     kFastThreads, kFastSmemBytes);
+  if (rc != cudaSuccess) return static_cast<int>(rc);
+  if (per_sm < 1) return static_cast<int>(cudaErrorInvalidConfiguration);
+  const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
+  StepFastDecodeKernel<kMinBlocks><<<static_cast<unsigned>(grid), kFastThreads, kFastSmemBytes,
+                                     static_cast<cudaStream_t>(stream)>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchStepFastDecode(const StepKernelParams& p, void* stream) {
+  const int64_t items = int64_t{p.batch} * p.h_v;
+  if (items == 0) return 0;
+  const char* e = std::getenv("STATECACHE_STEPQUANT_CTAS");
+  return (e != nullptr && e[0] == '3') ? LaunchFastT<3>(p, items, stream)
+                                       : LaunchFastT<2>(p, items, stream);
+}
+
+bool StepFastDecodeEnabled() {
+  const char* e = std::getenv("STATECACHE_STEPQUANT_FAST");
+  return e == nullptr || e[0] != '0';
+}
+
 int LaunchStepRecurrence(const StepKernelParams& p, void* stream) {
+  if (StepFastDecodeEnabled() && StepFastDecodeEligible(p)) return LaunchStepFastDecode(p, stream);
   return LaunchWith(StepRecurrenceKernel, p, int64_t{p.batch} * p.h_v, stream);
 }
 
