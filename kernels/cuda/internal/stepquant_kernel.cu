@@ -337,23 +337,31 @@ constexpr int kFsBytes = (kFsImpact + 4 * kFastDim + 127) / 128 * 128;
 // [warps][128], the row table (9 arrays of 128).
 constexpr int kFastCodeBytes = kFastDim * kFastDim;
 constexpr int kFastRedBytes = 4 * kFastWarps * kFastDim;
-constexpr int kFastTableBytes = 9 * 4 * kFastDim;
+constexpr int kFastTableBytes = 3 * 16 * kFastDim;
 constexpr int kFastSmemBytes = 2 * kFsBytes + kFastCodeBytes + kFastRedBytes + kFastTableBytes;
 
-// The row table: arrays of kFastDim entries at fixed offsets of the dynamic
-// shared memory (constant addresses, no pointer registers).
+// The row table: three float4 records per stored row at fixed offsets of the
+// dynamic shared memory (one 16-byte broadcast load per row and phase):
+//   dec  {word offset of the row in the head (int), width b (int), old r, 1/Q_b}
+//   rec  {k, decay, scale * q, 0}
+//   enc  {Q_b / r, new r, w_i^2, 1/Q_b}
 constexpr int kFastTableOff = 2 * kFsBytes + kFastCodeBytes + kFastRedBytes;
-enum FastTableEntry : int {
-  kTabBits = 0,  // int: row width (16 = pivot)
-  kTabCbyte,     // int: byte offset of the row inside the head (codes or pivot row)
-  kTabRf,        // decoded row scale (old head, then the new one)
-  kTabMult,      // Q_b / r (new)
-  kTabInvq,      // 1 / Q_b
-  kTabWw,        // w_i^2
-  kTabK,         // k, stored order
-  kTabQ,         // scale * q, stored order
-  kTabA,         // decay
-};
+constexpr int kTabDec = 0;
+constexpr int kTabRec = 1;
+constexpr int kTabEnc = 2;
+
+// A row-table record from shared memory. volatile asm with a memory clobber:
+// the compiler neither merges the loads of two phases (which would keep 128
+// rows of records live in registers next to the column) nor moves them
+// across the table's stores.
+__device__ __forceinline__ float4 LoadRecord(const float4* ptr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(ptr)))
+               : "memory");
+  return v;
+}
 
 __device__ __forceinline__ uint32_t FastSmemAddr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
@@ -481,17 +489,9 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
   const int warp = j >> 5;
   int8_t* codebuf = reinterpret_cast<int8_t*>(fsmem + 2 * kFsBytes);
   float* red = reinterpret_cast<float*>(fsmem + 2 * kFsBytes + kFastCodeBytes);
-  auto tf = [&](FastTableEntry e) { return reinterpret_cast<float*>(fsmem + kFastTableOff) + e * kFastDim; };
-  auto ti = [&](FastTableEntry e) { return reinterpret_cast<int*>(fsmem + kFastTableOff) + e * kFastDim; };
-  int* const tab_bits = ti(kTabBits);
-  int* const tab_cbyte = ti(kTabCbyte);
-  float* const tab_rf = tf(kTabRf);
-  float* const tab_mult = tf(kTabMult);
-  float* const tab_invq = tf(kTabInvq);
-  float* const tab_ww = tf(kTabWw);
-  float* const tab_k = tf(kTabK);
-  float* const tab_q = tf(kTabQ);
-  float* const tab_a = tf(kTabA);
+  float4* const tab_dec = reinterpret_cast<float4*>(fsmem + kFastTableOff) + kTabDec * kFastDim;
+  float4* const tab_rec = reinterpret_cast<float4*>(fsmem + kFastTableOff) + kTabRec * kFastDim;
+  float4* const tab_enc = reinterpret_cast<float4*>(fsmem + kFastTableOff) + kTabEnc * kFastDim;
 
   if (j == 0) {
     for (int s = 0; s < 2; ++s) {
@@ -534,19 +534,20 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     {
       const int r = j;
       const int b = l.RowBits(r);
-      tab_bits[r] = b;
-      tab_cbyte[r] = r < pivots ? static_cast<int>(l.pivot_offset) + r * kFastDim * 2
-                                : static_cast<int>(l.codes_offset + l.RowCodeOffset(r));
-      tab_rf[r] = r < pivots ? 0.0f
-                             : HalfBitsToFloat(LoadU16(src + l.row_scale_offset + 2 * (r - pivots)));
-      tab_invq[r] = r < pivots ? 0.0f : StepInvQ(b);
+      const int cbyte = r < pivots ? static_cast<int>(l.pivot_offset) + r * kFastDim * 2
+                                   : static_cast<int>(l.codes_offset + l.RowCodeOffset(r));
+      const float rf_old =
+          r < pivots ? 0.0f : HalfBitsToFloat(LoadU16(src + l.row_scale_offset + 2 * (r - pivots)));
+      const float invq = r < pivots ? 0.0f : StepInvQ(b);
+      tab_dec[r] = make_float4(__int_as_float(cbyte >> 2), __int_as_float(b), rf_old, invq);
       const float wi =
           p.row_impact != nullptr ? reinterpret_cast<const float*>(stage + kFsImpact)[r] : 1.0f;
-      tab_ww[r] = wi * wi;
+      tab_enc[r] = make_float4(0.0f, 0.0f, wi * wi, invq);
       const int c = p.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + kFsPerm)[r] : r;
-      tab_q[r] = p.scale * LoadIn(p.dtype, stage + kFsQ, c);
-      tab_k[r] = LoadIn(p.dtype, stage + kFsK, c);
-      tab_a[r] = GlibcExpf(p.kda ? reinterpret_cast<const float*>(stage + kFsG)[c] : g_head);
+      tab_rec[r] = make_float4(
+          LoadIn(p.dtype, stage + kFsK, c),
+          GlibcExpf(p.kda ? reinterpret_cast<const float*>(stage + kFsG)[c] : g_head),
+          p.scale * LoadIn(p.dtype, stage + kFsQ, c), 0.0f);
     }
     const float cj = has_int ? HalfBitsToFloat(LoadU16(src + l.col_scale_offset + 2 * j)) : 0.0f;
     const float vj = LoadIn(p.dtype, stage + kFsV, j);
@@ -557,15 +558,18 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     const uint32_t* words = reinterpret_cast<const uint32_t*>(src);
 #pragma unroll
     for (int r = 0; r < kFastDim; ++r) {
+      const float4 d = LoadRecord(tab_dec + r);
+      const int word0 = __float_as_int(d.x);
       if (r < pivots) {
-        s[r] = HalfBitsToFloat(*reinterpret_cast<const uint16_t*>(src + tab_cbyte[r] + 2 * j));
+        s[r] = HalfBitsToFloat(*reinterpret_cast<const uint16_t*>(src + 4 * word0 + 2 * j));
       } else {
-        const int b = tab_bits[r];
+        const int b = __float_as_int(d.y);
         const int bit = j * b;
-        const int w = (tab_cbyte[r] >> 2) + (bit >> 5);
-        const uint32_t u = __funnelshift_r(words[w], words[w + 1], bit & 31);
+        const int w = word0 + (bit >> 5);
+        // The funnel shift takes the shift modulo 32.
+        const uint32_t u = __funnelshift_r(words[w], words[w + 1], bit);
         const int z = static_cast<int>(u << (32 - b)) >> (32 - b);
-        s[r] = StepDecodeValue(z, tab_rf[r], cj, tab_invq[r]);
+        s[r] = StepDecodeValue(z, d.z, cj, d.w);
       }
     }
     __syncthreads();  // the stage is consumed: fetch the item after next into it
@@ -573,20 +577,39 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
 
     // Recurrence (HeadStep's order: decay and S^T k over rows, delta, update
     // and S^T q over rows).
+    //
+    // Scheduling fences: every kFenceRows rows the running sum is stored to
+    // shared memory before a warp barrier (memory operations do not cross
+    // it), so the next rows' record loads wait for the chain instead of being
+    // hoisted above it (which would hold up to 128 rows of records in
+    // registers next to the column). The code buffer is free here (read by
+    // the previous item's pack, written after two more barriers).
+    constexpr int kFenceRows = 32;
+    float* const fence = reinterpret_cast<float*>(codebuf);
     float kv = 0.0f;
 #pragma unroll
     for (int r = 0; r < kFastDim; ++r) {
-      const float x = s[r] * tab_a[r];
+      if (r > 0 && r % kFenceRows == 0) {
+        fence[j] = kv;
+        __syncwarp();
+      }
+      const float4 e = LoadRecord(tab_rec + r);
+      const float x = s[r] * e.y;
       s[r] = x;
-      kv = fmaf(tab_k[r], x, kv);
+      kv = fmaf(e.x, x, kv);
     }
     const float delta = beta * (vj - kv);
     float oj = 0.0f;
 #pragma unroll
     for (int r = 0; r < kFastDim; ++r) {
-      const float x = fmaf(tab_k[r], delta, s[r]);
+      if (r % kFenceRows == 0) {
+        fence[j] = r == 0 ? delta : oj;
+        __syncwarp();
+      }
+      const float4 e = LoadRecord(tab_rec + r);
+      const float x = fmaf(e.x, delta, s[r]);
       s[r] = x;
-      oj = fmaf(tab_q[r], x, oj);
+      oj = fmaf(e.z, x, oj);
     }
     if (o != nullptr) o[j] = oj;
 
@@ -616,8 +639,10 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
         const uint16_t rbits = StepScaleBits(m);
         const float rf = HalfBitsToFloat(rbits);
         StoreU16(head + l.row_scale_offset + 2 * (r - pivots), rbits);
-        tab_rf[r] = rf;
-        tab_mult[r] = StepRowMultiplier(rf, tab_bits[r]);
+        float4 e = tab_enc[r];
+        e.x = StepRowMultiplier(rf, __float_as_int(tab_dec[r].y));
+        e.y = rf;
+        tab_enc[r] = e;
       }
     }
     __syncthreads();
@@ -628,15 +653,17 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     for (int r = 0; r < kFastDim; ++r) {
       if (r % kStepReduceRows == 0) pnum = pden = 0.0f;
       if (r < pivots) {
-        *reinterpret_cast<uint16_t*>(head + tab_cbyte[r] + 2 * j) = FloatToHalfBits(s[r]);
+        *reinterpret_cast<uint16_t*>(head + 4 * __float_as_int(LoadRecord(tab_dec + r).x) + 2 * j) =
+            FloatToHalfBits(s[r]);
       } else {
-        const int b = tab_bits[r];
+        const int b = __float_as_int(LoadRecord(tab_dec + r).y);
+        const float4 e = LoadRecord(tab_enc + r);
         const float x = s[r];
-        const int z = StepEncodeValue(x, inv_c, tab_mult[r], b);
+        const int z = StepEncodeValue(x, inv_c, e.x, b);
         codebuf[r * kFastDim + j] = static_cast<int8_t>(z);
-        const float zn = static_cast<float>(z) * tab_invq[r];
-        const float a = tab_rf[r] * zn;
-        const float wa = tab_ww[r] * a;
+        const float zn = static_cast<float>(z) * e.w;
+        const float a = e.y * zn;
+        const float wa = e.z * a;
         pnum = fmaf(wa, x, pnum);
         pden = fmaf(wa, a, pden);
       }
@@ -667,14 +694,15 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
       const int r = task >> 4;
       const int seg = task & 15;
       if (r < pivots) continue;
-      const int b = tab_bits[r];
+      const float4 d = LoadRecord(tab_dec + r);
+      const int b = __float_as_int(d.y);
       const uint2 raw = *reinterpret_cast<const uint2*>(codebuf + r * kFastDim + seg * 8);
       const uint64_t codes = (static_cast<uint64_t>(raw.y) << 32) | raw.x;
       const uint64_t mask = (uint64_t{1} << b) - 1;
       uint64_t packed = 0;
 #pragma unroll
       for (int c = 0; c < 8; ++c) packed |= ((codes >> (8 * c)) & mask) << (c * b);
-      StoreCodeBytes(head + tab_cbyte[r] + seg * b, packed, b);
+      StoreCodeBytes(head + 4 * __float_as_int(d.x) + seg * b, packed, b);
     }
     __syncthreads();  // the table and code buffer are reused by the next item
   }
