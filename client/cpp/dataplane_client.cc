@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda_ipc/ipc_runtime.h"
 #include "kernels/formats/format.h"
 #include "server/dataplane/stream_wait.h"
@@ -507,8 +508,19 @@ absl::StatusOr<std::unique_ptr<AttachedSession>> AttachedSession::Attach(
 
 AttachedSession::~AttachedSession() {
   Detach().IgnoreError();
+  if (order_event_ != nullptr) cuda_ipc::EventDestroy(order_event_);
   prepared_.reset();
   if (ipc_base_ != nullptr) cuda_ipc::CloseMemHandle(ipc_base_);
+}
+
+absl::Status AttachedSession::OrderAfter(void* stream) {
+  if (std::strcmp(backend_->name(), "cuda") != 0) return absl::OkStatus();
+  if (order_event_ == nullptr) {
+    ASSIGN_OR_RETURN(backend_stream_, CudaStreamOf(*backend_));
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventCreateInterprocess(&order_event_), "order event"));
+  }
+  RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventRecord(order_event_, stream), "record order event"));
+  return CudaStatus(cuda_ipc::StreamWaitEvent(backend_stream_, order_event_), "order after stream");
 }
 
 absl::Status AttachedSession::Detach() {

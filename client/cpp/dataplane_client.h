@@ -249,6 +249,14 @@ class AttachedSession {
   // AttachedSession.
   absl::Status DecodeUpdate(int layer, absl::Span<const SlotHandle> slots, DecodeInputs in);
 
+  // CUDA: makes the backend's stream wait (on the device, no host sync) for
+  // the work enqueued on `stream` so far (cudaStream_t as void*, nullptr =
+  // the legacy default stream): call it before DecodeUpdate when the inputs
+  // were produced on another stream (e.g. PyTorch's current stream). o is
+  // complete when DecodeUpdate returns (the CUDA binding synchronizes its
+  // stream to read back validation). CPU: nothing.
+  absl::Status OrderAfter(void* stream);
+
   // Ends the attachment; the slots go back to server-side use.
   absl::Status Detach();
 
@@ -289,6 +297,8 @@ class AttachedSession {
   int64_t renew_at_ns_ = 0;
   int64_t expires_at_ns_ = 0;
   bool detached_ = false;
+  void* order_event_ = nullptr;    // CUDA, OrderAfter
+  void* backend_stream_ = nullptr;  // CUDA, OrderAfter
 };
 
 }  // namespace statecache

@@ -1,7 +1,9 @@
 """Fixtures of the statecache Python tests.
 
 - The gRPC stubs are generated fresh from proto/ into a temporary folder
-  before any test runs (python -m statecache._gen does the same in-tree).
+  before any test runs, by `python -m statecache._gen --out DIR` in a child
+  process (grpc_tools must not be loaded next to statecache.attached's
+  library: see README, attached mode).
 - `server` starts the real statecached (CPU backend, 127.0.0.1, ephemeral
   gRPC and metrics ports read from its `server_started` log line) and stops it
   with SIGTERM. The binary: $STATECACHED, else Bazel runfiles
@@ -28,10 +30,14 @@ REPO = os.path.dirname(os.path.dirname(PKG_ROOT))
 sys.path.insert(0, PKG_ROOT)
 
 import statecache  # noqa: E402
-from statecache import _gen  # noqa: E402
 
 _STUBS = tempfile.mkdtemp(prefix="statecache-stubs-", dir=os.environ.get("TEST_TMPDIR"))
-_gen.generate(_STUBS, os.path.join(REPO, "proto"))
+# In a child process: grpc_tools bundles its own C++ protobuf, whose
+# GNU-unique symbols would clash with the system libprotobuf that
+# libstatecache_dataplane.so (statecache.attached) loads into this process.
+subprocess.run([sys.executable, "-m", "statecache._gen", "--out", _STUBS, "--proto_root",
+                os.path.join(REPO, "proto")], check=True, cwd=PKG_ROOT,
+               stdout=subprocess.DEVNULL)
 statecache.__path__.append(os.path.join(_STUBS, "statecache"))
 
 RING_VECTORS = os.path.join(REPO, "client", "routing", "testdata", "ring_vectors.tsv")

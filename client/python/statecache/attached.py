@@ -1,0 +1,203 @@
+"""Attached mode from Python (issue 10): the fused decode update runs in this
+process on statecached's slot pool, mapped through shared memory (CPU
+backend, statecached --shared_pools) or CUDA IPC, while statecached keeps
+allocation, leases, snapshots, restores and eviction.
+
+A thin ctypes binding of libstatecache_dataplane.so (the C ABI in
+client/python/native/dataplane_c_api.h over the C++ AttachedSession). It takes
+raw pointers, so it works with PyTorch tensors (CUDA or CPU) and numpy arrays
+(CPU) without copies; nothing here imports torch unless a CUDA session needs
+the current stream.
+
+    import statecache as sc
+    from statecache.attached import AttachedSession
+
+    c = sc.Client("unix:/run/statecache.sock")
+    slots = c.allocate_slots("qwen", 8)
+    with AttachedSession("unix:/run/statecache.sock", "qwen", slots) as a:
+        for layer in range(a.geometry.layers):
+            # q, k: [B, h_qk, d_k]; v: [B, h_v, d_v] (fp32 / bf16 / fp16, one
+            # dtype); g: fp32 [B, h_v] (GDN) or [B, h_v, d_k] (KDA); beta:
+            # fp32 [B, h_v]; o: fp32 [B, h_v, d_v], written. CUDA tensors are
+            # ordered after torch.cuda.current_stream() (or stream=...).
+            a.decode_update(layer, q, k, v, g, beta, o)
+
+The library: $STATECACHE_DATAPLANE_LIB, else statecache/_native/ next to this
+file, else Bazel's bazel-bin/client/python/ of this checkout (build it with
+`bazel build //client/python:libstatecache_dataplane.so`).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Optional, Sequence
+
+from statecache.errors import InvalidArgument, error_from_code
+from statecache.types import Geometry, SlotHandle
+
+_LIB_NAME = "libstatecache_dataplane.so"
+_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+_ERR_LEN = 1024
+
+
+def find_library(path: Optional[str] = None) -> str:
+    """Path of libstatecache_dataplane.so (FileNotFoundError when missing)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    candidates = [path, os.environ.get("STATECACHE_DATAPLANE_LIB"),
+                  os.path.join(here, "_native", _LIB_NAME)]
+    if os.environ.get("TEST_SRCDIR"):
+        candidates.append(os.path.join(os.environ["TEST_SRCDIR"], "statecache", "client",
+                                       "python", _LIB_NAME))
+    candidates.append(os.path.join(repo, "bazel-bin", "client", "python", _LIB_NAME))
+    for c in candidates:
+        if c and os.path.isfile(c):
+            return c
+    raise FileNotFoundError(
+        f"{_LIB_NAME} not found: set STATECACHE_DATAPLANE_LIB or run "
+        "`bazel build //client/python:libstatecache_dataplane.so`")
+
+
+_loaded = {}
+
+
+def _load(path: str) -> ctypes.CDLL:
+    lib = _loaded.get(path)
+    if lib is not None:
+        return lib
+    lib = ctypes.CDLL(path)
+    p, u64p, u32p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    lib.sc_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, u64p, u32p,
+                              ctypes.c_int, ctypes.c_int64, ctypes.POINTER(p), ctypes.c_char_p,
+                              ctypes.c_int]
+    lib.sc_attach.restype = ctypes.c_int
+    lib.sc_attached_geometry.argtypes = [p, ctypes.POINTER(ctypes.c_int32),
+                                         ctypes.POINTER(ctypes.c_float)]
+    lib.sc_attached_geometry.restype = None
+    lib.sc_decode_update.argtypes = [p, ctypes.c_int, u64p, u32p, ctypes.c_int, ctypes.c_int,
+                                     p, p, p, p, p, p, ctypes.c_size_t, ctypes.c_char_p,
+                                     ctypes.c_int]
+    lib.sc_decode_update.restype = ctypes.c_int
+    lib.sc_detach.argtypes = [p, ctypes.c_char_p, ctypes.c_int]
+    lib.sc_detach.restype = ctypes.c_int
+    lib.sc_close.argtypes = [p]
+    lib.sc_close.restype = None
+    _loaded[path] = lib
+    return lib
+
+
+def _handles(slots: Sequence[SlotHandle]):
+    n = len(slots)
+    ids = (ctypes.c_uint64 * n)(*[s.id for s in slots])
+    gens = (ctypes.c_uint32 * n)(*[s.generation for s in slots])
+    return n, ids, gens
+
+
+def _tensor(x, field: str, shape, dtypes, cuda: bool):
+    """(pointer, dtype code) of a dense torch tensor or numpy array."""
+    if hasattr(x, "data_ptr") and hasattr(x, "is_cuda"):  # torch.Tensor
+        name = str(x.dtype).replace("torch.", "")
+        if bool(x.is_cuda) != cuda:
+            raise InvalidArgument(f"{field}: a {'CUDA' if x.is_cuda else 'CPU'} tensor; this "
+                                  f"session's backend needs {'CUDA' if cuda else 'CPU'} memory")
+        contiguous = x.is_contiguous()
+        ptr, got = x.data_ptr(), tuple(x.shape)
+    elif hasattr(x, "__array_interface__"):  # numpy
+        if cuda:
+            raise InvalidArgument(f"{field}: a host array; this session's backend is CUDA")
+        name, contiguous = x.dtype.name, bool(x.flags["C_CONTIGUOUS"])
+        ptr, got = x.ctypes.data, tuple(x.shape)
+    else:
+        raise InvalidArgument(f"{field}: want a torch.Tensor or numpy.ndarray, got {type(x)}")
+    if got != tuple(shape):
+        raise InvalidArgument(f"{field}: shape {list(got)}, want {list(shape)}")
+    if name not in dtypes:
+        raise InvalidArgument(f"{field}: dtype {name} is not one of {', '.join(dtypes)}")
+    if not contiguous:
+        raise InvalidArgument(f"{field}: not contiguous")
+    return ptr, _DTYPES[name]
+
+
+class AttachedSession:
+    """Attaches `slots` of `model_id` (a data-plane session of its own) and
+    maps the model's pool. `token`: bearer token of servers with tenants;
+    `lease_ms`: session lease (0 = server default; renewed inside
+    decode_update at half of it). Errors are statecache.StateCacheError
+    subclasses carrying the server's / binding's message (naming the field).
+    One thread at a time."""
+
+    def __init__(self, target: str, model_id: str, slots: Sequence[SlotHandle], *,
+                 token: Optional[str] = None, lease_ms: int = 0,
+                 library: Optional[str] = None):
+        self._lib = _load(find_library(library))
+        self._handle = ctypes.c_void_p()
+        self._err = ctypes.create_string_buffer(_ERR_LEN)
+        self.slots = list(slots)
+        n, ids, gens = _handles(self.slots)
+        rc = self._lib.sc_attach(target.encode(), (token or "").encode(), model_id.encode(),
+                                 ids, gens, n, int(lease_ms), ctypes.byref(self._handle),
+                                 self._err, _ERR_LEN)
+        self._check(rc, "AttachSlots")
+        self._default = (n, ids, gens)
+        geo = (ctypes.c_int32 * 7)()
+        scale = ctypes.c_float()
+        self._lib.sc_attached_geometry(self._handle, geo, ctypes.byref(scale))
+        self.geometry = Geometry("kda" if geo[0] == 1 else "gdn", geo[1], geo[2], geo[3],
+                                 geo[4], geo[5], scale.value)
+        self.backend = "cuda" if geo[6] == 1 else "cpu"
+
+    def _check(self, rc: int, method: str):
+        if rc != 0:
+            raise error_from_code(rc, self._err.value.decode(errors="replace"), method)
+
+    def decode_update(self, layer: int, q, k, v, g, beta, o, *,
+                      slots: Optional[Sequence[SlotHandle]] = None, stream=None) -> None:
+        """One fused decode step of `layer` for `slots` (default: all attached
+        slots, in attach order); writes o. On CUDA the kernel runs after the
+        work enqueued on `stream` (a torch.cuda.Stream, a raw cudaStream_t
+        int, or None = torch.cuda.current_stream()); o is complete on return."""
+        if self._handle is None or not self._handle.value:
+            raise error_from_code(9, "slots: the session is closed", "DecodeUpdate")
+        n, ids, gens = self._default if slots is None else _handles(list(slots))
+        geo, cuda = self.geometry, self.backend == "cuda"
+        qp, dt = _tensor(q, "q", (n, geo.h_qk, geo.d_k), _DTYPES, cuda)
+        kp, kdt = _tensor(k, "k", (n, geo.h_qk, geo.d_k), _DTYPES, cuda)
+        vp, vdt = _tensor(v, "v", (n, geo.h_v, geo.d_v), _DTYPES, cuda)
+        if kdt != dt or vdt != dt:
+            raise InvalidArgument("k, v: must have q's dtype")
+        g_shape = (n, geo.h_v, geo.d_k) if geo.arch == "kda" else (n, geo.h_v)
+        gp, _ = _tensor(g, "g", g_shape, ("float32",), cuda)
+        bp, _ = _tensor(beta, "beta", (n, geo.h_v), ("float32",), cuda)
+        op, _ = _tensor(o, "o", (n, geo.h_v, geo.d_v), ("float32",), cuda)
+        raw_stream = 0
+        if cuda:
+            if stream is None:
+                import torch  # only CUDA sessions need it
+                stream = torch.cuda.current_stream()
+            raw_stream = int(getattr(stream, "cuda_stream", stream) or 0)
+        rc = self._lib.sc_decode_update(self._handle, int(layer), ids, gens, n, dt, qp, kp, vp,
+                                        gp, bp, op, raw_stream, self._err, _ERR_LEN)
+        self._check(rc, "DecodeUpdate")
+
+    def detach(self) -> None:
+        """Ends the attachment: the slots go back to server-side use."""
+        if self._handle is not None and self._handle.value:
+            self._check(self._lib.sc_detach(self._handle, self._err, _ERR_LEN), "DetachSlots")
+
+    def close(self) -> None:
+        """Detaches (best effort) and closes the session."""
+        if self._handle is not None and self._handle.value:
+            self._lib.sc_close(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
