@@ -824,6 +824,7 @@ grpc::Status StateCacheService::SubmitUpdates(
   io.done = [&](absl::StatusCode code, double seconds) {
     if (metrics_) metrics_->ObserveRpc("SubmitUpdates", static_cast<int>(code), seconds);
   };
+  io.cancelled = [ctx] { return ctx->IsCancelled(); };
   return ToGrpcStatus(dataplane_->SubmitUpdates((*caller)->name(), io, ComputeLimitsOf(limits_),
                                                 KernelObserverOf(metrics_.get())));
 }

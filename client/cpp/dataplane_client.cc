@@ -250,6 +250,15 @@ absl::StatusOr<std::unique_ptr<UpdateSubmitter>> UpdateSubmitter::Open(DataPlane
   s->done_offset_ = done.offset;
   s->cuda_ = session->backend() == "cuda";
   ASSIGN_OR_RETURN(s->geometry_, session->client().Geometry(model_id));
+  // seq restarts at 1 on every stream: the word starts at 0 (a waiter for
+  // seq 1 must not pass on an earlier stream's value).
+  uint8_t* word = done.buffer->data() + done.offset;
+  if (s->cuda_) {
+    const uint64_t zero = 0;
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::CopyHostToDevice(word, &zero, 8), "zero the done word"));
+  } else {
+    __atomic_store_n(reinterpret_cast<uint64_t*>(word), uint64_t{0}, __ATOMIC_RELEASE);
+  }
   v1::SubmitUpdatesRequest msg;
   v1::SubmitUpdatesOpen* open = msg.mutable_open();
   open->set_session_id(session->id());
@@ -354,10 +363,13 @@ absl::Status UpdateSubmitter::StreamWait(uint64_t seq, void* stream) {
                       "stream wait");
   }
   const auto* w = reinterpret_cast<const uint64_t*>(word);
+  // Spin briefly (the server usually finishes within microseconds of the
+  // kernel), then sleep in short steps so that a worker on few cores does
+  // not starve the server's threads.
   for (int spins = 0; __atomic_load_n(w, __ATOMIC_ACQUIRE) < seq; ++spins) {
-    if (spins < 1000) continue;
-    std::this_thread::yield();
-    if (spins % 1024 == 0) {
+    if (spins < 2000) continue;
+    absl::SleepFor(absl::Microseconds(2));
+    if (spins % 256 == 0) {
       absl::MutexLock lock(&mu_);
       if (reader_done_ && __atomic_load_n(w, __ATOMIC_ACQUIRE) < seq) return stream_status_;
     }

@@ -158,7 +158,8 @@ class UpdateSubmitter {
     int ring_size = 64;  // CUDA ring events (1..DataPlane::kMaxRingEvents)
   };
   // Opens the stream; the done word is 8 bytes at `done.offset` of a
-  // buffer of `session` (the server stores each submission's seq there).
+  // buffer of `session` (the server stores each submission's seq there; it
+  // is set to 0 here, so one open stream per done word).
   static absl::StatusOr<std::unique_ptr<UpdateSubmitter>> Open(DataPlaneSession* session,
                                                                absl::string_view model_id,
                                                                BufferTensor done,

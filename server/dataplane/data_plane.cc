@@ -8,9 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda_ipc/ipc_runtime.h"
 #include "kernels/formats/format.h"
 #include "server/dataplane/shm_region.h"
+#include "server/dataplane/stream_wait.h"
 #include "server/log.h"
 #include "server/pool/staging.h"
 #include "server/proto_convert.h"
@@ -38,7 +40,7 @@ class ShmBuffer : public DataPlane::Buffer {
   explicit ShmBuffer(std::unique_ptr<SharedMemoryRegion> region) : region_(std::move(region)) {}
   uint8_t* data() const override { return region_->data(); }
   int64_t size() const override { return region_->size(); }
-  absl::Status StoreWord(int64_t offset, uint64_t value) override {
+  absl::Status StoreWord(int64_t offset, uint64_t value, void* /*stream*/) override {
     __atomic_store_n(reinterpret_cast<uint64_t*>(region_->data() + offset), value,
                      __ATOMIC_RELEASE);
     return absl::OkStatus();
@@ -98,8 +100,8 @@ class IpcBuffer : public DataPlane::Buffer {
     return absl::OkStatus();
   }
   std::string server_event_handle() const override { return server_event_handle_; }
-  absl::Status StoreWord(int64_t offset, uint64_t value) override {
-    if (int e = cuda_ipc::CopyHostToDevice(data_ + offset, &value, sizeof(value)); e != 0) {
+  absl::Status StoreWord(int64_t offset, uint64_t value, void* stream) override {
+    if (int e = stream_wait::StreamStoreWord(stream, data_ + offset, value); e != 0) {
       return CudaError(e, "store the done word");
     }
     return absl::OkStatus();
@@ -157,6 +159,10 @@ DataPlane::DataPlane(Backend* backend, ModelRegistry* registry, Options options)
       registry_(registry),
       options_(options),
       cuda_(std::strcmp(backend->name(), "cuda") == 0) {
+  if (cuda_) {
+    absl::StatusOr<void*> stream = CudaStreamOf(*backend);
+    if (stream.ok()) cuda_stream_ = *stream;
+  }
   if (options_.sweep_period > absl::ZeroDuration()) {
     sweeper_ = std::make_unique<std::thread>([this] {
       absl::MutexLock lock(&sweeper_mu_);

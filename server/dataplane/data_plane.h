@@ -129,7 +129,8 @@ class DataPlane {
                        v1::PrefillResponse* resp);
 
   // The SubmitUpdates stream. `read` returns false at the end of the stream,
-  // `write` false when the client went away; `admit` runs before each
+  // `write` false when the client went away (read and write are called from
+  // two threads of their own, concurrently, as gRPC's sync streams allow); `admit` runs before each
   // submission (the tenant's rate quota), `done` after it (code, seconds;
   // metrics). Returns the status that ends the stream: OK when the client
   // half-closed or went away, else the open message's error (naming
@@ -139,6 +140,8 @@ class DataPlane {
     std::function<bool(const v1::SubmitUpdatesResponse&)> write;
     std::function<absl::Status()> admit;
     std::function<void(absl::StatusCode, double)> done;
+    // True once the call was cancelled: queued submissions are dropped.
+    std::function<bool()> cancelled;
   };
   absl::Status SubmitUpdates(const std::string& tenant, const StreamIo& io,
                              const ComputeLimits& limits, const KernelObserver& observe);
@@ -167,9 +170,9 @@ class DataPlane {
     virtual std::string server_event_handle() const { return ""; }
     // Stores `value` (8 bytes, little-endian) at `offset` (8-aligned, in
     // range) once everything written before is visible to the worker: CPU a
-    // release store; CUDA a host-to-device copy after the backend call
-    // returned (its kernels finished).
-    virtual absl::Status StoreWord(int64_t offset, uint64_t value) = 0;
+    // release store; CUDA a one-thread kernel on `stream` (the backend's
+    // stream, after the submission's kernels), no host wait.
+    virtual absl::Status StoreWord(int64_t offset, uint64_t value, void* stream) = 0;
   };
 
  private:
@@ -241,6 +244,7 @@ class DataPlane {
   ModelRegistry* const registry_;
   const Options options_;
   const bool cuda_;
+  void* cuda_stream_ = nullptr;  // the CUDA backend's stream (done words)
 
   mutable absl::Mutex mu_;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,9 @@
 //   inproc    Backend::DecodeUpdate in this process on a private pool (floor)
 //   attached  AttachedSession: the same call on statecached's pool, mapped
 //             (CPU shared memory / CUDA IPC), under an attach lease
+//   capi      attached mode through the C ABI of the Python binding
+//             (client/python/native/dataplane_c_api.h: sc_attach,
+//             sc_decode_update ordered after the legacy default stream)
 //   attached_raw  diagnostic: Backend::DecodeUpdate called directly on the
 //             mapped pool (no AttachedSession bookkeeping); attached minus
 //             attached_raw is the per-call host cost of the lease checks,
@@ -57,10 +60,12 @@
 #include "absl/time/clock.h"
 #include "client/cpp/dataplane_client.h"
 #include "client/cpp/statecache_client.h"
+#include "client/python/native/dataplane_c_api.h"
 #include "kernels/backend/backend.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
+#include "server/dataplane/stream_wait.h"
 #include "server/server.h"
 
 extern char** environ;
@@ -69,7 +74,7 @@ ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda.");
 ABSL_FLAG(std::string, geometry, "gdn:30:16:32:128:128", "arch:layers:h_qk:h_v:d_k:d_v");
 ABSL_FLAG(std::string, format, "damp", "Storage format.");
 ABSL_FLAG(std::string, batches, "1,32,256", "Batch sizes.");
-ABSL_FLAG(std::string, modes, "inproc,attached,attached_raw,buffers,stream,inline",
+ABSL_FLAG(std::string, modes, "inproc,attached,attached_raw,capi,buffers,stream,inline",
           "Modes to run.");
 ABSL_FLAG(int, steps, 5, "Timed decode steps per (mode, batch).");
 ABSL_FLAG(int, warmup, 1, "Untimed decode steps first.");
@@ -314,6 +319,47 @@ absl::StatusOr<Timing> RunAttachedRaw(const ServerHandle& s, const ModelGeometry
   return t;
 }
 
+absl::StatusOr<Timing> RunCapi(const ServerHandle& s, const ModelGeometry& geo,
+                               const Inputs& in, int b) {
+  ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
+  ASSIGN_OR_RETURN(std::vector<SlotHandle> h, client->AllocateSlots("bench", b));
+  std::vector<uint64_t> ids;
+  std::vector<uint32_t> gens;
+  for (const SlotHandle& x : h) {
+    ids.push_back(x.id);
+    gens.push_back(x.generation);
+  }
+  char err[1024] = {0};
+  ScAttached* a = nullptr;
+  if (int rc = sc_attach(s.target().c_str(), "", "bench", ids.data(), gens.data(), b, 0, &a, err,
+                         sizeof(err));
+      rc != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(rc), absl::StrCat("sc_attach: ", err));
+  }
+  std::unique_ptr<ScAttached, void (*)(ScAttached*)> owned(a, sc_close);
+  // Inputs in this process's memory of the backend's kind (as a PyTorch
+  // worker's tensors would be).
+  ASSIGN_OR_RETURN(auto be, CreateBackend(absl::GetFlag(FLAGS_backend)));
+  ASSIGN_OR_RETURN(DeviceInputs d, Upload(*be, in));
+  const DecodeInputs di = d.Decode();
+  return TimeSteps(
+      geo.layers,
+      [&](int l) -> absl::Status {
+        if (int rc = sc_decode_update(a, l, ids.data(), gens.data(), b, SC_DTYPE_FP32, di.q, di.k,
+                                      di.v, di.g, di.beta, di.o, 0, err, sizeof(err));
+            rc != 0) {
+          return absl::Status(static_cast<absl::StatusCode>(rc),
+                              absl::StrCat("sc_decode_update: ", err));
+        }
+        return absl::OkStatus();
+      },
+      [&]() -> absl::StatusOr<std::vector<float>> {
+        std::vector<float> o(in.o_count);
+        RETURN_IF_ERROR(be->CopyOut(o.data(), di.o, 4 * in.o_count));
+        return o;
+      });
+}
+
 absl::StatusOr<Timing> RunBuffers(const ServerHandle& s, const ModelGeometry& geo,
                                   const Inputs& in, int b) {
   ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
@@ -405,8 +451,11 @@ absl::StatusOr<Timing> RunStream(const ServerHandle& s, const ModelGeometry& geo
   RETURN_IF_ERROR(t.status());
   RETURN_IF_ERROR(sub->Finish());
   const UpdateSubmitter::ServerTimes st = sub->server_times();
-  t->extra = absl::StrFormat(" server_us=%.1f backend_call_us=%.1f event_wait_us=%.1f",
-                             st.server_us, st.kernel_us, st.wait_us);
+  t->extra = absl::StrFormat(" server_us=%.1f backend_call_us=%.1f event_wait_us=%.1f%s",
+                             st.server_us, st.kernel_us, st.wait_us,
+                             absl::GetFlag(FLAGS_backend) == "cuda"
+                                 ? absl::StrCat(" device_wait=\"", stream_wait::Mechanism(), "\"")
+                                 : "");
   return t;
 }
 
@@ -455,8 +504,9 @@ int Main() {
               geo->DebugString().c_str(), FormatSpecName(*spec).c_str(),
               absl::GetFlag(FLAGS_steps));
   int failures = 0;
-  std::string table = "| B | mode | ms / step (mean) | min | vs inproc | o bit-identical |\n"
-                      "|---|---|---|---|---|---|\n";
+  std::string table =
+      "| B | mode | ms / step (mean) | median | min | vs inproc (mean) | vs inproc (median) | "
+      "o bit-identical |\n|---|---|---|---|---|---|---|---|\n";
   for (int b : batches) {
     const Inputs in = MakeInputs(*geo, b);
     const int64_t state_bytes = int64_t{b} * layout->slot_bytes() + (1 << 20);
@@ -465,7 +515,8 @@ int Main() {
     // that all modes run with statecached's process (and, on CUDA, its
     // context) alive on the device.
     if (std::any_of(modes.begin(), modes.end(), [](const std::string& m) {
-          return m == "attached" || m == "attached_raw" || m == "buffers" || m == "stream";
+          return m == "attached" || m == "attached_raw" || m == "capi" || m == "buffers" ||
+                 m == "stream";
         })) {
       auto s = ServerHandle::Start(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
                                    state_bytes);
@@ -478,13 +529,13 @@ int Main() {
       }
     }
     std::vector<float> reference;
-    double floor_ms = 0;
+    double floor_ms = 0, floor_median_ms = 0;
     for (const std::string& mode : modes) {
       absl::StatusOr<Timing> t = absl::UnknownError("unknown mode");
       if (mode == "inproc") {
         t = RunInproc(*geo, *layout, in, b);
-      } else if (mode == "attached" || mode == "attached_raw" || mode == "buffers" ||
-                 mode == "stream") {
+      } else if (mode == "attached" || mode == "attached_raw" || mode == "capi" ||
+                 mode == "buffers" || mode == "stream") {
         if (unix_server == nullptr) {
           auto s = ServerHandle::Start(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
                                        state_bytes);
@@ -493,6 +544,7 @@ int Main() {
         }
         t = mode == "attached"       ? RunAttached(*unix_server, *geo, in, b)
             : mode == "attached_raw" ? RunAttachedRaw(*unix_server, *geo, in, b)
+            : mode == "capi"         ? RunCapi(*unix_server, *geo, in, b)
             : mode == "buffers"      ? RunBuffers(*unix_server, *geo, in, b)
                                      : RunStream(*unix_server, *geo, in, b);
       } else if (mode == "inline") {
@@ -515,10 +567,14 @@ int Main() {
         mn = std::min(mn, ms);
       }
       const double mean = t->step_ms.empty() ? 0 : sum / t->step_ms.size();
+      std::vector<double> sorted = t->step_ms;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = sorted.empty() ? 0 : sorted[sorted.size() / 2];
       std::string same = "-";
       if (mode == "inproc") {
         reference = t->first_o;
         floor_ms = mean;
+        floor_median_ms = median;
       } else if (absl::GetFlag(FLAGS_verify) && !reference.empty()) {
         const bool eq = t->first_o.size() == reference.size() &&
                         std::memcmp(t->first_o.data(), reference.data(),
@@ -526,17 +582,19 @@ int Main() {
         same = eq ? "yes" : "NO";
         if (!eq) ++failures;
       }
-      std::printf("RESULT mode=%s B=%d step_ms_mean=%.3f step_ms_min=%.3f per_layer_us=%.1f "
-                  "identical=%s%s\n",
-                  mode.c_str(), b, mean, mn, 1000 * mean / geo->layers, same.c_str(),
+      std::printf("RESULT mode=%s B=%d step_ms_mean=%.3f step_ms_median=%.3f step_ms_min=%.3f "
+                  "per_layer_us=%.1f identical=%s%s\n",
+                  mode.c_str(), b, mean, median, mn, 1000 * mean / geo->layers, same.c_str(),
                   t->extra.c_str());
       std::fflush(stdout);
-      absl::StrAppend(&table, absl::StrFormat("| %d | %s | %.3f | %.3f | %s | %s |\n", b, mode,
-                                              mean, mn,
-                                              floor_ms > 0 && mode != "inproc"
-                                                  ? absl::StrFormat("%+.1f%%", 100 * (mean / floor_ms - 1))
-                                                  : "-",
-                                              same));
+      auto versus = [&](double x, double floor) {
+        return floor > 0 && mode != "inproc"
+                   ? absl::StrFormat("%+.1f%% (%+.3f ms)", 100 * (x / floor - 1), x - floor)
+                   : std::string("-");
+      };
+      absl::StrAppend(&table, absl::StrFormat("| %d | %s | %.3f | %.3f | %.3f | %s | %s | %s |\n",
+                                              b, mode, mean, median, mn, versus(mean, floor_ms),
+                                              versus(median, floor_median_ms), same));
     }
   }
   std::printf("\n%s", table.c_str());

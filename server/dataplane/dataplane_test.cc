@@ -766,7 +766,9 @@ TEST_F(DataPlaneTest, CancellingASubmitStreamReleasesNothing) {
   EXPECT_TRUE(session->Renew().ok());
   const Step s = MakeStep(&rng);
   ASSERT_TRUE(session->Update(kModel, Write(a, 0, h, s)).ok());
+  EXPECT_GE(done.value(), 1u);  // the cancelled stream's last store
   auto sub = *UpdateSubmitter::Open(session.get(), kModel, {done.buffer, 0});
+  EXPECT_EQ(done.value(), 0u);  // a new stream restarts at seq 1
   const uint64_t seq = *sub->Submit(Write(a, 0, h, s));
   EXPECT_TRUE(sub->Wait(seq).ok());
   EXPECT_TRUE(sub->Finish().ok());

@@ -44,7 +44,18 @@ __global__ void PollGeqKernel(const volatile uint32_t* word, uint32_t value) {
   while (static_cast<int32_t>(*word - value) < 0) __nanosleep(256);
 }
 
+__global__ void StoreWordKernel(unsigned long long* word, unsigned long long value) {
+  *reinterpret_cast<volatile unsigned long long*>(word) = value;
+  __threadfence_system();
+}
+
 }  // namespace
+
+int StreamStoreWord(void* stream, void* device_word, uint64_t value) {
+  StoreWordKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<unsigned long long*>(device_word), static_cast<unsigned long long>(value));
+  return cudaGetLastError();
+}
 
 int StreamWaitGeq(void* stream, const void* device_word, uint32_t value) {
   Driver& d = GetDriver();

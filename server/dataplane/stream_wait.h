@@ -1,5 +1,6 @@
 // Device-side waits of a worker's CUDA stream on a done word written by
-// statecached (SubmitUpdates, issue 10): the worker's host never blocks.
+// statecached (SubmitUpdates, issue 10): the worker's host never blocks; and
+// the server's stream-ordered store of that word.
 //
 // Plain C++ (no CUDA types): streams are cudaStream_t as void* (nullptr = the
 // legacy default stream); functions return a cudaError_t value as int
@@ -21,6 +22,11 @@ namespace stream_wait {
 // cuStreamWaitValue32 (no SM is occupied) when the driver offers it, else a
 // one-thread polling kernel.
 int StreamWaitGeq(void* stream, const void* device_word, uint32_t value);
+
+// Enqueues on `stream` a one-thread kernel that stores `value` (8 bytes) at
+// `device_word` (device memory, 8-aligned): the server's done word, written
+// after the submission's kernels on the same stream without a host wait.
+int StreamStoreWord(void* stream, void* device_word, uint64_t value);
 
 // "cuStreamWaitValue32", "polling kernel" or "none" (no usable device):
 // which mechanism StreamWaitGeq uses in this process.

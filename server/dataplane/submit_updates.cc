@@ -2,17 +2,21 @@
 // (data_plane.h explains the ordering; the proto states the wire contract).
 //
 // Per submission: seq check, ring-event wait (CUDA), the same UpdateImpl as a
-// unary Update with references, then the done word, then the reply. Every
+// unary Update with references, then the done word, then the reply (queued
+// for a writer thread; a reader thread reads ahead). Every
 // error of a submission is its reply (code kept, message prefixed with the
 // submission's field path, e.g. "update.q.ref: ..."); only a bad open message
 // ends the stream.
 #include <chrono>
+#include <deque>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/cuda_ipc/ipc_runtime.h"
 #include "server/dataplane/data_plane.h"
@@ -59,6 +63,55 @@ class EventRing {
  private:
   std::vector<void*> events_;
 };
+
+// A bounded queue between two threads. Close: the producer is done, the
+// consumer drains what is queued. Abort: both sides stop at once.
+template <typename T>
+class Pipe {
+ public:
+  explicit Pipe(size_t capacity) : capacity_(capacity) {}
+  // False once aborted (or closed).
+  bool Push(T v) {
+    absl::MutexLock lock(&mu_);
+    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return q_.size() < capacity_ || closed_ || aborted_;
+    };
+    mu_.Await(absl::Condition(&room));
+    if (closed_ || aborted_) return false;
+    q_.push_back(std::move(v));
+    return true;
+  }
+  // False when aborted, or closed and drained.
+  bool Pop(T* v) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !q_.empty() || closed_ || aborted_;
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (aborted_ || q_.empty()) return false;
+    *v = std::move(q_.front());
+    q_.pop_front();
+    return true;
+  }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  void Abort() {
+    absl::MutexLock lock(&mu_);
+    aborted_ = true;
+  }
+
+ private:
+  const size_t capacity_;
+  absl::Mutex mu_;
+  std::deque<T> q_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Messages read ahead / replies queued per stream.
+constexpr size_t kPipeDepth = 256;
 
 absl::Status Prefixed(const absl::Status& s, absl::string_view prefix) {
   if (s.ok()) return s;
@@ -117,8 +170,33 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
     if (!io.write(ack)) return absl::OkStatus();
   }
 
+  // Three threads: this one runs submissions in order; a reader takes the
+  // next messages off the wire while a kernel runs (so a queued submission
+  // costs no Read round trip), a writer sends the replies (so the next
+  // submission does not wait for one).
+  Pipe<v1::SubmitUpdatesRequest> in(kPipeDepth);
+  Pipe<v1::SubmitUpdatesResponse> out(kPipeDepth);
+  std::thread reader([&] {
+    v1::SubmitUpdatesRequest m;
+    while (io.read(&m)) {
+      if (!in.Push(std::move(m))) break;
+      m = v1::SubmitUpdatesRequest();
+    }
+    in.Close();
+  });
+  std::thread writer([&] {
+    v1::SubmitUpdatesResponse r;
+    while (out.Pop(&r)) {
+      if (!io.write(r)) {  // the client went away
+        out.Abort();
+        in.Abort();
+        break;
+      }
+    }
+  });
   uint64_t last_seq = 0;
-  while (io.read(&msg)) {
+  while (in.Pop(&msg)) {
+    if (io.cancelled && io.cancelled()) break;
     const auto start = std::chrono::steady_clock::now();
     v1::SubmitUpdatesResponse reply;
     v1::UpdateResponse update_resp;
@@ -175,7 +253,7 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
     if (store_done) {
       // Failed submissions advance the word too: a worker stream waiting for
       // it must not hang; the reply says whether o was written.
-      absl::Status st = done.buffer->StoreWord(done_offset, last_seq);
+      absl::Status st = done.buffer->StoreWord(done_offset, last_seq, cuda_stream_);
       if (status.ok()) status = Prefixed(st, "open.done_ref: ");
     }
     if (status.ok()) {
@@ -188,8 +266,14 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
     reply.set_server_micros(static_cast<int64_t>(seconds * 1e6));
     reply.set_wait_micros(static_cast<int64_t>(wait_seconds * 1e6));
     if (io.done) io.done(status.code(), seconds);
-    if (!io.write(reply)) break;  // the client went away
+    if (!out.Push(std::move(reply))) break;  // the client went away
   }
+  out.Close();
+  writer.join();
+  // Stops taking messages: the reader ends when the client half-closes or
+  // the call ends (a cancelled call's Read returns false).
+  in.Abort();
+  reader.join();
   return absl::OkStatus();
 }
 

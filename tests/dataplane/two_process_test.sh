@@ -10,4 +10,4 @@ statecached="$2"
 out="$("$bench" --backend=cpu --server=spawn --statecached="$statecached" \
   --geometry=gdn:2:2:4:128:128 --batches=1,4 --steps=1 --warmup=1 2>/dev/null)"
 echo "$out"
-test "$(grep -c 'identical=yes' <<<"$out")" -eq 10
+test "$(grep -c 'identical=yes' <<<"$out")" -eq 12
