@@ -2,40 +2,48 @@
 # The data-plane GPU run (issue 10), one self-contained call on the device
 # machine from the repository root, after tests/dataplane/stage_device.sh:
 #   (a) CUDA backend gtests and the two-process CUDA IPC test;
-#   (b) dataplane_bench --backend=cuda, four modes at B in {1, 32, 256}, with
-#       statecached in separate processes (spawned);
-#   (c) the same tool's --verify: every mode's o (attached: worker process on
-#       the IPC-mapped pool; buffers: statecached process reading CUDA IPC
-#       buffers; inline) bit-identical to the in-process kernel calls, plus a
-#       small-geometry two-process run.
-# Logs and a summary go to $OUT (or /tmp/sc_out). Worst case 280 s of timeouts;
-# expected well under 2 minutes.
+#   (b) a small-geometry two-process check: statecached spawned as its own
+#       process, every mode's o bit-identical to in-process kernel calls
+#       (attached, attached_raw, capi = the Python binding's C ABI, buffers =
+#       unary Update RPCs on registered buffers, stream = SubmitUpdates with
+#       the ring of worker events + device-side waits on the done word,
+#       inline);
+#   (c) dataplane_bench, all modes at B in {1, 32, 256}, Qwen3.6-35B-A3B
+#       geometry, with the same bit-identity check.
+# Logs and a summary go to $OUT (or /tmp/sc_out). Worst case 290 s of
+# timeouts; expected about 1-2 minutes.
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.device/lib
-D=.device
+D=.device/dataplane
+export LD_LIBRARY_PATH=$PWD/$D/lib
 # Overrides for a dry run on a CPU machine:
-#   BACKEND=cpu BATCHES=2 GEOMETRY=gdn:2:2:4:128:128 tests/dataplane/device_run.sh
+#   BACKEND=cpu BATCHES=2 GEOMETRY=gdn:2:2:4:128:128 bash tests/dataplane/device_run.sh
 BACKEND=${BACKEND:-cuda}
 BATCHES=${BATCHES:-1,32,256}
 GEOMETRY=${GEOMETRY:-gdn:30:16:32:128:128}
+MODES=${MODES:-inproc,attached,attached_raw,capi,buffers,stream,inline}
+cat "$D/STAGED" 2>/dev/null | tee "$OUT/staged.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1 | tee "$OUT/env.txt"
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 # (a)
-timeout 100 $D/cuda_backend_test --gtest_brief=1 > "$OUT/cuda_backend_test.log" 2>&1
+timeout 80 $D/cuda_backend_test --gtest_brief=1 > "$OUT/cuda_backend_test.log" 2>&1
 summary "cuda_backend_test exit=$?  $(grep -E 'PASSED|FAILED' "$OUT/cuda_backend_test.log" | head -3 | tr '\n' ' ')"
 timeout 30 $D/ipc_test > "$OUT/ipc_test.log" 2>&1
 summary "ipc_test exit=$?  $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/ipc_test.log" | head -3 | tr '\n' ' ')"
 
-# (c) small geometry first: fast, checks the two-process path before the big run.
-timeout 30 $D/dataplane_bench --backend=$BACKEND --server=spawn --statecached=$D/statecached \
-  --geometry=gdn:2:2:4:128:128 --batches=4 --steps=2 --warmup=1 > "$OUT/two_process_small.log" 2>&1
-summary "two_process_small exit=$?  $(grep -cE 'identical=yes' "$OUT/two_process_small.log") modes identical; $(grep -E 'identical=NO|error=' "$OUT/two_process_small.log" | head -3 | tr '\n' ' ')"
+# (b) small geometry first: fast, checks the two-process paths before the big run.
+timeout 40 $D/dataplane_bench --backend=$BACKEND --server=spawn --statecached=$D/statecached \
+  --modes=$MODES --geometry=gdn:2:2:4:128:128 --batches=4 --steps=2 --warmup=1 \
+  > "$OUT/two_process_small.log" 2>&1
+summary "two_process_small exit=$?  $(grep -cE 'identical=yes' "$OUT/two_process_small.log") of $(( $(tr ',' '\n' <<<"$MODES" | wc -l) - 1 )) modes identical; $(grep -E 'identical=NO|error=' "$OUT/two_process_small.log" | head -3 | tr '\n' ' ')"
 
-# (b) + (c) Qwen3.6-35B-A3B geometry (default), damp, B = 1, 32, 256.
-timeout 120 $D/dataplane_bench --backend=$BACKEND --server=spawn --statecached=$D/statecached \
-  --geometry=$GEOMETRY --batches=$BATCHES --steps=${STEPS:-20} --warmup=3 > "$OUT/bench.log" 2>&1
+# (c) Qwen3.6-35B-A3B geometry (default), damp, B = 1, 32, 256.
+timeout 140 $D/dataplane_bench --backend=$BACKEND --server=spawn --statecached=$D/statecached \
+  --modes=$MODES --geometry=$GEOMETRY --batches=$BATCHES --steps=${STEPS:-20} --warmup=3 \
+  > "$OUT/bench.log" 2>&1
 summary "bench exit=$?"
 grep -E '^RESULT|^\||^FAILURES' "$OUT/bench.log" | tee -a "$OUT/summary.txt"
+# Server-side errors, if any (statecached logs to stderr in bench.log).
+grep -iE 'error|fatal|abort' "$OUT/bench.log" "$OUT/two_process_small.log" | grep -v '^.*RESULT' | head -10
