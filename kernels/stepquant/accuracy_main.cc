@@ -46,7 +46,8 @@ ABSL_FLAG(int, max_eval_tokens, 0, "truncate each evaluation trajectory (0 = all
 ABSL_FLAG(int, synthetic_tokens, 2048, "tokens of each synthetic evaluation trajectory");
 ABSL_FLAG(std::string, write_layouts, "", "write the calibrated layouts to <prefix>-stepquant-N.layout");
 ABSL_FLAG(int, threads, 2, "CPU backend threads");
-ABSL_FLAG(int, horizon, 256, "STEPQuant lifetime horizon H");
+ABSL_FLAG(int, horizon, 16, "STEPQuant lifetime horizon H (seed 002: 256)");
+ABSL_FLAG(std::string, risk_weight, "readout", "STEPQuant allocation risk: readout, head-relative, lifetime (seed 002)");
 ABSL_FLAG(std::string, candidates4, "", "stepquant-4 candidate widths, e.g. 3,4,5,6 (default {3,4,6,8})");
 ABSL_FLAG(bool, stepquant_only, false, "only the calibrated STEPQuant rows (for sweeps of --horizon)");
 
@@ -103,6 +104,7 @@ absl::Status Report(const std::vector<Trajectory>& cal, const std::vector<std::v
   const bool all = !absl::GetFlag(FLAGS_stepquant_only);
   StepQuantOptions opts;
   opts.horizon = absl::GetFlag(FLAGS_horizon);
+  ASSIGN_OR_RETURN(opts.risk_weight, ParseRiskWeight(absl::GetFlag(FLAGS_risk_weight)));
   if (all) {
     RETURN_IF_ERROR(add("fp32", StateLayout::Identity(geo, {StateFormat::kFp32, 0})));
     RETURN_IF_ERROR(add("int8-hadamard", StateLayout::Identity(geo, {StateFormat::kInt8Hadamard, 0})));
@@ -145,7 +147,7 @@ absl::Status Report(const std::vector<Trajectory>& cal, const std::vector<std::v
       RETURN_IF_ERROR(WriteLayoutFile(c.layout, c.Info(), {}, path));
       std::printf("wrote %s\n", path.c_str());
     }
-    RETURN_IF_ERROR(add(absl::StrCat(n, " (STEPQuant", opts.horizon == 256 ? "" : absl::StrCat(", H=", opts.horizon), ")"), c.layout));
+    RETURN_IF_ERROR(add(absl::StrCat(n, " (STEPQuant, ", absl::GetFlag(FLAGS_risk_weight), ", H=", opts.horizon, ")"), c.layout));
   }
   for (size_t e = 0; e < evals.size(); ++e) {
     int64_t tokens = 0;

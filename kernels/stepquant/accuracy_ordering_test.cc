@@ -1,13 +1,16 @@
 // SYNTHETIC accuracy ordering of STEPQuant on the CPU backend (calibrated on
 // separate synthetic documents, replayed out of sample): the allocation beats
 // the uniform ("spatial only") layout at the same bits, and both budgets beat
-// int4 (5 bits/value). Regression guard for the numbers in docs/BENCHMARKS.md.
+// int4 (5 bits/value). Regression guard for the numbers in docs/BENCHMARKS.md,
+// which were measured with seed 002's allocation risk (kLifetime, H = 256):
+// those options are pinned here; the defaults (kReadout, H = 16: they
+// optimize each head's relative readout error, not this absolute state
+// RRMSE) are checked with their own margins.
 //
-// One measured exception is pinned down here too: KDA at 4 bits with the
-// default horizon H = 256 gains nothing over the uniform layout on this
-// synthetic spectrum (0.556 vs 0.540 state RRMSE: 3-bit short-lived rows leak
-// error into long-lived ones through the delta rule's k k^T mixing, which
-// the gate-only lifetime weight ignores); H = 16 recovers a gain (0.474).
+// One measured exception is pinned down too: KDA at 4 bits with the seed's
+// risk gains nothing over the uniform layout on this synthetic spectrum
+// (0.556 vs 0.540 state RRMSE); H = 16 recovers a gain (0.474), and so do
+// the defaults (0.491).
 #include <cstdio>
 #include <vector>
 
@@ -49,15 +52,22 @@ TEST_P(OrderingTest, AllocationBeatsUniformAndInt4) {
   const double int4 = StateRrmse(*backend, *StateLayout::Identity(geo, {StateFormat::kInt4, 0}), eval);
   double calibrated[2];
   int i = 0;
+  StepQuantOptions seed;
+  seed.risk_weight = StepQuantOptions::RiskWeight::kLifetime;
+  seed.horizon = 256;
   for (StateFormat f : {kStepQuant6, kStepQuant4}) {
-    absl::StatusOr<StepQuantCalibration> c = CalibrateStepQuant(cal, {f, 0}, {});
+    absl::StatusOr<StepQuantCalibration> c = CalibrateStepQuant(cal, {f, 0}, seed);
     ASSERT_TRUE(c.ok()) << c.status();
+    absl::StatusOr<StepQuantCalibration> d = CalibrateStepQuant(cal, {f, 0}, {});
+    ASSERT_TRUE(d.ok()) << d.status();
     const double uniform = StateRrmse(*backend, *StateLayout::Identity(geo, {f, 0}), eval);
     calibrated[i] = StateRrmse(*backend, c->layout, eval);
-    std::printf("%s %s: int4 %.4f uniform %.4f calibrated %.4f\n", ArchName(arch), FormatName(f),
-                int4, uniform, calibrated[i]);
-    if (arch == Arch::kKda && f == kStepQuant4) {
-      StepQuantOptions short_horizon;
+    const double defaults = StateRrmse(*backend, d->layout, eval);
+    std::printf("%s %s: int4 %.4f uniform %.4f seed risk %.4f default risk %.4f\n", ArchName(arch),
+                FormatName(f), int4, uniform, calibrated[i], defaults);
+    const bool kda4 = arch == Arch::kKda && f == kStepQuant4;
+    if (kda4) {
+      StepQuantOptions short_horizon = seed;
       short_horizon.horizon = 16;
       absl::StatusOr<StepQuantCalibration> c16 = CalibrateStepQuant(cal, {f, 0}, short_horizon);
       ASSERT_TRUE(c16.ok()) << c16.status();
@@ -65,7 +75,9 @@ TEST_P(OrderingTest, AllocationBeatsUniformAndInt4) {
     } else {
       EXPECT_LT(calibrated[i], 0.6 * uniform) << FormatName(f);
     }
+    EXPECT_LT(defaults, (kda4 ? 0.95 : f == kStepQuant4 ? 0.7 : 0.6) * uniform) << FormatName(f);
     EXPECT_LT(calibrated[i], int4) << FormatName(f);
+    EXPECT_LT(defaults, int4) << FormatName(f);
     EXPECT_GT(calibrated[i], 0.0);
     ++i;
   }

@@ -11,19 +11,25 @@
 //  - l_u = E[log r_{t,u}] (r = alpha_t for GDN, d_{t,i} for KDA key row i),
 //    i.e. the mean of g over tokens;
 //  - lifetime weight L_u = sum_{j=0}^{H-1} exp(2 j l_u) (squared error
-//    decaying by exp(2 l_u) per step, over H future steps);
+//    decaying by exp(2 l_u) per step, over H future steps; H = 16 by
+//    default, the seed's 256 with options.horizon);
+//  - risk (options.risk_weight, default kReadout): the seed's L_u d_u(b)
+//    (kLifetime), or the readout error it causes relative to its head's FP32
+//    readout energy, L_u sum_{i in u} omega_i d_i(b) / E||o_h||^2 (kReadout):
+//    the model RMS-normalizes every head's readout, so absolute state error
+//    compared across heads and layers starves small heads;
 //  - row impact omega_i = E[(A_t^T q_t)_i^2] with A_t = (I - beta k k^T) D_t,
 //    so g_t = D_t (q_t - beta_t k_t (k_t . q_t)); w_i = (omega_i / max_head
 //    omega)^(1/8), floored at min_row_impact (seed 002 appendix B: w ~
 //    omega^(1/8), normalized per head).
 // Allocation:
-//  - pivots: the round(pivot_fraction * units) units of largest risk
-//    L_u d_u(b_max) (the error that remains at the widest integer code) are
+//  - pivots: the round(pivot_fraction * units) units of largest risk at
+//    b_max (the error that remains at the widest integer code) are
 //    stored in FP16 and counted as b_max = 8-bit units in the nominal budget
 //    (seed 002 appendix D's convention);
 //  - the other units get widths from the format's candidates minimizing
-//    sum_u L_u d_u(b_u) subject to sum_u n_u b_u <= bbar N - 8 N_piv: a
-//    greedy over each unit's lower convex hull of (b, L_u d_u(b)), best
+//    sum_u risk_u(b_u) subject to sum_u n_u b_u <= bbar N - 8 N_piv: a
+//    greedy over each unit's lower convex hull of (b, risk_u(b)), best
 //    distortion decrease per bit first (ties by unit index), which is exact
 //    for convex hulls up to the last partial step.
 // Layout: KDA key_perm puts each head's pivots first, then rows by decreasing
@@ -49,7 +55,11 @@
 namespace statecache {
 
 struct StepQuantOptions {
-  int horizon = 256;        // H of the lifetime weight
+  // H of the lifetime weight. Seed 002 uses 256; 16 (with kReadout) measured
+  // better on the shipped models (kernels/stepquant/README.md, "KDA at 4
+  // bits"): requantizing every step does not add independent errors over a
+  // row's whole lifetime.
+  int horizon = 16;
   int sample_every = 8;     // state samples for d_u(b)
   // Fraction of units kept as FP16 pivots; < 0 = seed 002's: GDN 32 of 2,304
   // heads, KDA 512 of 81,920 key rows.
@@ -75,7 +85,8 @@ struct StepQuantOptions {
     // the head's readout energy.
     kReadout,
   };
-  RiskWeight risk_weight = RiskWeight::kLifetime;
+  // Default kReadout (not the seed's kLifetime): see README.md "KDA at 4 bits".
+  RiskWeight risk_weight = RiskWeight::kReadout;
 };
 
 // "lifetime", "head-relative", "readout" (kInvalidArgument otherwise).
