@@ -6,7 +6,8 @@
 # On the device: LD_LIBRARY_PATH=.device/lib .device/cuda_backend_test
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-rm -rf .device && mkdir -p .device/lib
+# Only this script's files: other staging scripts use subfolders of .device/.
+rm -rf .device/lib .device/cuda_backend_test .device/decode_bench && mkdir -p .device/lib
 # The bazel-bin symlink can point at another output base (sanitizer builds);
 # ask this workspace's default server where its outputs are.
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"

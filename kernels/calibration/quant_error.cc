@@ -51,9 +51,12 @@ double AffineU8RowError(const float* x, int d_v) {
     const __m256 s = _mm256_set1_ps(HalfBitsToFloat(p.s_bits));
     const __m256 z = _mm256_set1_ps(HalfBitsToFloat(p.z_bits));
     const __m256 inv_s = _mm256_set1_ps(p.inv_s), zf = _mm256_set1_ps(p.z);
+    const __m256 magic = _mm256_set1_ps(kRoundMagic);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
-      __m256 q = _mm256_add_ps(_mm256_round_ps(_mm256_mul_ps(v[i], inv_s), kRound), zf);
+      // AffineRound: rint of the exact product via one FMA (group_quant.h).
+      __m256 q = _mm256_add_ps(
+          _mm256_sub_ps(_mm256_fmadd_ps(v[i], inv_s, magic), magic), zf);
       q = _mm256_min_ps(_mm256_max_ps(q, zero), qmax);
       const __m256 x_hat = _mm256_mul_ps(s, _mm256_sub_ps(q, z));
       const __m256 d = _mm256_sub_ps(x_hat, v[i]);
@@ -216,7 +219,7 @@ double AffineU8RowError(const float* x, int d_v) {
     const float z = HalfBitsToFloat(p.z_bits);
     float e = 0.0f;
     for (int j = 0; j < kGroupSize; ++j) {
-      const float q = Clamp(RoundEven(xg[j] * p.inv_s) + p.z, 0.0f, 255.0f);
+      const float q = AffineEncode(xg[j], p, 255);
       const float d = s * (q - z) - xg[j];
       e += d * d;
     }

@@ -58,15 +58,6 @@ SC_HD DecodeTiling MakeDecodeTiling(int d_k, int d_v) {
   return t;
 }
 
-// Fused multiply-add, correctly rounded on both sides.
-SC_HD float Fma(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-  return fmaf(a, b, c);
-#else
-  return std::fma(a, b, c);
-#endif
-}
-
 // exp(x) for the decay gates, identical bits on host and device. Cody-Waite
 // reduction by ln 2 and the Cephes expf polynomial, all in FMA / IEEE ops
 // (<= 2 ulp against exp; 0 below -104, saturated at x = 88).

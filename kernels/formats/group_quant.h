@@ -11,7 +11,10 @@
 //  - Affine (uint8 / uint4): the range is widened to include 0, so the zero
 //    point z is an integer in [0, 2^b - 1] (exact in FP16). s is rounded to
 //    FP16 (saturating at 65504) *before* encoding, and codes use the FP32
-//    reciprocal of that rounded s: q = clamp(rint(x * (1/s)) + z, 0, 2^b - 1).
+//    reciprocal of that rounded s: q = clamp(rint(x * (1/s)) + z, 0, 2^b - 1),
+//    where x * (1/s) is rounded to an integer directly from the exact
+//    product (one fused multiply-add with the 1.5 * 2^23 rounding constant),
+//    so a kernel encodes a value with a single FMA.
 //    A group whose FP16 s is 0 (all zero, or a range below FP16 resolution)
 //    stores s = z = 0 and all-zero codes; it decodes to exact zeros.
 //  - Symmetric int8 (damp-sr) and FP8: s = max(absmax, 1e-10) / qmax in FP32.
@@ -58,8 +61,17 @@ SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) 
   return p;
 }
 
+// fma(x, inv_s, M) - M with M = 1.5 * 2^23 is rint of the exact product for
+// |x * inv_s| < 2^22 (ties to even); beyond that it is a value of the same
+// sign and size, which the clamp maps to 0 or qmax as rint would.
+inline constexpr float kRoundMagic = 12582912.0f;
+
+SC_HD float AffineRound(float x, float inv_s) {
+  return Fma(x, inv_s, kRoundMagic) - kRoundMagic;
+}
+
 SC_HD uint8_t AffineEncode(float x, const AffineParams& p, int qmax) {
-  return static_cast<uint8_t>(Clamp(RoundEven(x * p.inv_s) + p.z, 0.0f, static_cast<float>(qmax)));
+  return static_cast<uint8_t>(Clamp(AffineRound(x, p.inv_s) + p.z, 0.0f, static_cast<float>(qmax)));
 }
 
 // x_hat = s (q - z); s and z as stored (FP16 bits).

@@ -51,6 +51,15 @@ SC_HD float RoundEven(float x) {
 #endif
 }
 
+// Fused multiply-add, correctly rounded on both sides.
+SC_HD float Fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return fmaf(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 inline constexpr float kFp16Max = 65504.0f;
 inline constexpr float kE4m3Max = 448.0f;
 inline constexpr float kE2m1Max = 6.0f;

@@ -14,6 +14,7 @@ _NVCC_FLAGS = [
     "-gencode=arch=compute_90a,code=sm_90a",
     "-gencode=arch=compute_90a,code=compute_90a",
     "--expt-relaxed-constexpr",
+    "-lineinfo",  # source lines for profilers (ncu); no effect on code
     "-Xcompiler=-fPIC",
     "-Xcompiler=-Wall",
     "-Werror=all-warnings",

@@ -12,7 +12,12 @@
 //    of gridDim.x. The next item's packed head and its inputs (q, k, v, KDA
 //    gates, permutation, damp-sr maps) are fetched into shared memory by the
 //    bulk-copy engine (cp.async.bulk, completing on an mbarrier) while the
-//    current item computes, so DRAM streams continuously.
+//    current item computes, so DRAM streams continuously. Per pass: one CTA
+//    barrier (the cross-warp column sums), after which the freed stage is
+//    refilled; the per-item scalars are fetched a pass ahead; each lane pair
+//    converts its rows' inputs once (a fixed input dtype is a template
+//    argument); the fixed 128 x 128 shape uses branch-free tile code whose
+//    affine group parameters are derived once per lane pair.
 //  - RecurrenceKernel (prefill, and decode when pointers / sizes are not
 //    16-byte aligned): one CTA per item, direct loads, T tokens.
 #include <cuda_runtime.h>
@@ -33,6 +38,24 @@ namespace {
 // Per-row inputs of one token for the lane's rows, from q/k/g arrays indexed
 // by key channel (either global tensors offset to this token's key head, or
 // the staged copies in shared memory).
+// kDtype >= 0 fixes the input dtype at compile time (no per-load branches);
+// -1 reads it from `dtype`.
+template <int kDtype>
+__device__ __forceinline__ float LoadInputT(int dtype, const void* p, int64_t i) {
+  return LoadInput(kDtype >= 0 ? kDtype : dtype, p, i);
+}
+
+// One stored row's inputs {k, scale * q, a, 0} (a: the row's decay).
+template <int kDtype>
+__device__ __forceinline__ float4 RowInput(int r, const int32_t* perm, int dtype, const void* q,
+                                           const void* k, const float* g_kda, float a_head,
+                                           float scale) {
+  const int c = perm != nullptr ? perm[r] : r;
+  return make_float4(LoadInputT<kDtype>(dtype, k, c), scale * LoadInputT<kDtype>(dtype, q, c),
+                     g_kda != nullptr ? DecayExp(g_kda[c]) : a_head, 0.0f);
+}
+
+template <int kDtype = -1>
 __device__ __forceinline__ void GatherRows(const LaneMap& m, int d_k, const int32_t* perm,
                                            int dtype, const void* q, const void* k,
                                            const float* g_kda, float a_head, float scale,
@@ -41,28 +64,52 @@ __device__ __forceinline__ void GatherRows(const LaneMap& m, int d_k, const int3
 #pragma unroll
   for (int i = 0; i < kTileSteps; ++i) {
     const int r = m.row(i);
-    if (r < d_k) {
-      const int c = perm != nullptr ? perm[r] : r;
-      kk[i] = LoadInput(dtype, k, c);
-      qs[i] = scale * LoadInput(dtype, q, c);
-      a[i] = g_kda != nullptr ? DecayExp(g_kda[c]) : a_head;
-    } else {
-      kk[i] = 0.0f;
-      qs[i] = 0.0f;
-      a[i] = 0.0f;
-    }
+    const float4 x = r < d_k ? RowInput<kDtype>(r, perm, dtype, q, k, g_kda, a_head, scale)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    kk[i] = x.x;
+    qs[i] = x.y;
+    a[i] = x.z;
+  }
+}
+
+// GatherRows for the pipelined kernel: the lane pair converts its 4 rows
+// once (lane cl takes steps cl and cl + 2) into the warp's shared `rows`,
+// then both lanes read all 4 (same values and arithmetic as GatherRows).
+template <int kDtype, bool kAllRows>
+__device__ __forceinline__ void GatherRowsPaired(const LaneMap& m, int d_k, const int32_t* perm,
+                                                 int dtype, const void* q, const void* k,
+                                                 const float* g_kda, float a_head, float scale,
+                                                 float4* rows, float (&kk)[kTileSteps],
+                                                 float (&qs)[kTileSteps],
+                                                 float (&a)[kTileSteps]) {
+  __syncwarp();  // earlier reads of rows are done
+#pragma unroll
+  for (int j = 0; j < kTileSteps / 2; ++j) {
+    const int i = m.cl + 2 * j;
+    const int r = m.row(i);
+    rows[i * kTileRowsPerStep + m.rl] =
+        (kAllRows || r < d_k) ? RowInput<kDtype>(r, perm, dtype, q, k, g_kda, a_head, scale)
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kTileSteps; ++i) {
+    const float4 x = rows[i * kTileRowsPerStep + m.rl];
+    kk[i] = x.x;
+    qs[i] = x.y;
+    a[i] = x.z;
   }
 }
 
 // v' = M^T v at the lane's reduced column (v indexed by value channel).
-template <ValueTransform kVt>
+template <ValueTransform kVt, int kDtype = -1>
 __device__ __forceinline__ float StoredValue(const LaneMap& m, int dtype, const void* v,
                                              const int32_t* order, const float* scale) {
   if constexpr (kVt == ValueTransform::kScaleReorder) {
     const int oj = order[m.jc];
-    return LoadInput(dtype, v, oj) / scale[oj];
+    return LoadInputT<kDtype>(dtype, v, oj) / scale[oj];
   } else {
-    float x = LoadInput(dtype, v, m.jc);
+    float x = LoadInputT<kDtype>(dtype, v, m.jc);
     if constexpr (kVt == ValueTransform::kHadamard32) x = StripeHadamard(x, m.c32);
     return x;
   }
@@ -103,13 +150,21 @@ __device__ __forceinline__ uint8_t* HeadPtr(const RecurrenceParams& p, const Hea
 }
 
 // Scratch: [2 parities] x (red_k, red_q [row_warps][d_v], red_qk [row_warps]),
-// wbuf [warps][32], red [warps].
-// Each part starts 16-byte aligned (wbuf is read as float4).
+// wbuf [warps][32], red [warps] (rounded up to 4), then per warp
+// kWarpScratchFloats: the reduce-scatter buffer and (pipelined kernel) the
+// warp's 64 staged row inputs (float4 each).
+// Each part starts 16-byte aligned (wbuf, wred and rows are read as float4).
+inline constexpr int kWarpRowsFloats = 4 * kTileRowsPerWarp;
+inline constexpr int kWarpScratchFloats = kWarpReduceFloats + kWarpRowsFloats;
+
 __host__ __device__ inline int64_t ScratchPer(const DecodeTiling& t, int d_v) {
   return (2 * int64_t{t.row_warps} * d_v + t.row_warps + 3) / 4 * 4;
 }
+__host__ __device__ inline int64_t WarpScratchOffset(const DecodeTiling& t, int d_v) {
+  return 2 * ScratchPer(t, d_v) + t.warps * 32 + (t.warps + 3) / 4 * 4;
+}
 __host__ __device__ inline int64_t ScratchFloats(const DecodeTiling& t, int d_v) {
-  return 2 * ScratchPer(t, d_v) + t.warps * 32 + t.warps;
+  return WarpScratchOffset(t, d_v) + int64_t{t.warps} * kWarpScratchFloats;
 }
 
 __device__ __forceinline__ StepScratch MakeScratch(float* base, const DecodeTiling& t, int d_v,
@@ -121,7 +176,14 @@ __device__ __forceinline__ StepScratch MakeScratch(float* base, const DecodeTili
   sc.red_q = p + t.row_warps * d_v;
   sc.red_qk = p + 2 * t.row_warps * d_v;
   sc.wbuf = base + 2 * per + m.warp * 32;
+  sc.wred = base + WarpScratchOffset(t, d_v) + int64_t{m.warp} * kWarpScratchFloats;
   return sc;
+}
+// The warp's staged row inputs (after its reduce-scatter buffer).
+__device__ __forceinline__ float4* WarpRows(float* base, const DecodeTiling& t, int d_v,
+                                            const LaneMap& m) {
+  return reinterpret_cast<float4*>(base + WarpScratchOffset(t, d_v) +
+                                   int64_t{m.warp} * kWarpScratchFloats + kWarpReduceFloats);
 }
 __device__ __forceinline__ float* GlobalScaleScratch(float* base, const DecodeTiling& t, int d_v) {
   return base + 2 * ScratchPer(t, d_v) + t.warps * 32;
@@ -184,7 +246,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
     const float vp = StoredValue<kVt>(m, p.dtype, static_cast<const uint8_t*>(p.v) + v_base * ds,
                                       vorder, vscale);
     const StepScratch sc = MakeScratch(smem, t, geo.d_v, m, tok & 1);
-    const float os = TokenStep(s, kk, qs, a, vp, p.beta[gh], m, t, geo.d_v, sc);
+    const float os = TokenStep(s, kk, qs, a, vp, p.beta[gh], m, t, geo.d_v, sc, [] {});
     if (p.o != nullptr && m.row_warp == 0) StoreOutput<kVt>(m, os, p.o + v_base, vorder, vscale);
   }
 
@@ -236,6 +298,12 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// 4-byte asynchronous global -> shared copy (completes at cp.async.wait_all).
+__device__ __forceinline__ void CopyAsync4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(SmemAddr(dst)), "l"(src)
+               : "memory");
+}
+
 // Bulk copies of a head are split into chunks (one 64 KB copy streams slower
 // than several 4 KB ones; one copy per 128-byte row is slower still, and so is
 // spreading the issue over a warp: measured on the H200).
@@ -283,7 +351,40 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   }
 }
 
+// Tile load / store of the pipelined kernel: the fixed shape runs the
+// branch-free LoadTileFixed / StoreTileFixed (step 0 of row warp 0 holds the
+// hi rows of a mixed format: a warp-uniform choice).
 template <StateFormat F, bool kFixed>
+__device__ __forceinline__ void LoadItemTile(const PackedHeadLayout& l, const uint8_t* head_s,
+                                             const LaneMap& m, float global_scale,
+                                             float (&s)[kTileSteps][kTileColsPerLane]) {
+  if constexpr (kFixed) {
+    LoadTileFixed<F, Src::kShared>(l, head_s, m, global_scale, m.row_warp == 0, s);
+  } else {
+    LoadTile<F, Src::kShared>(l, head_s, m, global_scale, s);
+  }
+}
+
+template <StateFormat F, bool kFixed>
+__device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t* head,
+                                              const LaneMap& m, float global_scale,
+                                              const float (&s)[kTileSteps][kTileColsPerLane]) {
+  if constexpr (kFixed) {
+    StoreTileFixed<F>(l, head, m, global_scale, m.row_warp == 0, s);
+  } else {
+    StoreTile<F>(l, head, m, global_scale, s);
+  }
+}
+
+// kDtype: the input dtype when fixed at compile time (kFixed), else -1.
+//
+// Barriers: with two stages there is one __syncthreads per item, the one
+// inside TokenStep; thread 0 refills the item's stage right after it (every
+// thread has read the stage by then) and the reduction scratch alternates
+// between two parities, so the next item's writes never race this item's
+// reads. With one stage (large heads) the stage is refilled as early as
+// possible, after a barrier that follows the reads.
+template <StateFormat F, bool kFixed, int kDtype>
 __global__ void __launch_bounds__(kMaxTileThreads, 2)
     PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -313,64 +414,103 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   }
   __syncthreads();
 
-  for (int n = 0, item = blockIdx.x; item < items; ++n, item += stride) {
+  // Per-item scalars (beta, GDN's g) and the slot of the item that the pass
+  // refills are fetched one pass ahead by thread 0 (4-byte cp.async into
+  // ahead_*[pass parity], completed before the pass's barrier), so no warp
+  // waits on a dependent DRAM read and no registers are held across a pass.
+  // ahead_*[n & 1] is read in pass n and rewritten in pass n + 1, after the
+  // barrier of pass n.
+  __shared__ float ahead_beta[2], ahead_g[2];
+  __shared__ int32_t ahead_slot[2];
+  const auto fetch_ahead = [&](int parity, int it) {
+    if (threadIdx.x != 0) return;
+    if (it < items) {
+      CopyAsync4(&ahead_beta[parity], p.beta + it);
+      if (!geo.kda) CopyAsync4(&ahead_g[parity], p.g + it);
+    }
+    const int staged = it + sl.stages * stride;  // the item refilled in `it`'s pass
+    if (staged < items) CopyAsync4(&ahead_slot[parity], p.slots + staged / geo.h_v);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  fetch_ahead(0, blockIdx.x);
+  if (threadIdx.x == 0) asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+
+  // The item's value head, kept incrementally (a runtime modulo per use
+  // costs ~20 instructions).
+  const int h_step = stride % geo.h_v;
+  int h = blockIdx.x % geo.h_v;
+  for (int n = 0, item = blockIdx.x; item < items;
+       ++n, item += stride, h = h + h_step >= geo.h_v ? h + h_step - geo.h_v : h + h_step) {
     const int st = sl.stages == 2 ? (n & 1) : 0;
     const uint32_t parity = static_cast<uint32_t>((sl.stages == 2 ? n >> 1 : n) & 1);
     uint8_t* stage = stage_base + st * sl.bytes;
-    const int h = item % geo.h_v;
-    const int next = item + sl.stages * stride;
-    // Small loads issued before the wait so their latency overlaps it.
-    const int32_t next_slot = (threadIdx.x == 0 && next < items) ? p.slots[next / geo.h_v] : -1;
-    const float beta = p.beta[item];
-    const float g_head = geo.kda ? 0.0f : p.g[item];
+    const float beta = ahead_beta[n & 1];
+    const float g_head = geo.kda ? 0.0f : ahead_g[n & 1];
+    // Refills this pass's stage with the item `stages` passes ahead. Derived
+    // from (n, item) only, so nothing extra stays live across TokenStep.
+    const auto refill = [&] {
+      const int nx = item + sl.stages * static_cast<int>(gridDim.x);
+      if (threadIdx.x == 0 && nx < p.batch * geo.h_v) {
+        const int sx = sl.stages == 2 ? (n & 1) : 0;
+        IssueItem(p, geo, sl, stage_base + sx * sl.bytes, &bars[sx], nx, ahead_slot[n & 1]);
+      }
+    };
+    fetch_ahead((n + 1) & 1, item + stride);
+    const auto fetched = [&] {
+      if (threadIdx.x == 0) asm volatile("cp.async.wait_all;" ::: "memory");
+    };
     BarrierWait(&bars[st], parity);
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
     float* o = p.o + int64_t{item} * geo.d_v;
     if (slot < 0) {
       if (m.row_warp == 0) o[m.jc] = 0.0f;
+      fetched();
       __syncthreads();
-      if (threadIdx.x == 0 && next < items) IssueItem(p, geo, sl, stage, &bars[st], next, next_slot);
-      continue;
-    }
-    // Registers <- staged head and inputs.
-    const uint8_t* head_s = stage + sl.head;
-    const float global_scale =
-        l.has_global_scale ? *reinterpret_cast<const float*>(head_s + l.global_offset) : 0.0f;
-    float s[kTileSteps][kTileColsPerLane];
-    LoadTile<F, Src::kShared>(l, head_s, m, global_scale, s);
-    float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
-    GatherRows(m, geo.d_k,
-               p.maps.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + sl.perm) : nullptr,
-               p.dtype, stage + sl.q, stage + sl.k,
-               geo.kda ? reinterpret_cast<const float*>(stage + sl.g) : nullptr,
-               geo.kda ? 0.0f : DecayExp(g_head), geo.scale, kk, qs, a);
-    const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
-    const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
-    const float vp = StoredValue<kVt>(m, p.dtype, stage + sl.v, order_s, scale_s);
-    // damp-sr: the output scatter needs the maps after the stage is reused.
-    int oj = m.jc;
-    float oscale = 1.0f;
-    if constexpr (kVt == ValueTransform::kScaleReorder) {
-      oj = order_s[m.jc];
-      oscale = scale_s[oj];
-    }
-    __syncthreads();  // the stage is free: fetch the item after next into it
-    if (threadIdx.x == 0 && next < items) IssueItem(p, geo, sl, stage, &bars[st], next, next_slot);
-
-    const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, 0);
-    const float os = TokenStep(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
-    if (m.row_warp == 0) {
-      if constexpr (kVt == ValueTransform::kScaleReorder) {
-        o[oj] = os * oscale;
-      } else {
-        StoreOutput<kVt>(m, os, o, nullptr, nullptr);
+      refill();
+    } else {
+      // Registers <- staged head and inputs.
+      const uint8_t* head_s = stage + sl.head;
+      const float global_scale =
+          l.has_global_scale ? *reinterpret_cast<const float*>(head_s + l.global_offset) : 0.0f;
+      float s[kTileSteps][kTileColsPerLane];
+      LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s);
+      float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
+      GatherRowsPaired<kDtype, kFixed>(
+          m, geo.d_k,
+          p.maps.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + sl.perm) : nullptr,
+          p.dtype, stage + sl.q, stage + sl.k,
+          geo.kda ? reinterpret_cast<const float*>(stage + sl.g) : nullptr,
+          geo.kda ? 0.0f : DecayExp(g_head), geo.scale, WarpRows(scratch, t, geo.d_v, m), kk,
+          qs, a);
+      const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
+      const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
+      const float vp = StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s);
+      const bool one_stage = sl.stages == 1 || t.row_warps == 1;
+      fetched();  // a barrier follows (here or in TokenStep)
+      if (one_stage) {
+        __syncthreads();  // the stage is free: fetch the next item into it
+        refill();
       }
-    }
-    uint8_t* head = HeadPtr(p, geo, slot, h);
-    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
-    StoreTile<F>(l, head, m, gs, s);
-    if (l.has_global_scale && threadIdx.x == 0) {
-      *reinterpret_cast<float*>(head + l.global_offset) = gs;
+      const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
+      const float os = TokenStep(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc, [&] {
+        if (!one_stage) refill();
+      });
+      if (m.row_warp == 0) {
+        // damp-sr: the stage may be refilled by now; its maps are per-layer
+        // constants, read from global memory (L2-resident) instead.
+        StoreOutput<kVt>(m, os, o,
+                         kVt == ValueTransform::kScaleReorder ? p.maps.value_order + h * geo.d_v
+                                                              : nullptr,
+                         kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
+                                                              : nullptr);
+      }
+      uint8_t* head = HeadPtr(p, geo, slot, h);
+      const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
+      StoreItemTile<F, kFixed>(l, head, m, gs, s);
+      if (l.has_global_scale && threadIdx.x == 0) {
+        *reinterpret_cast<float*>(head + l.global_offset) = gs;
+      }
     }
   }
 }
@@ -433,6 +573,36 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm) {
   return sl;
 }
 
+// Launches the pipelined kernel (kDtype fixed or -1); cudaErrorNotSupported
+// when it cannot be resident (the caller falls back to RecurrenceKernel).
+template <StateFormat F, bool kFixed, int kDtype>
+int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, size_t smem, int sms,
+                     int threads, int64_t items, cudaStream_t st) {
+  cudaError_t e = cudaFuncSetAttribute(PipelinedDecodeKernel<F, kFixed, kDtype>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  int per_sm = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PipelinedDecodeKernel<F, kFixed, kDtype>,
+                                                    threads, smem);
+  if (e != cudaSuccess) return e;
+  if (per_sm == 0) return cudaErrorNotSupported;
+  const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
+  PipelinedDecodeKernel<F, kFixed, kDtype><<<static_cast<unsigned>(grid), threads, smem, st>>>(p, sl);
+  return cudaGetLastError();
+}
+
+template <StateFormat F, bool kFixed>
+int LaunchPipelined(const RecurrenceParams& p, const StageLayout& sl, size_t smem, int sms,
+                    int threads, int64_t items, cudaStream_t st) {
+  switch (p.dtype) {
+    case 0: return LaunchPipelinedT<F, kFixed, 0>(p, sl, smem, sms, threads, items, st);
+    case 1: return LaunchPipelinedT<F, kFixed, 1>(p, sl, smem, sms, threads, items, st);
+    case 2: return LaunchPipelinedT<F, kFixed, 2>(p, sl, smem, sms, threads, items, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 template <StateFormat F, bool kFixed>
 int LaunchT(const RecurrenceParams& p, void* stream) {
   const DecodeTiling t = MakeDecodeTiling(p.geo.d_k, p.geo.d_v);
@@ -453,19 +623,13 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
     }
     const StageLayout sl = MakeStageLayout(p, max_smem_per_sm);
     const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
-    cudaError_t e = cudaFuncSetAttribute(PipelinedDecodeKernel<F, kFixed>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-    int per_sm = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PipelinedDecodeKernel<F, kFixed>,
-                                                      t.threads, smem);
-    if (e != cudaSuccess) return e;
-    if (per_sm > 0) {
-      const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
-      PipelinedDecodeKernel<F, kFixed><<<static_cast<unsigned>(grid), t.threads, smem, st>>>(p, sl);
-      return cudaGetLastError();
+    int e;
+    if constexpr (kFixed) {
+      e = LaunchPipelined<F, true>(p, sl, smem, sms, t.threads, items, st);
+    } else {
+      e = LaunchPipelinedT<F, false, -1>(p, sl, smem, sms, t.threads, items, st);
     }
+    if (e != cudaErrorNotSupported) return e;
   }
   const size_t smem = sizeof(float) * ScratchFloats(t, p.geo.d_v);
   RecurrenceKernel<F, kFixed><<<static_cast<unsigned>(items), t.threads, smem, st>>>(p);

@@ -212,6 +212,92 @@ __device__ __forceinline__ uint32_t PackBytes(int32_t a, int32_t b, int32_t c, i
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
+// ---- Affine (int8 / int4) row encoding, shared by StoreRow16 and the
+// fixed-shape tile store (tile_common.cuh) -------------------------------------
+
+template <RowCodec C>
+__device__ __forceinline__ constexpr int AffineQmax() {
+  return C == RowCodec::kAffineU8 ? 255 : 15;
+}
+
+// The group's stored metadata word: FP16 s in the low half, FP16 z above.
+__device__ __forceinline__ uint32_t AffineMetaWord(const AffineParams& p) {
+  return static_cast<uint32_t>(p.s_bits) | (static_cast<uint32_t>(p.z_bits) << 16);
+}
+
+// The fast encoder below works on 16-bit integers: exact when
+// |x / s| < 2^14, always true unless the FP16 scale saturated (then the
+// shared encoder runs instead).
+__device__ __forceinline__ bool AffineFastPathExact(float group_min, float group_max,
+                                                    float inv_s) {
+  return fmaxf(fabsf(group_min), fabsf(group_max)) * inv_s < 16384.0f;
+}
+
+// Encodes and stores the lane's 16 values of a row, bit-exact with
+// AffineEncode. Fast path: one FFMA gives rint(x / s) in the low 16 bits of
+// 1.5 * 2^23 + n; pairs are packed into s16x2 words, z added and the clamp
+// to [0, qmax] applied per half by one VIADDMNMX, then bytes (or nibbles)
+// are packed.
+template <RowCodec C, bool kFast>
+__device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, int col0, const float* x,
+                                                 float inv_s, float z) {
+  constexpr int kQmax = AffineQmax<C>();
+  if constexpr (C == RowCodec::kAffineU8) {
+    uint32_t w[4];
+    if constexpr (kFast) {
+      const uint32_t zz = static_cast<uint32_t>(z) * 0x10001u;
+      uint32_t h[8];  // s16x2 codes of values 2j, 2j + 1
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t lo = __float_as_uint(__fmaf_rn(x[2 * j], inv_s, kMagicRound));
+        const uint32_t hi = __float_as_uint(__fmaf_rn(x[2 * j + 1], inv_s, kMagicRound));
+        h[j] = __viaddmin_s16x2_relu(__byte_perm(lo, hi, 0x5410), zz, kQmax * 0x10001u);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[e] = __byte_perm(h[2 * e], h[2 * e + 1], 0x6420);
+    } else {
+      AffineParams p;
+      p.inv_s = inv_s;
+      p.z = z;
+      int32_t q[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) q[e] = AffineEncode(x[e], p, kQmax);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w[e] = PackBytes(q[4 * e], q[4 * e + 1], q[4 * e + 2], q[4 * e + 3]);
+    }
+    StStream(codes + col0, make_uint4(w[0], w[1], w[2], w[3]));
+  } else {
+    int32_t q[16];
+    if constexpr (kFast) {
+      const int32_t zb = static_cast<int32_t>(z) - kMagicRoundBits;
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        q[e] = __vimin_s32_relu(__float_as_int(__fmaf_rn(x[e], inv_s, kMagicRound)) + zb, kQmax);
+      }
+    } else {
+      AffineParams p;
+      p.inv_s = inv_s;
+      p.z = z;
+#pragma unroll
+      for (int e = 0; e < 16; ++e) q[e] = AffineEncode(x[e], p, kQmax);
+    }
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int e = 0; e < 16; ++e) w[e / 8] |= static_cast<uint32_t>(q[e]) << (4 * (e % 8));
+    StStream8(codes + col0 / 2, make_uint2(w[0], w[1]));
+  }
+}
+
+template <RowCodec C>
+__device__ __forceinline__ void EncodeAffineRow(uint8_t* codes, int col0, const float* x,
+                                                float inv_s, float z, bool fast) {
+  if (fast) {
+    EncodeAffineRowT<C, true>(codes, col0, x, inv_s, z);
+  } else {
+    EncodeAffineRowT<C, false>(codes, col0, x, inv_s, z);
+  }
+}
+
 template <RowCodec C, int W = 16>
 __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int col0,
                                            float global_scale, bool write_meta, const float* x) {
@@ -240,39 +326,14 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     StStream(codes + 2 * (col0 + ChunkCol<W>(0, 8)), make_uint4(w[0], w[1], w[2], w[3]));
     StStream(codes + 2 * (col0 + ChunkCol<W>(1, 8)), make_uint4(w[4], w[5], w[6], w[7]));
   } else if constexpr (C == RowCodec::kAffineU8 || C == RowCodec::kAffineU4) {
-    constexpr int kQmax = C == RowCodec::kAffineU8 ? 255 : 15;
     float mn, mx;
     LaneMinMax<16>(x, &mn, &mx);
     mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const AffineParams p = MakeAffineParams(mn, mx, kQmax);
-    int32_t q[16];
-    // The magic rint is exact for |x / s| < 2^22, always true unless the FP16
-    // scale saturated; then fall back to the shared encoder.
-    if (fmaxf(fabsf(mn), fabsf(mx)) * p.inv_s < 4194304.0f) {
-      const int32_t zi = static_cast<int32_t>(p.z);
-#pragma unroll
-      for (int e = 0; e < 16; ++e) {
-        q[e] = __vimin_s32_relu(RintSmall(__fmul_rn(x[e], p.inv_s)) + zi, kQmax);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 16; ++e) q[e] = AffineEncode(x[e], p, kQmax);
-    }
-    if constexpr (C == RowCodec::kAffineU8) {
-      StStream(codes + col0, make_uint4(PackBytes(q[0], q[1], q[2], q[3]),
-                                        PackBytes(q[4], q[5], q[6], q[7]),
-                                        PackBytes(q[8], q[9], q[10], q[11]),
-                                        PackBytes(q[12], q[13], q[14], q[15])));
-    } else {
-      uint32_t w[2] = {0, 0};
-#pragma unroll
-      for (int e = 0; e < 16; ++e) w[e / 8] |= static_cast<uint32_t>(q[e]) << (4 * (e % 8));
-      StStream8(codes + col0 / 2, make_uint2(w[0], w[1]));
-    }
+    const AffineParams p = MakeAffineParams(mn, mx, AffineQmax<C>());
+    EncodeAffineRow<C>(codes, col0, x, p.inv_s, p.z, AffineFastPathExact(mn, mx, p.inv_s));
     if (write_meta) {
-      *reinterpret_cast<uint32_t*>(meta + 4 * (col0 / kGroupSize)) =
-          static_cast<uint32_t>(p.s_bits) | (static_cast<uint32_t>(p.z_bits) << 16);
+      *reinterpret_cast<uint32_t*>(meta + 4 * (col0 / kGroupSize)) = AffineMetaWord(p);
     }
   } else if constexpr (C == RowCodec::kSymI8 || C == RowCodec::kFp8E4m3) {
     float amax = LaneAbsMax<16>(x);

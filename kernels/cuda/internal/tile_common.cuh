@@ -5,6 +5,7 @@
 
 #include <cuda_fp16.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/decode_math.h"
 #include "kernels/cuda/internal/kernel_params.h"
@@ -129,6 +130,133 @@ __device__ __forceinline__ void StoreTile(const PackedHeadLayout& l, uint8_t* he
   }
 }
 
+// ---- Fixed-shape tiles (d_k = d_v = 128, k_hi = kDefaultKHi) -----------------
+// Every row exists and, for mixed formats, the hi rows are exactly step 0 of
+// row warp 0 (k_hi = 16 = kTileRowsPerStep): `hi_step0` (warp-uniform) says
+// whether this warp's step 0 is a hi row; steps 1..3 are always lo rows. The
+// row codecs are compile-time everywhere else (no per-row branches).
+static_assert(kDefaultKHi == kTileRowsPerStep, "fixed tiles put the hi rows in one step");
+
+template <StateFormat F, Src S>
+__device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, const uint8_t* head,
+                                              const LaneMap& m, float global_scale,
+                                              bool hi_step0,
+                                              float (&s)[kTileSteps][kTileColsPerLane]) {
+  constexpr int W = LaneWidth<F>();
+  const auto load_lo = [&](int i) {
+    const int lr = m.row(i) - l.k_hi;
+    LoadRow16<LoRowCodec(F), S, W>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
+                                   head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0,
+                                   global_scale, s[i]);
+  };
+  if (IsMixedFormat(F) && hi_step0) {
+    LoadRow16<HiRowCodec(F), S, W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr,
+                                   m.col0, 0.0f, s[0]);
+  } else {
+    load_lo(0);
+  }
+#pragma unroll
+  for (int i = 1; i < kTileSteps; ++i) load_lo(i);
+}
+
+// Affine group parameters of N rows held by a lane pair (mn / mx: this
+// lane's half of each row). Each row's parameters are derived once per pair:
+// lane cl takes rows cl, cl + 2, ... and the pair swaps the results. Outputs
+// inv_s and z for every row, the metadata word of the rows this lane owns
+// (row 2p + cl in meta[p]), and whether the fast encoder is exact for all
+// rows of the warp (warp-uniform).
+template <int N>
+__device__ __forceinline__ bool PairAffineParams(const float (&mn)[N], const float (&mx)[N],
+                                                 int cl, int qmax, float (&inv)[N],
+                                                 float (&z)[N], uint32_t (&meta)[(N + 1) / 2]) {
+  bool exact = true;
+#pragma unroll
+  for (int p = 0; p < (N + 1) / 2; ++p) {
+    const int j0 = 2 * p;
+    const int j1 = j0 + 1 < N ? j0 + 1 : j0;  // odd N: both lanes derive row j0
+    const float send_mn = cl ? mn[j0] : mn[j1];
+    const float send_mx = cl ? mx[j0] : mx[j1];
+    const float gmn = fminf(cl ? mn[j1] : mn[j0], __shfl_xor_sync(0xffffffffu, send_mn, 1));
+    const float gmx = fmaxf(cl ? mx[j1] : mx[j0], __shfl_xor_sync(0xffffffffu, send_mx, 1));
+    const AffineParams ap = MakeAffineParams(gmn, gmx, qmax);
+    exact = exact && AffineFastPathExact(gmn, gmx, ap.inv_s);
+    meta[p] = AffineMetaWord(ap);
+    const float other_inv = __shfl_xor_sync(0xffffffffu, ap.inv_s, 1);
+    const float other_z = __shfl_xor_sync(0xffffffffu, ap.z, 1);
+    inv[j0] = cl ? other_inv : ap.inv_s;
+    z[j0] = cl ? other_z : ap.z;
+    if (j0 + 1 < N) {
+      inv[j0 + 1] = cl ? ap.inv_s : other_inv;
+      z[j0 + 1] = cl ? ap.z : other_z;
+    }
+  }
+  return __all_sync(0xffffffffu, exact);
+}
+
+// Encodes a fixed-shape tile (see LoadTileFixed). Affine lo rows of steps
+// 1..3 (0..3 for uniform formats) share the pair-split parameter derivation;
+// other codecs, and a lo step 0 of a mixed format, store row by row.
+template <StateFormat F>
+__device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_t* head,
+                                               const LaneMap& m, float global_scale,
+                                               bool hi_step0,
+                                               const float (&s)[kTileSteps][kTileColsPerLane]) {
+  constexpr RowCodec kLo = LoRowCodec(F);
+  constexpr int W = LaneWidth<F>();
+  constexpr bool kAffine = kLo == RowCodec::kAffineU8 || kLo == RowCodec::kAffineU4;
+  // Steps [kFirst, kTileSteps) are lo rows in every warp.
+  constexpr int kFirst = IsMixedFormat(F) || !kAffine ? 1 : 0;
+  const auto store_lo = [&](int i) {
+    const int lr = m.row(i) - l.k_hi;
+    StoreRow16<kLo, W>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
+                       head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0, global_scale,
+                       m.cl == 0, s[i]);
+  };
+  if constexpr (kFirst == 1) {
+    if (IsMixedFormat(F) && hi_step0) {
+      StoreRow16<HiRowCodec(F), W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr,
+                                   m.col0, 0.0f, false, s[0]);
+    } else {
+      store_lo(0);
+    }
+  }
+  if constexpr (kAffine) {
+    constexpr int N = kTileSteps - kFirst;
+    float mn[N], mx[N], inv[N], z[N];
+    uint32_t meta[(N + 1) / 2];
+#pragma unroll
+    for (int j = 0; j < N; ++j) LaneMinMax<16>(s[kFirst + j], &mn[j], &mx[j]);
+    const bool fast = PairAffineParams<N>(mn, mx, m.cl, AffineQmax<kLo>(), inv, z, meta);
+    // One warp-uniform branch for all rows (the rows' encodes interleave).
+    const auto encode = [&](auto fast_tag) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const int lr = m.row(kFirst + j) - l.k_hi;
+        EncodeAffineRowT<kLo, decltype(fast_tag)::value>(
+            head + l.lo_codes_offset + lr * l.lo_code_row_bytes, m.col0, s[kFirst + j], inv[j],
+            z[j]);
+      }
+    };
+    if (fast) {
+      encode(std::true_type{});
+    } else {
+      encode(std::false_type{});
+    }
+#pragma unroll
+    for (int p = 0; p < (N + 1) / 2; ++p) {
+      const int j = 2 * p + m.cl;
+      if (j < N) {
+        const int lr = m.row(kFirst + j) - l.k_hi;
+        *reinterpret_cast<uint32_t*>(head + l.lo_meta_offset + lr * l.lo_meta_row_bytes +
+                                     4 * (m.col0 / kGroupSize)) = meta[p];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 1; i < kTileSteps; ++i) store_lo(i);
+  }
+}
+
 // H32 butterfly over a stripe where this lane holds column c32 = cl*16 + rl
 // (lane = 2*rl + cl): the same adds, in the same order, as Hadamard32.
 __device__ __forceinline__ float StripeHadamard(float x, int c32) {
@@ -200,24 +328,53 @@ __device__ __forceinline__ float WarpReduceScatter16(const float (&p)[16], int l
   return keep + __shfl_xor_sync(0xffffffffu, send, 2);
 }
 
+// The same reduce-scatter through a per-warp shared buffer: every lane
+// writes its 16 partials (4 x 16-byte stores), then sums the 16 partials of
+// its column in WarpTreeSum's tree (same bits as the shuffle version; fewer
+// instructions: no per-level selects). Layout: lane (rl, cl) writes floats
+// [cl * 336 + rl * 20, +16); the padding makes both the writes and the
+// column reads bank-conflict-free.
+inline constexpr int kWarpReduceFloats = 2 * 336;
+
+__device__ __forceinline__ float WarpReduceScatter16Smem(const float (&p)[16], float* buf,
+                                                         int rl, int cl) {
+  __syncwarp();  // earlier reads of buf are done
+  float* mine = buf + cl * 336 + rl * 20;
+#pragma unroll
+  for (int c4 = 0; c4 < 4; ++c4) {
+    *reinterpret_cast<float4*>(mine + 4 * c4) =
+        make_float4(p[4 * c4], p[4 * c4 + 1], p[4 * c4 + 2], p[4 * c4 + 3]);
+  }
+  __syncwarp();
+  const float* col = buf + cl * 336 + rl;
+  float v[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) v[r] = col[r * 20];
+  return WarpTreeSum(v);
+}
+
 // Reduction scratch of one token step (shared memory).
 struct StepScratch {
   float* red_k;   // [row_warps][d_v]
   float* red_q;   // [row_warps][d_v]
   float* red_qk;  // [row_warps]
   float* wbuf;    // [32] of this warp
+  float* wred;    // [kWarpReduceFloats] of this warp (WarpReduceScatter16Smem)
 };
 
 // One recurrence token on the lane's registers (decode_math.h's
 // ReferenceHeadStep, bit for bit). kk, qs, a: the lane's rows (0 for rows
 // >= d_k); vp: v' at column m.jc; returns o' at column m.jc. Contains one
 // __syncthreads when row_warps > 1: every thread of the CTA must call it.
+// after_sync() runs in every thread right after that barrier (or, with one
+// row warp, where it would be).
+template <typename AfterSync>
 __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLane],
                                            const float (&kk)[kTileSteps],
                                            const float (&qs)[kTileSteps],
                                            const float (&a)[kTileSteps], float vp, float beta,
                                            const LaneMap& m, const DecodeTiling& t, int d_v,
-                                           const StepScratch& sc) {
+                                           const StepScratch& sc, AfterSync&& after_sync) {
   float ka[kTileSteps], qa[kTileSteps];
   float qk = 0.0f;
 #pragma unroll
@@ -240,8 +397,8 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
       pq[c] = Fma(qa[i], s[i][c], pq[c]);
     }
   }
-  float ks = WarpReduceScatter16(pk, m.lane);
-  float qsum = WarpReduceScatter16(pq, m.lane);
+  float ks = WarpReduceScatter16Smem(pk, sc.wred, m.rl, m.cl);
+  float qsum = WarpReduceScatter16Smem(pq, sc.wred, m.rl, m.cl);
 #pragma unroll
   for (int off = 16; off >= 2; off >>= 1) qk = qk + __shfl_xor_sync(0xffffffffu, qk, off);
   if (t.row_warps > 1) {
@@ -249,6 +406,7 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
     sc.red_q[m.row_warp * d_v + m.jc] = qsum;
     if (m.stripe == 0 && m.lane == 0) sc.red_qk[m.row_warp] = qk;
     __syncthreads();
+    after_sync();
     ks = sc.red_k[m.jc];
     qsum = sc.red_q[m.jc];
     qk = sc.red_qk[0];
@@ -257,6 +415,8 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
       qsum = qsum + sc.red_q[w * d_v + m.jc];
       qk = qk + sc.red_qk[w];
     }
+  } else {
+    after_sync();
   }
   const float db = beta * (vp - ks);
   // All-gather the 16 deltas of this lane's columns.
