@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs on the device machine from the repository root, after
-# kernels/cuda/stage_stepquant_device.sh here (carry .device):
+# kernels/cuda/stage_stepquant_device.sh here (carry .device/stepquant):
 #   .device/stepquant/run_stepquant_device.sh [test] [bench]   (default: both)
 # test: stepquant_cuda_test (GPU vs CPU bytes, fast vs one-CTA-per-head
 # kernel); bench: stepquant_bench for B in 1..512, GDN and KDA (fp32, damp,

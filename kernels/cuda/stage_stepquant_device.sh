@@ -4,7 +4,7 @@
 # need (in .device/stepquant/lib, overwritten: other folders under .device/
 # may hold older builds of the same kernels/ libraries), and the run script.
 #   kernels/cuda/stage_stepquant_device.sh      # builds, then copies
-# Then, on the device (one run call, carry=[".device"], < 4 minutes):
+# Then, on the device (one run call, carry=[".device/stepquant"] - 21 MB; < 4 minutes):
 #   .device/stepquant/run_stepquant_device.sh   # logs also under $OUT
 # and here: python3 kernels/bench/make_table.py <bench log>.
 set -euo pipefail
