@@ -85,8 +85,7 @@ class Reference {
     view_.heads = Geo().h_v;
     view_.head_bytes = layout_->head_layout().head_bytes;
   }
-  std::vector<float> Update(int layer, const Step& s) {
-    std::vector<int32_t> slots = {0, 1, 2};
+  std::vector<float> Update(int layer, const Step& s, std::vector<int32_t> slots = {0, 1, 2}) {
     std::vector<float> o(kB * Geo().h_v * Geo().d_v);
     DecodeInputs in;
     in.batch = kB;
@@ -405,6 +404,53 @@ TEST_F(DataPlaneTest, AttachedModeIsBitIdenticalAndLeaseEnforced) {
   server_->service().dataplane()->ExpireSessions(absl::Now() + absl::Hours(1));
   EXPECT_EQ(server_->service().dataplane()->attached_count(), 0);
   EXPECT_TRUE(client_->Export(kModel, h[0]).ok());
+}
+
+TEST_F(DataPlaneTest, AttachedSlotListsChangeAndTheLeaseIsRenewed) {
+  // Slot lists that change between calls are restaged (the per-call fast
+  // path only skips staging for the previous list), and a call past half the
+  // lease renews the session.
+  Reference ref;
+  std::vector<SlotHandle> h = Alloc();
+  auto session = *DataPlaneSession::Open(client_.get(), absl::Milliseconds(400));
+  auto attached = *AttachedSession::Attach(session.get(), kModel, h);
+  std::mt19937 rng(21);
+  std::vector<float> o(kB * Geo().h_v * Geo().d_v);
+  const std::vector<SlotHandle> perm = {h[2], h[0], h[1]};
+  for (int call = 0; call < 6; ++call) {
+    const bool permuted = call % 3 != 0;  // natural, perm, perm, natural, ...
+    const Step s = MakeStep(&rng);
+    DecodeInputs in;
+    in.q = s.q.data();
+    in.k = s.k.data();
+    in.v = s.v.data();
+    in.g = s.g.data();
+    in.beta = s.beta.data();
+    in.o = o.data();
+    ASSERT_TRUE(attached->DecodeUpdate(call % 2, permuted ? perm : h, in).ok());
+    ASSERT_EQ(o, ref.Update(call % 2, s, permuted ? std::vector<int32_t>{2, 0, 1}
+                                                  : std::vector<int32_t>{0, 1, 2}))
+        << call;
+  }
+  DataPlane* dp = server_->service().dataplane();
+  // Past half the lease: the next call renews; the session outlives its
+  // first lease.
+  absl::SleepFor(absl::Milliseconds(250));
+  const Step s = MakeStep(&rng);
+  DecodeInputs in;
+  in.q = s.q.data();
+  in.k = s.k.data();
+  in.v = s.v.data();
+  in.g = s.g.data();
+  in.beta = s.beta.data();
+  in.o = o.data();
+  ASSERT_TRUE(attached->DecodeUpdate(0, h, in).ok());
+  EXPECT_EQ(dp->ExpireSessions(absl::Now() + absl::Milliseconds(200)), 0);
+  EXPECT_EQ(dp->attached_count(), kB);
+  ASSERT_TRUE(attached->Detach().ok());
+  const std::vector<std::string> packed = Export(h);
+  ref.Update(0, s);
+  for (int i = 0; i < kB; ++i) EXPECT_EQ(packed[i], ref.Packed(i)) << i;
 }
 
 TEST_F(DataPlaneTest, PrefillWithReferencesMatchesInline) {
