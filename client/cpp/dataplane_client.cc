@@ -410,6 +410,25 @@ absl::Status UpdateSubmitter::Finish() {
     finished_ = true;
     if (stream_ != nullptr) stream_->WritesDone();
     if (reader_ != nullptr) reader_->join();
+    const uint64_t last = next_seq_ - 1;
+    bool unanswered;
+    {
+      absl::MutexLock lock(&mu_);
+      unanswered = replied_ < last;
+    }
+    if (unanswered) {
+      // Release this worker's streams waiting on the done word.
+      uint8_t* word = done_buffer_->data() + done_offset_;
+      if (cuda_) {
+        RETURN_IF_ERROR(CudaStatus(stream_wait::ReleaseWord(word, last), "release waiters"));
+      } else {
+        auto* w = reinterpret_cast<uint64_t*>(word);
+        uint64_t old = __atomic_load_n(w, __ATOMIC_RELAXED);
+        while (old < last && !__atomic_compare_exchange_n(w, &old, last, true, __ATOMIC_RELEASE,
+                                                          __ATOMIC_RELAXED)) {
+        }
+      }
+    }
   }
   absl::MutexLock lock(&mu_);
   if (!untaken_.empty()) {
@@ -421,8 +440,9 @@ absl::Status UpdateSubmitter::Finish() {
   return absl::OkStatus();
 }
 
-void UpdateSubmitter::Cancel() {
-  if (ctx_ != nullptr) ctx_->TryCancel();
+absl::Status UpdateSubmitter::Cancel() {
+  if (ctx_ != nullptr && !finished_) ctx_->TryCancel();
+  return Finish();
 }
 
 UpdateSubmitter::ServerTimes UpdateSubmitter::server_times() const {

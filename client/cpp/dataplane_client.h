@@ -188,11 +188,14 @@ class UpdateSubmitter {
   // The first error reply not yet taken (OK if none), without waiting.
   absl::Status TakeError();
   // Half-closes the stream, waits for every reply, returns the first error
-  // not taken (or the stream's status).
+  // not taken (or the stream's status). When the stream ended before every
+  // submission was answered (server gone, cancelled), raises the done word
+  // to the last seq submitted, so that no stream of this worker stays
+  // blocked in a StreamWait (their o were not written: the status says so).
   absl::Status Finish();
   // Cancels the stream (replies outstanding are lost; the server stops
-  // after the submission it is running).
-  void Cancel();
+  // after the submission it is running), then Finish().
+  absl::Status Cancel();
 
   uint64_t last_seq() const { return next_seq_ - 1; }
   // Mean server-side microseconds per reply so far (wait, kernel, total).

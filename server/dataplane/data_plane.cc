@@ -41,8 +41,12 @@ class ShmBuffer : public DataPlane::Buffer {
   uint8_t* data() const override { return region_->data(); }
   int64_t size() const override { return region_->size(); }
   absl::Status StoreWord(int64_t offset, uint64_t value, void* /*stream*/) override {
-    __atomic_store_n(reinterpret_cast<uint64_t*>(region_->data() + offset), value,
-                     __ATOMIC_RELEASE);
+    auto* w = reinterpret_cast<uint64_t*>(region_->data() + offset);
+    uint64_t old = __atomic_load_n(w, __ATOMIC_RELAXED);
+    while (old < value &&
+           !__atomic_compare_exchange_n(w, &old, value, /*weak=*/true, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED)) {
+    }
     return absl::OkStatus();
   }
 

@@ -168,10 +168,11 @@ class DataPlane {
     virtual absl::Status BeforeRead() { return absl::OkStatus(); }
     virtual absl::Status AfterWrite() { return absl::OkStatus(); }
     virtual std::string server_event_handle() const { return ""; }
-    // Stores `value` (8 bytes, little-endian) at `offset` (8-aligned, in
-    // range) once everything written before is visible to the worker: CPU a
-    // release store; CUDA a one-thread kernel on `stream` (the backend's
-    // stream, after the submission's kernels), no host wait.
+    // Raises the 8-byte word (little-endian) at `offset` (8-aligned, in
+    // range) to `value` (a maximum: it never goes back) once everything
+    // written before is visible to the worker: CPU a release CAS; CUDA a
+    // one-thread atomicMax kernel on `stream` (the backend's stream, after
+    // the submission's kernels), no host wait.
     virtual absl::Status StoreWord(int64_t offset, uint64_t value, void* stream) = 0;
   };
 

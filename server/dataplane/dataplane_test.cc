@@ -4,6 +4,7 @@
 // bit the inline-byte updates and the in-process kernel calls.
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "client/cpp/dataplane_client.h"
 #include "client/cpp/statecache_client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kernels/backend/backend.h"
 #include "kernels/formats/format.h"
@@ -784,6 +786,83 @@ TEST_F(DataPlaneTest, SubmitUpdatesRejectsBadOpenAndBadSubmissions) {
             3u);
 }
 
+// A server that accepts a SubmitUpdates stream and never answers a
+// submission (a server that died mid-step, from the worker's view).
+class SilentServer final : public v1::StateCache::Service {
+ public:
+  grpc::Status OpenSession(grpc::ServerContext*, const v1::OpenSessionRequest*,
+                           v1::OpenSessionResponse* resp) override {
+    resp->set_session_id(1);
+    resp->set_lease_ms(60000);
+    resp->set_backend("cpu");
+    return grpc::Status::OK;
+  }
+  grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest*,
+                            v1::CloseSessionResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status RegisterBuffer(grpc::ServerContext*, const v1::RegisterBufferRequest*,
+                              v1::RegisterBufferResponse* resp) override {
+    resp->set_buffer_id(++buffers_);
+    return grpc::Status::OK;
+  }
+  grpc::Status DescribeModel(grpc::ServerContext*, const v1::DescribeModelRequest* req,
+                             v1::ModelInfo* resp) override {
+    const ModelGeometry g = Geo();
+    resp->set_model_id(req->model_id());
+    resp->mutable_geometry()->set_arch(v1::ARCH_GDN);
+    resp->mutable_geometry()->set_layers(g.layers);
+    resp->mutable_geometry()->set_h_qk(g.h_qk);
+    resp->mutable_geometry()->set_h_v(g.h_v);
+    resp->mutable_geometry()->set_d_k(g.d_k);
+    resp->mutable_geometry()->set_d_v(g.d_v);
+    return grpc::Status::OK;
+  }
+  grpc::Status SubmitUpdates(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<v1::SubmitUpdatesResponse, v1::SubmitUpdatesRequest>* stream)
+      override {
+    v1::SubmitUpdatesRequest m;
+    if (!stream->Read(&m)) return grpc::Status::OK;
+    stream->Write(v1::SubmitUpdatesResponse());  // the open ack
+    while (stream->Read(&m)) {
+    }
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "gone");
+  }
+
+ private:
+  std::atomic<uint64_t> buffers_{0};
+};
+
+TEST(UpdateSubmitterTest, FinishReleasesWaitersOfUnansweredSubmissions) {
+  SilentServer service;
+  grpc::ServerBuilder builder;
+  const std::string socket = absl::StrCat("unix:/tmp/sc_dp_silent_", getpid(), ".sock");
+  builder.AddListeningPort(socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto client = *StateCacheClient::Connect(socket);
+  auto session = *DataPlaneSession::Open(client.get());
+  WorkerBuffer* in = *session->CreateBuffer(1 << 16);
+  WorkerBuffer* done_buffer = *session->CreateBuffer(64);
+  DoneWord done{done_buffer};
+  auto sub = *UpdateSubmitter::Open(session.get(), "dp", {done_buffer, 0});
+  RefUpdateCall c;
+  c.slots = {SlotHandle{1, 1}};
+  c.q = c.k = c.v = c.g = c.beta = c.o = {in, 0};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(sub->Submit(c).ok());
+  EXPECT_EQ(done.value(), 0u);  // nothing was answered or stored
+  const absl::Status st = sub->Finish();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(done.value(), 3u);  // released: no StreamWait blocks
+  EXPECT_TRUE(sub->StreamWait(3).ok());
+  EXPECT_EQ(sub->Wait(2).code(), absl::StatusCode::kUnavailable);
+  sub.reset();
+  session.reset();
+  server->Shutdown();
+}
+
 TEST_F(DataPlaneTest, CancellingASubmitStreamReleasesNothing) {
   Reference ref;
   std::vector<SlotHandle> h = Alloc();
@@ -799,10 +878,12 @@ TEST_F(DataPlaneTest, CancellingASubmitStreamReleasesNothing) {
     ASSERT_TRUE(sub->StreamWait(seq).ok());
     EXPECT_EQ(ReadO(a), ref.Update(0, s));
     for (int i = 0; i < 4; ++i) (void)sub->Submit(Write(a, 1, h, s));
-    sub->Cancel();
     // Replies may all have arrived before the cancellation (then OK).
-    const absl::Status st = sub->Finish();
+    const absl::Status st = sub->Cancel();
     EXPECT_TRUE(st.ok() || st.code() == absl::StatusCode::kCancelled) << st;
+    // Every submission is done or released: no StreamWait blocks.
+    EXPECT_EQ(done.value(), sub->last_seq());
+    EXPECT_TRUE(sub->StreamWait(sub->last_seq()).ok());
   }
   // The session, its buffers and the slots are as before; the slots are not
   // left busy, so a unary Update and a new stream work.

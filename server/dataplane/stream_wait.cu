@@ -45,7 +45,7 @@ __global__ void PollGeqKernel(const volatile uint32_t* word, uint32_t value) {
 }
 
 __global__ void StoreWordKernel(unsigned long long* word, unsigned long long value) {
-  *reinterpret_cast<volatile unsigned long long*>(word) = value;
+  atomicMax(word, value);
   __threadfence_system();
 }
 
@@ -55,6 +55,20 @@ int StreamStoreWord(void* stream, void* device_word, uint64_t value) {
   StoreWordKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<unsigned long long*>(device_word), static_cast<unsigned long long>(value));
   return cudaGetLastError();
+}
+
+int ReleaseWord(void* device_word, uint64_t value) {
+  static cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+      cudaGetLastError();
+      return static_cast<cudaStream_t>(nullptr);
+    }
+    return s;
+  }();
+  if (stream == nullptr) return cudaErrorNotReady;
+  if (int e = StreamStoreWord(stream, device_word, value); e != cudaSuccess) return e;
+  return cudaStreamSynchronize(stream);
 }
 
 int StreamWaitGeq(void* stream, const void* device_word, uint32_t value) {

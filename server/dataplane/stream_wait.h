@@ -23,10 +23,16 @@ namespace stream_wait {
 // one-thread polling kernel.
 int StreamWaitGeq(void* stream, const void* device_word, uint32_t value);
 
-// Enqueues on `stream` a one-thread kernel that stores `value` (8 bytes) at
-// `device_word` (device memory, 8-aligned): the server's done word, written
-// after the submission's kernels on the same stream without a host wait.
+// Enqueues on `stream` a one-thread kernel that raises the 8-byte word at
+// `device_word` (device memory, 8-aligned) to `value` (atomicMax: the word
+// never goes back): the server's done word, written after the submission's
+// kernels on the same stream without a host wait.
 int StreamStoreWord(void* stream, void* device_word, uint64_t value);
+
+// The same on a private non-blocking stream, waited for on the host: a
+// worker releasing its own streams' waits on a done word after the stream
+// to the server ended (its legacy / current stream may be the blocked one).
+int ReleaseWord(void* device_word, uint64_t value);
 
 // "cuStreamWaitValue32", "polling kernel" or "none" (no usable device):
 // which mechanism StreamWaitGeq uses in this process.
