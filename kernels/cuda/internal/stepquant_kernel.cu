@@ -744,23 +744,25 @@ bool StepFastDecodeEligible(const StepKernelParams& p) {
   return !p.kda || aligned(p.g);
 }
 
+// Shared-memory opt-in and the persistent grid size, once per process (one
+// device; the host calls would otherwise cost microseconds per launch).
 template <int kMinBlocks>
 int LaunchFastT(const StepKernelParams& p, int64_t items, void* stream) {
-  static int sms = 0;
-  if (sms == 0) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  }
-  cudaError_t rc = cudaFuncSetAttribute(StepFastDecodeKernel<kMinBlocks>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kFastSmemBytes);
-  if (rc != cudaSuccess) return static_cast<int>(rc);
-  int per_sm = 0;
-  rc = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StepFastDecodeKernel<kMinBlocks>,
-                                                     kFastThreads, kFastSmemBytes);
-  if (rc != cudaSuccess) return static_cast<int>(rc);
-  if (per_sm < 1) return static_cast<int>(cudaErrorInvalidConfiguration);
-  const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
+  static const int grid_cap = []() -> int {
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaFuncSetAttribute(StepFastDecodeKernel<kMinBlocks>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kFastSmemBytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StepFastDecodeKernel<kMinBlocks>,
+                                                      kFastThreads, kFastSmemBytes) != cudaSuccess) {
+      return -1;
+    }
+    return per_sm * sms;
+  }();
+  if (grid_cap < 1) return static_cast<int>(cudaErrorInvalidConfiguration);
+  const int64_t grid = std::min<int64_t>(items, grid_cap);
   StepFastDecodeKernel<kMinBlocks><<<static_cast<unsigned>(grid), kFastThreads, kFastSmemBytes,
                                      static_cast<cudaStream_t>(stream)>>>(p);
   return static_cast<int>(cudaGetLastError());
