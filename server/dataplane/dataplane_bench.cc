@@ -447,7 +447,11 @@ absl::StatusOr<Timing> RunStream(const ServerHandle& s, const ModelGeometry& geo
         RETURN_IF_ERROR(out->Read(0, o.data(), 4 * in.o_count));
         return o;
       },
-      [&]() -> absl::Status { return sub->Wait(sub->last_seq()); });
+      [&]() -> absl::Status {
+        // The step ends with its last reply; any submission's error fails it.
+        RETURN_IF_ERROR(sub->Wait(sub->last_seq()));
+        return sub->TakeError();
+      });
   RETURN_IF_ERROR(t.status());
   RETURN_IF_ERROR(sub->Finish());
   const UpdateSubmitter::ServerTimes st = sub->server_times();
