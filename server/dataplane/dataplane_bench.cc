@@ -8,6 +8,10 @@
 //   capi      attached mode through the C ABI of the Python binding
 //             (client/python/native/dataplane_c_api.h: sc_attach,
 //             sc_decode_update ordered after the legacy default stream)
+//   inproc_unchecked  diagnostic, CUDA only: the decode kernels enqueued
+//             without the binding's validation kernel and per-call host
+//             sync (CudaEnqueueDecodeUnchecked), one sync per step; inproc
+//             minus this is what the binding's validation + sync cost
 //   attached_raw  diagnostic: Backend::DecodeUpdate called directly on the
 //             mapped pool (no AttachedSession bookkeeping); attached minus
 //             attached_raw is the per-call host cost of the lease checks,
@@ -63,6 +67,7 @@
 #include "client/python/native/dataplane_c_api.h"
 #include "kernels/backend/backend.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "server/dataplane/stream_wait.h"
@@ -74,7 +79,8 @@ ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda.");
 ABSL_FLAG(std::string, geometry, "gdn:30:16:32:128:128", "arch:layers:h_qk:h_v:d_k:d_v");
 ABSL_FLAG(std::string, format, "damp", "Storage format.");
 ABSL_FLAG(std::string, batches, "1,32,256", "Batch sizes.");
-ABSL_FLAG(std::string, modes, "inproc,attached,attached_raw,capi,buffers,stream,inline",
+ABSL_FLAG(std::string, modes,
+          "inproc,inproc_unchecked,attached,attached_raw,capi,buffers,stream,inline",
           "Modes to run.");
 ABSL_FLAG(int, steps, 5, "Timed decode steps per (mode, batch).");
 ABSL_FLAG(int, warmup, 1, "Untimed decode steps first.");
@@ -250,8 +256,10 @@ absl::StatusOr<std::unique_ptr<StateCacheClient>> Connect(const ServerHandle& s,
   return c;
 }
 
+// unchecked: CUDA only, the decode kernels enqueued without the binding's
+// validation and its per-call host synchronization, one sync per step.
 absl::StatusOr<Timing> RunInproc(const ModelGeometry& geo, const StateLayout& layout,
-                                 const Inputs& in, int b) {
+                                 const Inputs& in, int b, bool unchecked = false) {
   ASSIGN_OR_RETURN(auto be, CreateBackend(absl::GetFlag(FLAGS_backend)));
   ASSIGN_OR_RETURN(auto prepared, be->Prepare(layout));
   ASSIGN_OR_RETURN(auto arena, be->Allocate(b * layout.slot_bytes()));
@@ -264,6 +272,17 @@ absl::StatusOr<Timing> RunInproc(const ModelGeometry& geo, const StateLayout& la
   DecodeInputs di = d.Decode();
   di.batch = b;
   di.slots = reinterpret_cast<const int32_t*>(slots->data());
+  if (unchecked) {
+    return TimeSteps(
+        geo.layers,
+        [&](int l) { return CudaEnqueueDecodeUnchecked(*be, *prepared, view, l, di); },
+        [&]() -> absl::StatusOr<std::vector<float>> {
+          std::vector<float> o(in.o_count);
+          RETURN_IF_ERROR(be->CopyOut(o.data(), di.o, 4 * in.o_count));
+          return o;
+        },
+        [&]() { return CudaSynchronize(*be); });
+  }
   return TimeSteps(
       geo.layers, [&](int l) { return be->DecodeUpdate(*prepared, view, l, di); },
       [&]() -> absl::StatusOr<std::vector<float>> {
@@ -538,6 +557,9 @@ int Main() {
       absl::StatusOr<Timing> t = absl::UnknownError("unknown mode");
       if (mode == "inproc") {
         t = RunInproc(*geo, *layout, in, b);
+      } else if (mode == "inproc_unchecked") {
+        if (absl::GetFlag(FLAGS_backend) != "cuda") continue;  // a CUDA hook
+        t = RunInproc(*geo, *layout, in, b, /*unchecked=*/true);
       } else if (mode == "attached" || mode == "attached_raw" || mode == "capi" ||
                  mode == "buffers" || mode == "stream") {
         if (unix_server == nullptr) {

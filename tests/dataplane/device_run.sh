@@ -9,7 +9,9 @@
 #       the ring of worker events + device-side waits on the done word,
 #       inline);
 #   (c) dataplane_bench, all modes at B in {1, 32, 256}, Qwen3.6-35B-A3B
-#       geometry, with the same bit-identity check.
+#       geometry, with the same bit-identity check; plus the diagnostic
+#       inproc_unchecked (kernels without the binding's validation and
+#       per-call host sync: what that sync costs).
 # Logs and a summary go to $OUT (or /tmp/sc_out). Worst case 290 s of
 # timeouts; expected about 1-2 minutes.
 set -o pipefail
@@ -22,7 +24,7 @@ export LD_LIBRARY_PATH=$PWD/$D/lib
 BACKEND=${BACKEND:-cuda}
 BATCHES=${BATCHES:-1,32,256}
 GEOMETRY=${GEOMETRY:-gdn:30:16:32:128:128}
-MODES=${MODES:-inproc,attached,attached_raw,capi,buffers,stream,inline}
+MODES=${MODES:-inproc,inproc_unchecked,attached,attached_raw,capi,buffers,stream,inline}
 cat "$D/STAGED" 2>/dev/null | tee "$OUT/staged.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1 | tee "$OUT/env.txt"
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
