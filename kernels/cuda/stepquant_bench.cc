@@ -13,8 +13,10 @@
 //   stepquant-6, stepquant-4 calibrated-looking STEPQuant layouts (below),
 //                            fast kernel
 //   stepquant-6-uniform, stepquant-4-uniform  every row at 6 / 4 bits
-//   stepquant-6-cta3, stepquant-4-cta3  fast kernel sized for 3 CTAs / SM
-//                            (STATECACHE_STEPQUANT_CTAS=3)
+//   stepquant-6-c3, stepquant-4-c3  fast kernel sized for 3 CTAs / SM
+//                            (STATECACHE_STEPQUANT_VARIANT=c3)
+//   stepquant-6-h2, stepquant-4-h2  fast kernel with two row halves per
+//                            column (256 threads; STATECACHE_STEPQUANT_VARIANT=h2)
 //   stepquant-6-slow, stepquant-4-slow  the one-CTA-per-head kernel
 //                            (STATECACHE_STEPQUANT_FAST=0)
 // STEPQuant allocations follow the calibrated shipped models (kernels/
@@ -57,7 +59,7 @@
 
 ABSL_FLAG(std::string, batches, "1,8,32,64,128,256,512", "batch sizes B");
 ABSL_FLAG(std::string, arches, "gdn,kda", "gdn and/or kda");
-ABSL_FLAG(std::string, kernels, "fp32,damp,stepquant-6,stepquant-4,stepquant-6-cta3,stepquant-4-cta3,stepquant-4-slow",
+ABSL_FLAG(std::string, kernels, "fp32,damp,stepquant-6,stepquant-4,stepquant-6-c3,stepquant-4-c3,stepquant-6-h2,stepquant-4-h2,stepquant-4-slow",
           "kernels to time (see the header)");
 ABSL_FLAG(int, iters, 20, "launches per timed repetition");
 ABSL_FLAG(int, reps, 5, "timed repetitions (median)");
@@ -73,7 +75,7 @@ struct BenchKernel {
   std::string name;
   StateLayout layout;
   std::string fast_env;  // STATECACHE_STEPQUANT_FAST value ("" = unset)
-  std::string ctas_env;  // STATECACHE_STEPQUANT_CTAS value ("" = unset)
+  std::string variant_env;  // STATECACHE_STEPQUANT_VARIANT value ("" = unset)
 };
 
 ModelGeometry BenchGeometry(Arch arch) {
@@ -129,10 +131,11 @@ absl::StatusOr<BenchKernel> MakeBenchKernel(const std::string& name, Arch arch, 
     ASSIGN_OR_RETURN(k.layout, StateLayout::Identity(g, {f, 0}));
     return k;
   }
-  if (!absl::StartsWith(name, "stepquant-") || (!suffix.empty() && suffix != "-cta3" && suffix != "-slow")) {
+  if (!absl::StartsWith(name, "stepquant-") ||
+      (!suffix.empty() && suffix != "-c3" && suffix != "-h2" && suffix != "-slow")) {
     return absl::InvalidArgumentError(absl::StrCat("kernels: unknown kernel '", name, "'"));
   }
-  if (suffix == "-cta3") k.ctas_env = "3";
+  if (suffix == "-c3" || suffix == "-h2") k.variant_env = suffix.substr(1);
   if (suffix == "-slow") k.fast_env = "0";
   std::vector<int8_t> bits;
   std::vector<float> impact;
@@ -315,7 +318,7 @@ absl::Status Run() {
     for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_kernels), ',')) {
       ASSIGN_OR_RETURN(const BenchKernel k, MakeBenchKernel(std::string(name), arch, rng));
       SetEnv("STATECACHE_STEPQUANT_FAST", k.fast_env);
-      SetEnv("STATECACHE_STEPQUANT_CTAS", k.ctas_env);
+      SetEnv("STATECACHE_STEPQUANT_VARIANT", k.variant_env);
       if (IsStepQuantFormat(k.layout.format().format)) {
         std::printf("layout %s %s: %.4f bits/value payload, slot %lld bytes\n",
                     std::string(arch_name).c_str(), k.name.c_str(), k.layout.PayloadBitsPerValue(),
@@ -325,7 +328,7 @@ absl::Status Run() {
     }
   }
   SetEnv("STATECACHE_STEPQUANT_FAST", "");
-  SetEnv("STATECACHE_STEPQUANT_CTAS", "");
+  SetEnv("STATECACHE_STEPQUANT_VARIANT", "");
   return absl::OkStatus();
 }
 

@@ -8,7 +8,8 @@
 //
 // Decode steps at 128 x 128 run the fast kernel (StepFastDecodeKernel:
 // persistent CTAs, bulk-copy prefetch, pivot heads read from global memory);
-// FastDecode* below also pin it to the one-CTA-per-head kernel
+// StepFastDecodeBatchTest below also pins each of its builds (c2, c3, h2) to
+// the one-CTA-per-head kernel
 // (STATECACHE_STEPQUANT_FAST=0) bit for bit, with bf16 inputs, and with more
 // items than the persistent grid (stage reuse, barrier parities), -1 entries
 // and untouched slots.
@@ -414,16 +415,27 @@ TEST(StepFastDecodeTest, EligibilityFollowsShapeTokensAndAlignment) {
   EXPECT_TRUE(cuda_internal::StepFastDecodeEnabled());
 }
 
+// Sets STATECACHE_STEPQUANT_VARIANT (fast-kernel build: "" = default c2,
+// c3, h2) for the scope.
+class ScopedVariant {
+ public:
+  explicit ScopedVariant(const char* v) {
+    if (*v != 0) setenv("STATECACHE_STEPQUANT_VARIANT", v, 1);
+  }
+  ~ScopedVariant() { unsetenv("STATECACHE_STEPQUANT_VARIANT"); }
+};
+
 // Many items (more than the persistent grid), shuffled slots with -1 entries,
-// bf16 or fp32 inputs: fast kernel vs CPU (bytes, outputs) and vs the
-// one-CTA-per-head kernel (bit for bit).
-using FastParam = std::tuple<Arch, StateFormat, DType>;
+// bf16 or fp32 inputs: every fast-kernel variant vs CPU (bytes, outputs) and
+// vs the one-CTA-per-head kernel (bit for bit).
+using FastParam = std::tuple<Arch, StateFormat, DType, std::string>;
 
 class StepFastDecodeBatchTest : public ::testing::TestWithParam<FastParam> {};
 
 TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
   SKIP_WITHOUT_GPU();
-  const auto [arch, format, dtype] = GetParam();
+  const auto [arch, format, dtype, variant] = GetParam();
+  ScopedVariant scoped_variant(variant.c_str());
   const ModelGeometry geo{arch, 2, arch == Arch::kGdn ? 2 : 4, 4, 128, 128};
   const StateLayout layout = MixedLayout(geo, format, 19);
   constexpr int kSlots = 300;
@@ -506,9 +518,10 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
   const std::vector<uint8_t> cpu_bytes = cpu_pool.Bytes();
   EXPECT_EQ(DifferingBytes(fast_bytes, slow_pool.Bytes()), 0);
   const int64_t diff = DifferingBytes(fast_bytes, cpu_bytes);
-  std::printf("fast decode %s %s %s: %lld of %lld pool bytes differ from the CPU backend\n",
+  std::printf("fast decode %s %s %s variant %s: %lld of %lld pool bytes differ from the CPU\n",
               arch == Arch::kGdn ? "gdn" : "kda", FormatSpecName({format, 0}).c_str(),
-              dtype == DType::kBf16 ? "bf16" : "fp32", static_cast<long long>(diff),
+              dtype == DType::kBf16 ? "bf16" : "fp32", variant.empty() ? "c2" : variant.c_str(),
+              static_cast<long long>(diff),
               static_cast<long long>(fast_bytes.size()));
   EXPECT_LE(diff, kMaxDifferingByteFraction * fast_bytes.size());
   const int64_t sb = fast_pool.view.slot_bytes();
@@ -525,11 +538,14 @@ INSTANTIATE_TEST_SUITE_P(
     Paths, StepFastDecodeBatchTest,
     ::testing::Combine(::testing::Values(Arch::kGdn, Arch::kKda),
                        ::testing::Values(kStepQuant6, kStepQuant4),
-                       ::testing::Values(DType::kFp32, DType::kBf16)),
+                       ::testing::Values(DType::kFp32, DType::kBf16),
+                       ::testing::Values(std::string(), std::string("c3"), std::string("h2"))),
     [](const ::testing::TestParamInfo<FastParam>& info) {
+      const std::string& v = std::get<3>(info.param);
       return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",
                           std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4",
-                          std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32");
+                          std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32",
+                          v.empty() ? "C2" : v == "c3" ? "C3" : "H2");
     });
 
 // Prepare accepts STEPQuant layouts now (it answered kUnimplemented before

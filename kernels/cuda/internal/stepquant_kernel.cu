@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/glibc_expf.h"
 #include "kernels/cuda/internal/kernel_params.h"
@@ -297,7 +298,8 @@ __global__ void __launch_bounds__(kThreads) StepPackKernel(StepKernelParams p) {
 //
 // StepFastDecodeKernel: persistent CTAs of 128 threads, thread j = value
 // column j holding its whole column (128 FP32 values) in registers from the
-// decode to the encode. This mapping keeps every order-dependent sum of the
+// decode to the encode (or 256 threads holding half a column each, kHalves
+// below). This mapping keeps every order-dependent sum of the
 // contract local to one thread: the recurrence's S^T k and S^T q chains run
 // over the stored rows in order exactly as the CPU's HeadStep (and the slow
 // kernel), and so do the column least-squares sums with their 64-row chunk
@@ -316,8 +318,7 @@ __global__ void __launch_bounds__(kThreads) StepPackKernel(StepKernelParams p) {
 // (FP16 pivot heads) is decoded from global memory instead. Every byte of the
 // head is written (padding as zeros), none outside it.
 constexpr int kFastDim = 128;
-constexpr int kFastThreads = 128;
-constexpr int kFastWarps = kFastThreads / 32;
+constexpr int kFastMaxWarps = 8;  // 256 threads (two row halves)
 // Stage capacity for a packed head: an all-8-bit 128 x 128 head is 16,896
 // bytes; larger heads (pivot-heavy) are read from global memory.
 constexpr int kFastHeadCap = 17408;
@@ -336,7 +337,7 @@ constexpr int kFsBytes = (kFsImpact + 4 * kFastDim + 127) / 128 * 128;
 // After the two stages: code bytes [128][128], row-max partials
 // [warps][128], the row table (9 arrays of 128).
 constexpr int kFastCodeBytes = kFastDim * kFastDim;
-constexpr int kFastRedBytes = 4 * kFastWarps * kFastDim;
+constexpr int kFastRedBytes = 4 * kFastMaxWarps * kFastDim;
 constexpr int kFastTableBytes = 3 * 16 * kFastDim;
 constexpr int kFastSmemBytes = 2 * kFsBytes + kFastCodeBytes + kFastRedBytes + kFastTableBytes;
 
@@ -434,28 +435,40 @@ __device__ void FastIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* b
   }
 }
 
-// One level of RowMaxScatter16: lanes differing in lane bit 2 kHalf exchange
-// the half of x[0, 2 kHalf) they do not keep; x[0, kHalf) keeps the maxima.
-template <int kHalf>
+// One level of a max reduce-scatter over x[0, 2 kHalf): lanes differing in
+// lane bit kBit exchange the half they do not keep; x[0, kHalf) keeps the
+// maxima.
+template <int kHalf, int kBit>
 __device__ __forceinline__ void RowMaxLevel(float (&x)[16], int lane) {
-  const bool up = (lane & (2 * kHalf)) != 0;
+  const bool up = (lane & kBit) != 0;
 #pragma unroll
   for (int i = 0; i < kHalf; ++i) {
     const float send = up ? x[i] : x[i + kHalf];
     const float keep = up ? x[i + kHalf] : x[i];
-    x[i] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 2 * kHalf));
+    x[i] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, kBit));
   }
 }
 
-// Max over the warp's 32 columns of x[i] (row i of a 16-row chunk); lanes
-// 2i and 2i + 1 return the maximum of row i (reduce-scatter over lane bits
-// 4, 3, 2, 1, then a max with the pair partner).
+// Max of x[i] (row i of a 16-row chunk) over the lanes that hold the same
+// rows. kLanes = 32 (a thread per column): lanes 2i and 2i + 1 return row i's
+// maximum over the warp's 32 columns (lane bits 4..1, then the pair).
+// kLanes = 16 (two row halves per warp): lane i and i + 16 return row i's
+// maximum over their 16-lane half (lane bits 3..0).
+template <int kLanes>
 __device__ __forceinline__ float RowMaxScatter16(float (&x)[16], int lane) {
-  RowMaxLevel<8>(x, lane);
-  RowMaxLevel<4>(x, lane);
-  RowMaxLevel<2>(x, lane);
-  RowMaxLevel<1>(x, lane);
-  return fmaxf(x[0], __shfl_xor_sync(0xffffffffu, x[0], 1));
+  if constexpr (kLanes == 32) {
+    RowMaxLevel<8, 16>(x, lane);
+    RowMaxLevel<4, 8>(x, lane);
+    RowMaxLevel<2, 4>(x, lane);
+    RowMaxLevel<1, 2>(x, lane);
+    return fmaxf(x[0], __shfl_xor_sync(0xffffffffu, x[0], 1));
+  } else {
+    RowMaxLevel<8, 8>(x, lane);
+    RowMaxLevel<4, 4>(x, lane);
+    RowMaxLevel<2, 2>(x, lane);
+    RowMaxLevel<1, 1>(x, lane);
+    return x[0];
+  }
 }
 
 // Writes the b bytes of `bits` (little-endian) at dst, with the widest
@@ -474,26 +487,42 @@ __device__ __forceinline__ void StoreCodeBytes(uint8_t* dst, uint64_t bits, int 
   }
 }
 
-// kMinBlocks = CTAs per SM the register budget is sized for: 2 (255
-// registers, no spills) or 3 (168 registers, some spills to L1);
-// STATECACHE_STEPQUANT_CTAS selects (A/B benchmarks).
-template <int kMinBlocks>
-__global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel(const StepKernelParams p) {
+// kHalves = 1: 128 threads, thread j = column j with all 128 rows.
+// kHalves = 2: 256 threads, warp w holds columns 16w..16w+15; lanes 0-15 rows
+//   0-63 and lanes 16-31 rows 64-127 of the same columns (64 values per
+//   thread, half the registers, twice the warps). The serial chains run half
+//   0, then half 1 from half 0's running sum (one shuffle), so every sum keeps
+//   the reference order; the column sums' 64-row chunks are the halves.
+// kMinBlocks = CTAs per SM the register budget is sized for.
+// STATECACHE_STEPQUANT_VARIANT selects (A/B benchmarks): c2 (default:
+// kHalves 1, 2 CTAs, 255 registers), c3 (kHalves 1, 3 CTAs, 168 registers),
+// h2 (kHalves 2, 2 CTAs, 128 registers).
+template <int kHalves, int kMinBlocks>
+__global__ void __launch_bounds__(kFastDim * kHalves, kMinBlocks)
+    StepFastDecodeKernel(const StepKernelParams p) {
+  constexpr int kThreads = kFastDim * kHalves;
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kRows = kFastDim / kHalves;  // rows per thread
+  constexpr unsigned kAll = 0xffffffffu;
+  static_assert(kWarps <= kFastMaxWarps, "red buffer");
   extern __shared__ __align__(128) uint8_t fsmem[];
   __shared__ __align__(8) uint64_t bars[2];
   if (Aborted(p.abort_if_error)) return;
   const int items = p.batch * p.h_v;
   const int stride = gridDim.x;
-  const int j = threadIdx.x;
-  const int lane = j & 31;
-  const int warp = j >> 5;
+  const int t = threadIdx.x;
+  const int lane = t & 31;
+  const int warp = t >> 5;
+  const int half = kHalves == 1 ? 0 : lane >> 4;
+  const int j = kHalves == 1 ? t : warp * 16 + (lane & 15);  // this thread's column
+  const int row0 = half * kRows;                              // its first stored row
   int8_t* codebuf = reinterpret_cast<int8_t*>(fsmem + 2 * kFsBytes);
   float* red = reinterpret_cast<float*>(fsmem + 2 * kFsBytes + kFastCodeBytes);
   float4* const tab_dec = reinterpret_cast<float4*>(fsmem + kFastTableOff) + kTabDec * kFastDim;
   float4* const tab_rec = reinterpret_cast<float4*>(fsmem + kFastTableOff) + kTabRec * kFastDim;
   float4* const tab_enc = reinterpret_cast<float4*>(fsmem + kFastTableOff) + kTabEnc * kFastDim;
 
-  if (j == 0) {
+  if (t == 0) {
     for (int s = 0; s < 2; ++s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(FastSmemAddr(&bars[s])) : "memory");
     }
@@ -518,9 +547,9 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     const int32_t slot = reinterpret_cast<const int32_t*>(stage + kFsHeader)[0];
     float* o = p.o != nullptr ? p.o + int64_t{item} * kFastDim : nullptr;
     if (slot < 0) {  // skipped item: o is zeroed, the pool is untouched
-      if (o != nullptr) o[j] = 0.0f;
+      if (o != nullptr && half == 0) o[j] = 0.0f;
       __syncthreads();
-      if (j == 0 && next < items) FastIssue(p, stage, &bars[st], next);
+      if (t == 0 && next < items) FastIssue(p, stage, &bars[st], next);
       continue;
     }
     const bool staged = reinterpret_cast<const int32_t*>(stage + kFsHeader)[1] != 0;
@@ -530,9 +559,9 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     const int pivots = l.pivot_rows;
     const bool has_int = l.int_rows() > 0;
 
-    // Row table (thread r = j) and this column's old scale and input.
-    {
-      const int r = j;
+    // Row table (thread r builds row r) and this column's old scale and input.
+    if (t < kFastDim) {
+      const int r = t;
       const int b = l.RowBits(r);
       const int cbyte = r < pivots ? static_cast<int>(l.pivot_offset) + r * kFastDim * 2
                                    : static_cast<int>(l.codes_offset + l.RowCodeOffset(r));
@@ -553,15 +582,16 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     const float vj = LoadIn(p.dtype, stage + kFsV, j);
     __syncthreads();
 
-    // Decode the column (StepDecodeHead).
-    float s[kFastDim];
+    // Decode this thread's rows of the column (StepDecodeHead).
+    float s[kRows];
     const uint32_t* words = reinterpret_cast<const uint32_t*>(src);
 #pragma unroll
-    for (int r = 0; r < kFastDim; ++r) {
+    for (int i = 0; i < kRows; ++i) {
+      const int r = row0 + i;
       const float4 d = LoadRecord(tab_dec + r);
       const int word0 = __float_as_int(d.x);
       if (r < pivots) {
-        s[r] = HalfBitsToFloat(*reinterpret_cast<const uint16_t*>(src + 4 * word0 + 2 * j));
+        s[i] = HalfBitsToFloat(*reinterpret_cast<const uint16_t*>(src + 4 * word0 + 2 * j));
       } else {
         const int b = __float_as_int(d.y);
         const int bit = j * b;
@@ -569,11 +599,11 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
         // The funnel shift takes the shift modulo 32.
         const uint32_t u = __funnelshift_r(words[w], words[w + 1], bit);
         const int z = static_cast<int>(u << (32 - b)) >> (32 - b);
-        s[r] = StepDecodeValue(z, d.z, cj, d.w);
+        s[i] = StepDecodeValue(z, d.z, cj, d.w);
       }
     }
     __syncthreads();  // the stage is consumed: fetch the item after next into it
-    if (j == 0 && next < items) FastIssue(p, stage, &bars[st], next);
+    if (t == 0 && next < items) FastIssue(p, stage, &bars[st], next);
 
     // Recurrence (HeadStep's order: decay and S^T k over rows, delta, update
     // and S^T q over rows).
@@ -586,56 +616,94 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     // the previous item's pack, written after two more barriers).
     constexpr int kFenceRows = 32;
     float* const fence = reinterpret_cast<float*>(codebuf);
-    float kv = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kFastDim; ++r) {
-      if (r > 0 && r % kFenceRows == 0) {
-        fence[j] = kv;
-        __syncwarp();
-      }
-      const float4 e = LoadRecord(tab_rec + r);
-      const float x = s[r] * e.y;
-      s[r] = x;
-      kv = fmaf(e.x, x, kv);
-    }
-    const float delta = beta * (vj - kv);
     float oj = 0.0f;
+    if constexpr (kHalves == 1) {
+      float kv = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kFastDim; ++r) {
-      if (r % kFenceRows == 0) {
-        fence[j] = r == 0 ? delta : oj;
-        __syncwarp();
+      for (int r = 0; r < kFastDim; ++r) {
+        if (r > 0 && r % kFenceRows == 0) {
+          fence[t] = kv;
+          __syncwarp();
+        }
+        const float4 e = LoadRecord(tab_rec + r);
+        const float x = s[r] * e.y;
+        s[r] = x;
+        kv = fmaf(e.x, x, kv);
       }
-      const float4 e = LoadRecord(tab_rec + r);
-      const float x = fmaf(e.x, delta, s[r]);
-      s[r] = x;
-      oj = fmaf(e.z, x, oj);
+      const float delta = beta * (vj - kv);
+#pragma unroll
+      for (int r = 0; r < kFastDim; ++r) {
+        if (r % kFenceRows == 0) {
+          fence[t] = r == 0 ? delta : oj;
+          __syncwarp();
+        }
+        const float4 e = LoadRecord(tab_rec + r);
+        const float x = fmaf(e.x, delta, s[r]);
+        s[r] = x;
+        oj = fmaf(e.z, x, oj);
+      }
+    } else {
+      // Decay in both halves; the S^T k chain over rows 0-63 (half 0), then
+      // 64-127 (half 1) from half 0's running sum.
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) s[i] = s[i] * LoadRecord(tab_rec + row0 + i).y;
+      float kv = 0.0f;
+      if (half == 0) {
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) kv = fmaf(LoadRecord(tab_rec + i).x, s[i], kv);
+      }
+      const float kv_lo = __shfl_xor_sync(kAll, kv, 16);
+      if (half == 1) {
+        kv = kv_lo;
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) kv = fmaf(LoadRecord(tab_rec + kRows + i).x, s[i], kv);
+      }
+      const float kv_hi = __shfl_xor_sync(kAll, kv, 16);
+      const float delta = beta * (vj - (half == 1 ? kv : kv_hi));
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) s[i] = fmaf(LoadRecord(tab_rec + row0 + i).x, delta, s[i]);
+      if (half == 0) {
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) oj = fmaf(LoadRecord(tab_rec + i).z, s[i], oj);
+      }
+      const float o_lo = __shfl_xor_sync(kAll, oj, 16);
+      if (half == 1) {
+        oj = o_lo;
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) oj = fmaf(LoadRecord(tab_rec + kRows + i).z, s[i], oj);
+      }
     }
-    if (o != nullptr) o[j] = oj;
+    if (o != nullptr && half == kHalves - 1) o[j] = oj;
 
     // Encode (StepEncodeHead). 1. Column absmax over the integer rows.
     float nmax = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kFastDim; ++r) {
-      if (r >= pivots) nmax = fmaxf(nmax, fabsf(s[r]));
+    for (int i = 0; i < kRows; ++i) {
+      if (row0 + i >= pivots) nmax = fmaxf(nmax, fabsf(s[i]));
     }
+    if constexpr (kHalves == 2) nmax = fmaxf(nmax, __shfl_xor_sync(kAll, nmax, 16));
     const float c0 = HalfBitsToFloat(StepScaleBits(nmax));
     const float inv_c = StepInvColumn(c0);
-    // 2. Row maxima in column-normalized units.
+    // 2. Row maxima in column-normalized units: per 16-row chunk a max
+    // reduce-scatter over the lanes holding those rows, then over the warps.
 #pragma unroll
-    for (int ch = 0; ch < kFastDim / 16; ++ch) {
+    for (int ch = 0; ch < kRows / 16; ++ch) {
       float x[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) x[i] = fabsf(s[ch * 16 + i]) * inv_c;
-      const float m = RowMaxScatter16(x, lane);
-      if ((lane & 1) == 0) red[warp * kFastDim + ch * 16 + (lane >> 1)] = m;
+      if constexpr (kHalves == 1) {
+        const float m = RowMaxScatter16<32>(x, lane);
+        if ((lane & 1) == 0) red[warp * kFastDim + ch * 16 + (lane >> 1)] = m;
+      } else {
+        red[warp * kFastDim + row0 + ch * 16 + (lane & 15)] = RowMaxScatter16<16>(x, lane);
+      }
     }
     __syncthreads();
-    {
-      const int r = j;
+    if (t < kFastDim) {
+      const int r = t;
       if (r >= pivots) {
         float m = red[r];
-        for (int w = 1; w < kFastWarps; ++w) m = fmaxf(m, red[w * kFastDim + r]);
+        for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w * kFastDim + r]);
         const uint16_t rbits = StepScaleBits(m);
         const float rf = HalfBitsToFloat(rbits);
         StoreU16(head + l.row_scale_offset + 2 * (r - pivots), rbits);
@@ -647,18 +715,20 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     }
     __syncthreads();
     // 3-4. Codes (to the shared buffer), pivots (stored), and the weighted
-    // column sums in stored row order with the 64-row chunk partials.
+    // column sums in stored row order with the 64-row chunk partials (with
+    // two halves, each thread's rows are one chunk; half 0 adds half 1's).
     float num = 0.0f, den = 0.0f, pnum = 0.0f, pden = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kFastDim; ++r) {
+    for (int i = 0; i < kRows; ++i) {
+      const int r = row0 + i;
       if (r % kStepReduceRows == 0) pnum = pden = 0.0f;
       if (r < pivots) {
         *reinterpret_cast<uint16_t*>(head + 4 * __float_as_int(LoadRecord(tab_dec + r).x) + 2 * j) =
-            FloatToHalfBits(s[r]);
+            FloatToHalfBits(s[i]);
       } else {
         const int b = __float_as_int(LoadRecord(tab_dec + r).y);
         const float4 e = LoadRecord(tab_enc + r);
-        const float x = s[r];
+        const float x = s[i];
         const int z = StepEncodeValue(x, inv_c, e.x, b);
         codebuf[r * kFastDim + j] = static_cast<int8_t>(z);
         const float zn = static_cast<float>(z) * e.w;
@@ -672,14 +742,21 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
         den = den + pden;
       }
     }
-    if (has_int) {
+    if constexpr (kHalves == 2) {
+      static_assert(kRows == kStepReduceRows, "one reduction chunk per half");
+      const float num_hi = __shfl_xor_sync(kAll, num, 16);
+      const float den_hi = __shfl_xor_sync(kAll, den, 16);
+      num = num + num_hi;  // half 0: (0 + p0) + p1
+      den = den + den_hi;
+    }
+    if (has_int && half == 0) {
       const float c = (num > 0.0f && den > 0.0f) ? num / den : c0;
       StoreU16(head + l.col_scale_offset + 2 * j, StepScaleBits(c));
     }
     // Section padding is zero (the reference zero-fills the head).
-    if (j < 16) {
+    if (t < 16) {
       auto zero = [&](int64_t from, int64_t to) {
-        if (from + j < to) head[from + j] = 0;
+        if (from + t < to) head[from + t] = 0;
       };
       zero(int64_t{pivots} * kFastDim * 2, l.codes_offset);
       if (has_int) {
@@ -690,7 +767,7 @@ __global__ void __launch_bounds__(kFastThreads, kMinBlocks) StepFastDecodeKernel
     }
     __syncthreads();
     // Pack: task = (row, 8-column segment) -> b bytes of the row stream.
-    for (int task = j; task < kFastDim * (kFastDim / 8); task += kFastThreads) {
+    for (int task = t; task < kFastDim * (kFastDim / 8); task += kThreads) {
       const int r = task >> 4;
       const int seg = task & 15;
       if (r < pivots) continue;
@@ -746,34 +823,38 @@ bool StepFastDecodeEligible(const StepKernelParams& p) {
 
 // Shared-memory opt-in and the persistent grid size, once per process (one
 // device; the host calls would otherwise cost microseconds per launch).
-template <int kMinBlocks>
+template <int kHalves, int kMinBlocks>
 int LaunchFastT(const StepKernelParams& p, int64_t items, void* stream) {
+  constexpr int kThreads = kFastDim * kHalves;
   static const int grid_cap = []() -> int {
     int dev = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaFuncSetAttribute(StepFastDecodeKernel<kMinBlocks>,
+        cudaFuncSetAttribute(StepFastDecodeKernel<kHalves, kMinBlocks>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kFastSmemBytes) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StepFastDecodeKernel<kMinBlocks>,
-                                                      kFastThreads, kFastSmemBytes) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, StepFastDecodeKernel<kHalves, kMinBlocks>, kThreads, kFastSmemBytes) !=
+            cudaSuccess) {
       return -1;
     }
     return per_sm * sms;
   }();
   if (grid_cap < 1) return static_cast<int>(cudaErrorInvalidConfiguration);
   const int64_t grid = std::min<int64_t>(items, grid_cap);
-  StepFastDecodeKernel<kMinBlocks><<<static_cast<unsigned>(grid), kFastThreads, kFastSmemBytes,
-                                     static_cast<cudaStream_t>(stream)>>>(p);
+  StepFastDecodeKernel<kHalves, kMinBlocks><<<static_cast<unsigned>(grid), kThreads,
+                                              kFastSmemBytes, static_cast<cudaStream_t>(stream)>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchStepFastDecode(const StepKernelParams& p, void* stream) {
   const int64_t items = int64_t{p.batch} * p.h_v;
   if (items == 0) return 0;
-  const char* e = std::getenv("STATECACHE_STEPQUANT_CTAS");
-  return (e != nullptr && e[0] == '3') ? LaunchFastT<3>(p, items, stream)
-                                       : LaunchFastT<2>(p, items, stream);
+  const char* e = std::getenv("STATECACHE_STEPQUANT_VARIANT");
+  const std::string v = e != nullptr ? e : "";
+  if (v == "c3") return LaunchFastT<1, 3>(p, items, stream);
+  if (v == "h2") return LaunchFastT<2, 2>(p, items, stream);
+  return LaunchFastT<1, 2>(p, items, stream);
 }
 
 bool StepFastDecodeEnabled() {

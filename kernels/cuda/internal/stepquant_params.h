@@ -71,10 +71,12 @@ bool StepShapeSupported(int d_k, int d_v);
 // `stream` (a cudaStream_t as void*).
 // Decode / prefill. Decode steps (tokens == 1) of 128 x 128 heads with
 // 16-byte aligned pool, inputs and maps take the fast kernel
-// (StepFastDecodeKernel: persistent CTAs, a thread per value column in
-// registers, bulk-copy prefetch); everything else, or every call when the
-// environment sets STATECACHE_STEPQUANT_FAST=0 (read at each launch; for
-// A/B tests), the one-CTA-per-head kernel. Both write the same bytes.
+// (StepFastDecodeKernel: persistent CTAs, a thread per value column - or
+// per half column - in registers, bulk-copy prefetch;
+// STATECACHE_STEPQUANT_VARIANT=c2|c3|h2 picks its build); everything else,
+// or every call when the environment sets STATECACHE_STEPQUANT_FAST=0 (both
+// read at each launch; for A/B tests), the one-CTA-per-head kernel. All
+// write the same bytes.
 int LaunchStepRecurrence(const StepKernelParams& p, void* stream);
 // Whether LaunchStepRecurrence would take the fast kernel for `p`.
 bool StepFastDecodeEnabled();
