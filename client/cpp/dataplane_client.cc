@@ -363,15 +363,23 @@ absl::Status UpdateSubmitter::StreamWait(uint64_t seq, void* stream) {
                       "stream wait");
   }
   const auto* w = reinterpret_cast<const uint64_t*>(word);
-  // Spin briefly (the server usually finishes within microseconds of the
-  // kernel), then sleep in short steps so that a worker on few cores does
-  // not starve the server's threads.
-  for (int spins = 0; __atomic_load_n(w, __ATOMIC_ACQUIRE) < seq; ++spins) {
-    if (spins < 2000) continue;
-    absl::SleepFor(absl::Microseconds(2));
-    if (spins % 256 == 0) {
-      absl::MutexLock lock(&mu_);
-      if (reader_done_ && __atomic_load_n(w, __ATOMIC_ACQUIRE) < seq) return stream_status_;
+  // Spin for up to 200 us (short updates finish within that), then block
+  // until the reply arrives (the server stores the word before it replies),
+  // looking at the word every 100 us: a worker on few cores must not starve
+  // the CPU backend's threads by polling through a long update.
+  const int64_t spin_until = MonotonicNanos() + 200000;
+  for (int spins = 1;; ++spins) {
+    if (__atomic_load_n(w, __ATOMIC_ACQUIRE) >= seq) return absl::OkStatus();
+    if (spins % 64 == 0 && MonotonicNanos() > spin_until) break;
+  }
+  absl::MutexLock lock(&mu_);
+  auto replied = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return replied_ >= seq || reader_done_;
+  };
+  while (__atomic_load_n(w, __ATOMIC_ACQUIRE) < seq) {
+    if (mu_.AwaitWithTimeout(absl::Condition(&replied), absl::Microseconds(100))) {
+      if (__atomic_load_n(w, __ATOMIC_ACQUIRE) >= seq) break;
+      if (reader_done_) return stream_status_;
     }
   }
   return absl::OkStatus();
