@@ -14,6 +14,12 @@ dir=.device/stepquant
 export LD_LIBRARY_PATH=$PWD/$dir/lib
 steps=${*:-test bench}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memory.total --format=csv | tee "$OUT/env.txt"
+# Smoke test first: one fast-kernel case with a short limit, so a hang (an
+# mbarrier that never completes) costs 40 s instead of the whole run.
+timeout 40 "$dir/stepquant_cuda_test" --gtest_brief=1 \
+  --gtest_filter='Paths/StepFastDecodeBatchTest.MatchesCpuAndSlowKernel/KdaStep4Bf16C2' 2>&1 | tail -5
+rc=${PIPESTATUS[0]}
+if [ "$rc" = 124 ]; then echo "smoke test timed out: fast kernel hangs; stopping"; exit 1; fi
 for s in $steps; do
   case $s in
     test)
