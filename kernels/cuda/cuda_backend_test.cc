@@ -159,9 +159,24 @@ struct DeviceInputs {
   }
 };
 
+// The decay of token `row` for head h per stored row (exp(g), key-permuted).
+std::vector<float> TokenDecay(const StateLayout& layout, int layer, int h, const HostInputs& in,
+                              int64_t row) {
+  const ModelGeometry& geo = layout.geometry();
+  const int32_t* perm = layout.key_perm(layer, h);
+  const int64_t gh = row * geo.h_v + h;
+  std::vector<float> a(geo.d_k);
+  for (int r = 0; r < geo.d_k; ++r) {
+    a[r] = DecayExp(geo.arch == Arch::kKda ? in.g[gh * geo.d_k + perm[r]] : in.g[gh]);
+  }
+  return a;
+}
+
 // The reference: one token for (item b, head h) on the working state w.
+// decay_folded: w was decoded with this token's decay folded in
+// (DecodeHead's row_scale, decode_math.h), so a = 1 here.
 void ReferenceToken(const StateLayout& layout, int layer, int h, const HostInputs& in,
-                    int64_t row, std::vector<float>& w, float* o_out) {
+                    int64_t row, bool decay_folded, std::vector<float>& w, float* o_out) {
   const ModelGeometry& geo = layout.geometry();
   const int kh = geo.KeyHeadOf(h);
   const int32_t* perm = layout.key_perm(layer, h);
@@ -172,7 +187,8 @@ void ReferenceToken(const StateLayout& layout, int layer, int h, const HostInput
     const int c = perm[r];
     k[r] = in.k[qk + c];
     qs[r] = geo.EffectiveScale() * in.q[qk + c];
-    a[r] = DecayExp(geo.arch == Arch::kKda ? in.g[gh * geo.d_k + c] : in.g[gh]);
+    a[r] = decay_folded ? 1.0f
+                        : DecayExp(geo.arch == Arch::kKda ? in.g[gh * geo.d_k + c] : in.g[gh]);
   }
   for (int j = 0; j < geo.d_v; ++j) v[j] = in.v[gh * geo.d_v + j];
   const ValueMap map{layout.head_layout().transform, layout.value_order(layer, h),
@@ -195,14 +211,19 @@ void ReferenceLayer(const StateLayout& layout, const PoolView& host_pool, int la
     for (int h = 0; h < geo.h_v; ++h) {
       if (slots[b] < 0) continue;
       uint8_t* head = host_pool.head(slots[b], layer, h);
-      DecodeHead(hl, head, w.data());
+      const int64_t row0 = static_cast<int64_t>(b) * tokens;
+      DecodeHead(hl, head, w.data(), TokenDecay(layout, layer, h, in, row0).data());
       for (int t = 0; t < tokens; ++t) {
-        const int64_t row = static_cast<int64_t>(b) * tokens + t;
+        const int64_t row = row0 + t;
         float* o_out = o == nullptr ? nullptr : o->data() + (row * geo.h_v + h) * geo.d_v;
-        ReferenceToken(layout, layer, h, in, row, w, o_out);
+        // Every decode of the stored head folds in the next token's decay.
+        const bool folded = t == 0 || per_token_encode;
+        ReferenceToken(layout, layer, h, in, row, folded, w, o_out);
         if (per_token_encode) {
           EncodeHead(hl, w.data(), head);
-          if (t + 1 < tokens) DecodeHead(hl, head, w.data());
+          if (t + 1 < tokens) {
+            DecodeHead(hl, head, w.data(), TokenDecay(layout, layer, h, in, row + 1).data());
+          }
         }
       }
       if (!per_token_encode) EncodeHead(hl, w.data(), head);

@@ -14,6 +14,12 @@
 //   w_rj = fma(k_r, db_j, a_r w_rj)
 //   o'_j = fma(qk, db_j, sum_r (qs_r a_r) w_rj),  qk = sum_r qs_r k_r
 //
+// Decay folding: a kernel decodes the stored head for the first token of a
+// call with that token's a folded into the dequantization (DecodeHead's
+// row_scale: s' = a_r * s for a quantized row, a_r * x for an FP row, one
+// rounding each), and runs that token with a = 1 (x * 1 is exact), saving
+// one multiply per state value. The GPU tests' reference does the same.
+//
 // Tiling (the kernel's thread map, which fixes the summation tree): column
 // stripes of 32 values; each warp owns one stripe and 64 consecutive rows
 // (4 steps of 16 rows); lane = 2 * rl + cl holds rows (wr*4 + i)*16 + rl,

@@ -111,23 +111,27 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
 }
 
 // Decodes one row into x[0..d_v).
+// row_scale multiplies the row's dequantization: the group / block scale of a
+// quantized codec (s' = row_scale * s, one rounding), each value of an FP
+// codec. 1 decodes the stored values exactly; the decode kernels pass the
+// row's decay of the first token (decode_math.h).
 SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int d_v,
-                     float global_scale, float* x) {
+                     float global_scale, float* x, float row_scale = 1.0f) {
   switch (c) {
     case RowCodec::kFp32:
-      for (int j = 0; j < d_v; ++j) x[j] = LoadF32(codes + 4 * j);
+      for (int j = 0; j < d_v; ++j) x[j] = row_scale * LoadF32(codes + 4 * j);
       return;
     case RowCodec::kFp16:
-      for (int j = 0; j < d_v; ++j) x[j] = HalfBitsToFloat(LoadU16(codes + 2 * j));
+      for (int j = 0; j < d_v; ++j) x[j] = row_scale * HalfBitsToFloat(LoadU16(codes + 2 * j));
       return;
     case RowCodec::kBf16:
-      for (int j = 0; j < d_v; ++j) x[j] = Bf16BitsToFloat(LoadU16(codes + 2 * j));
+      for (int j = 0; j < d_v; ++j) x[j] = row_scale * Bf16BitsToFloat(LoadU16(codes + 2 * j));
       return;
     case RowCodec::kAffineU8:
     case RowCodec::kAffineU4: {
       const bool u4 = c == RowCodec::kAffineU4;
       for (int g = 0; g < d_v / kGroupSize; ++g) {
-        const float s = HalfBitsToFloat(LoadU16(meta + 4 * g));
+        const float s = row_scale * HalfBitsToFloat(LoadU16(meta + 4 * g));
         const float z = HalfBitsToFloat(LoadU16(meta + 4 * g + 2));
         float* xg = x + g * kGroupSize;
         if (u4) {
@@ -146,7 +150,7 @@ SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int 
     case RowCodec::kFp8E4m3: {
       const bool sym = c == RowCodec::kSymI8;
       for (int g = 0; g < d_v / kGroupSize; ++g) {
-        const float s = LoadF32(meta + 4 * g);
+        const float s = row_scale * LoadF32(meta + 4 * g);
         for (int j = 0; j < kGroupSize; ++j) {
           const uint8_t q = codes[g * kGroupSize + j];
           x[g * kGroupSize + j] = sym ? SymDecode(static_cast<int8_t>(q), s) : Fp8Decode(q, s);
@@ -156,7 +160,7 @@ SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int 
     }
     case RowCodec::kNvfp4: {
       for (int b = 0; b < d_v / kNvfp4BlockSize; ++b) {
-        const float mult = Nvfp4BlockMultiplier(meta[b], global_scale);
+        const float mult = row_scale * Nvfp4BlockMultiplier(meta[b], global_scale);
         for (int j = 0; j < kNvfp4BlockSize; ++j) {
           const int idx = b * kNvfp4BlockSize + j;
           x[idx] = Nvfp4Decode(static_cast<uint8_t>((codes[idx / 2] >> (4 * (idx & 1))) & 0xf), mult);
@@ -193,19 +197,23 @@ SC_HD void EncodeHead(const PackedHeadLayout& l, const float* w, uint8_t* head) 
 }
 
 // Decodes `head` into the working state w[d_k][d_v].
-SC_HD void DecodeHead(const PackedHeadLayout& l, const uint8_t* head, float* w) {
+// row_scale (optional, [d_k] in stored row order): DecodeRow's per-row
+// factor; nullptr decodes the stored values. Not for STEPQuant layouts.
+SC_HD void DecodeHead(const PackedHeadLayout& l, const uint8_t* head, float* w,
+                      const float* row_scale = nullptr) {
   if (l.lo == RowCodec::kStepQuant) {
     StepDecodeHead(MakeUniformStepHeadLayout(l.d_k, l.d_v, l.step_bits), head, w);
     return;
   }
   const float global_scale = l.has_global_scale ? LoadF32(head + l.global_offset) : 0.0f;
   for (int r = 0; r < l.k_hi; ++r) {
-    DecodeRow(l.hi, head + l.hi_offset + r * l.hi_row_bytes, nullptr, l.d_v, 0.0f, w + r * l.d_v);
+    DecodeRow(l.hi, head + l.hi_offset + r * l.hi_row_bytes, nullptr, l.d_v, 0.0f, w + r * l.d_v,
+              row_scale != nullptr ? row_scale[r] : 1.0f);
   }
   for (int r = 0; r < l.lo_rows(); ++r) {
     DecodeRow(l.lo, head + l.lo_codes_offset + r * l.lo_code_row_bytes,
               head + l.lo_meta_offset + r * l.lo_meta_row_bytes, l.d_v, global_scale,
-              w + (l.k_hi + r) * l.d_v);
+              w + (l.k_hi + r) * l.d_v, row_scale != nullptr ? row_scale[l.k_hi + r] : 1.0f);
   }
 }
 

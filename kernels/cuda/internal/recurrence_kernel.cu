@@ -224,8 +224,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
   uint8_t* head = HeadPtr(p, geo, slot, h);
   const float global_scale =
       l.has_global_scale ? *reinterpret_cast<const float*>(head + l.global_offset) : 0.0f;
+  // The head is decoded with token 0's decay folded in (decode_math.h).
   float s[kTileSteps][kTileColsPerLane];
-  LoadTile<F>(l, head, m, global_scale, s);
+  if (p.tokens == 0) LoadTile<F>(l, head, m, global_scale, s);
 
   const int kh = h / (geo.h_v / geo.h_qk);
   const int32_t* perm = p.maps.key_perm != nullptr ? p.maps.key_perm + int64_t{h} * geo.d_k : nullptr;
@@ -243,6 +244,11 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
                static_cast<const uint8_t*>(p.k) + qk_base * ds,
                geo.kda ? p.g + gh * geo.d_k : nullptr, geo.kda ? 0.0f : DecayExp(p.g[gh]),
                geo.scale, kk, qs, a);
+    if (tok == 0) {
+      LoadTile<F>(l, head, m, global_scale, s, a);
+#pragma unroll
+      for (int i = 0; i < kTileSteps; ++i) a[i] = 1.0f;  // applied: x * 1 is exact
+    }
     const float vp = StoredValue<kVt>(m, p.dtype, static_cast<const uint8_t*>(p.v) + v_base * ds,
                                       vorder, vscale);
     const StepScratch sc = MakeScratch(smem, t, geo.d_v, m, tok & 1);
@@ -357,11 +363,12 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
 template <StateFormat F, bool kFixed>
 __device__ __forceinline__ void LoadItemTile(const PackedHeadLayout& l, const uint8_t* head_s,
                                              const LaneMap& m, float global_scale,
-                                             float (&s)[kTileSteps][kTileColsPerLane]) {
+                                             float (&s)[kTileSteps][kTileColsPerLane],
+                                             const float (&a)[kTileSteps]) {
   if constexpr (kFixed) {
-    LoadTileFixed<F, Src::kShared>(l, head_s, m, global_scale, m.row_warp == 0, s);
+    LoadTileFixed<F, Src::kShared>(l, head_s, m, global_scale, m.row_warp == 0, s, a);
   } else {
-    LoadTile<F, Src::kShared>(l, head_s, m, global_scale, s);
+    LoadTile<F, Src::kShared>(l, head_s, m, global_scale, s, a);
   }
 }
 
@@ -469,12 +476,11 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       __syncthreads();
       refill();
     } else {
-      // Registers <- staged head and inputs.
+      // Registers <- staged inputs, then the staged head decoded with the
+      // decay folded in (decode_math.h).
       const uint8_t* head_s = stage + sl.head;
       const float global_scale =
           l.has_global_scale ? *reinterpret_cast<const float*>(head_s + l.global_offset) : 0.0f;
-      float s[kTileSteps][kTileColsPerLane];
-      LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s);
       float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
       GatherRowsPaired<kDtype, kFixed>(
           m, geo.d_k,
@@ -483,6 +489,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
           geo.kda ? reinterpret_cast<const float*>(stage + sl.g) : nullptr,
           geo.kda ? 0.0f : DecayExp(g_head), geo.scale, WarpRows(scratch, t, geo.d_v, m), kk,
           qs, a);
+      float s[kTileSteps][kTileColsPerLane];
+      LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
       const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
       const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
       const float vp = StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s);
@@ -493,7 +501,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
         refill();
       }
       const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
-      const float os = TokenStep(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc, [&] {
+      const float os = TokenStep<true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc, [&] {
         if (!one_stage) refill();
       });
       if (m.row_warp == 0) {

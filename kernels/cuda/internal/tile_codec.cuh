@@ -118,16 +118,18 @@ __device__ __forceinline__ int ChunkCol(int v, int n) {
 // col0: the lane's first column, stripe * 32 + cl * W.
 
 template <RowCodec C, Src S = Src::kGlobal, int W = 16>
+// row_scale: DecodeRow's per-row factor (head_codec.h), folded into the
+// group scale of quantized codecs; 1 decodes the stored values.
 __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* meta, int col0,
-                                          float global_scale, float* x) {
+                                          float global_scale, float* x, float row_scale = 1.0f) {
   if constexpr (C == RowCodec::kFp32) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const uint4 u = Ld16<S>(codes + 4 * (col0 + ChunkCol<W>(v, 4)));
-      x[4 * v + 0] = __uint_as_float(u.x);
-      x[4 * v + 1] = __uint_as_float(u.y);
-      x[4 * v + 2] = __uint_as_float(u.z);
-      x[4 * v + 3] = __uint_as_float(u.w);
+      x[4 * v + 0] = row_scale * __uint_as_float(u.x);
+      x[4 * v + 1] = row_scale * __uint_as_float(u.y);
+      x[4 * v + 2] = row_scale * __uint_as_float(u.z);
+      x[4 * v + 3] = row_scale * __uint_as_float(u.w);
     }
   } else if constexpr (C == RowCodec::kFp16 || C == RowCodec::kBf16) {
 #pragma unroll
@@ -138,18 +140,18 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
       for (int e = 0; e < 4; ++e) {
         if constexpr (C == RowCodec::kFp16) {
           const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[e]));
-          x[8 * v + 2 * e] = f.x;
-          x[8 * v + 2 * e + 1] = f.y;
+          x[8 * v + 2 * e] = row_scale * f.x;
+          x[8 * v + 2 * e + 1] = row_scale * f.y;
         } else {
-          x[8 * v + 2 * e] = __uint_as_float(w[e] << 16);
-          x[8 * v + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+          x[8 * v + 2 * e] = row_scale * __uint_as_float(w[e] << 16);
+          x[8 * v + 2 * e + 1] = row_scale * __uint_as_float(w[e] & 0xffff0000u);
         }
       }
     }
   } else if constexpr (C == RowCodec::kAffineU8) {
     const uint4 u = Ld16<S>(codes + col0);
     const uint32_t m = *reinterpret_cast<const uint32_t*>(meta + 4 * (col0 / kGroupSize));
-    const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
+    const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
     const float bias = kMagicByte + z;
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -163,7 +165,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
   } else if constexpr (C == RowCodec::kAffineU4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
     const uint32_t m = *reinterpret_cast<const uint32_t*>(meta + 4 * (col0 / kGroupSize));
-    const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
+    const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
     const float bias = kMagicByte + z;
     const uint32_t w[2] = {u.x, u.y};
@@ -174,7 +176,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kSymI8) {
     const uint4 u = Ld16<S>(codes + col0);
-    const float s = *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
+    const float s = row_scale * *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
     const float bias = kMagicByte + 128.0f;
     const uint32_t w[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u,
                            u.w ^ 0x80808080u};
@@ -187,7 +189,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kFp8E4m3) {
     const uint4 u = Ld16<S>(codes + col0);
-    const float s = *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
+    const float s = row_scale * *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
@@ -195,7 +197,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kNvfp4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
-    const float mult = Nvfp4BlockMultiplier(meta[col0 / kNvfp4BlockSize], global_scale);
+    const float mult = row_scale * Nvfp4BlockMultiplier(meta[col0 / kNvfp4BlockSize], global_scale);
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {

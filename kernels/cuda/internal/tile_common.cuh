@@ -55,9 +55,12 @@ __device__ __forceinline__ LaneMap MakeLaneMap(int stripes) {
 
 // Loads the lane's kTileSteps x 16 values of a packed head (rows >= d_k are 0).
 template <StateFormat F, Src S = Src::kGlobal>
+// row_scale (optional): the lane's rows' DecodeRow factors (decode_math.h:
+// the first token's decay), nullptr for the stored values.
 __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_t* head,
                                          const LaneMap& m, float global_scale,
-                                         float (&s)[kTileSteps][kTileColsPerLane]) {
+                                         float (&s)[kTileSteps][kTileColsPerLane],
+                                         const float* row_scale = nullptr) {
   constexpr RowCodec kLo = LoRowCodec(F);
   constexpr RowCodec kHi = HiRowCodec(F);
 #pragma unroll
@@ -67,12 +70,13 @@ __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_
 #pragma unroll
       for (int c = 0; c < kTileColsPerLane; ++c) s[i][c] = 0.0f;
     } else if (IsMixedFormat(F) && r < l.k_hi) {
-      LoadRow16<kHi, S, LaneWidth<F>()>(head + l.hi_offset + r * l.hi_row_bytes, nullptr, m.col0, 0.0f, s[i]);
+      LoadRow16<kHi, S, LaneWidth<F>()>(head + l.hi_offset + r * l.hi_row_bytes, nullptr, m.col0,
+                                        0.0f, s[i], row_scale != nullptr ? row_scale[i] : 1.0f);
     } else {
       const int lr = r - l.k_hi;
       LoadRow16<kLo, S, LaneWidth<F>()>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
                      head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0, global_scale,
-                     s[i]);
+                     s[i], row_scale != nullptr ? row_scale[i] : 1.0f);
     }
   }
 }
@@ -141,17 +145,18 @@ template <StateFormat F, Src S>
 __device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, const uint8_t* head,
                                               const LaneMap& m, float global_scale,
                                               bool hi_step0,
-                                              float (&s)[kTileSteps][kTileColsPerLane]) {
+                                              float (&s)[kTileSteps][kTileColsPerLane],
+                                              const float (&row_scale)[kTileSteps]) {
   constexpr int W = LaneWidth<F>();
   const auto load_lo = [&](int i) {
     const int lr = m.row(i) - l.k_hi;
     LoadRow16<LoRowCodec(F), S, W>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
                                    head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0,
-                                   global_scale, s[i]);
+                                   global_scale, s[i], row_scale[i]);
   };
   if (IsMixedFormat(F) && hi_step0) {
     LoadRow16<HiRowCodec(F), S, W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr,
-                                   m.col0, 0.0f, s[0]);
+                                   m.col0, 0.0f, s[0], row_scale[0]);
   } else {
     load_lo(0);
   }
@@ -368,7 +373,9 @@ struct StepScratch {
 // __syncthreads when row_warps > 1: every thread of the CTA must call it.
 // after_sync() runs in every thread right after that barrier (or, with one
 // row warp, where it would be).
-template <typename AfterSync>
+// kFolded: the state was decoded with the decay folded in (LoadTile's
+// row_scale = a), so this token's a is not applied again.
+template <bool kFolded = false, typename AfterSync>
 __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLane],
                                            const float (&kk)[kTileSteps],
                                            const float (&qs)[kTileSteps],
@@ -379,8 +386,8 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
   float qk = 0.0f;
 #pragma unroll
   for (int i = 0; i < kTileSteps; ++i) {
-    ka[i] = kk[i] * a[i];
-    qa[i] = qs[i] * a[i];
+    ka[i] = kFolded ? kk[i] : kk[i] * a[i];
+    qa[i] = kFolded ? qs[i] : qs[i] * a[i];
     qk = Fma(qs[i], kk[i], qk);
   }
   float pk[kTileColsPerLane], pq[kTileColsPerLane];
@@ -435,7 +442,9 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
 #pragma unroll
   for (int i = 0; i < kTileSteps; ++i) {
 #pragma unroll
-    for (int c = 0; c < kTileColsPerLane; ++c) s[i][c] = Fma(kk[i], d[c], a[i] * s[i][c]);
+    for (int c = 0; c < kTileColsPerLane; ++c) {
+      s[i][c] = Fma(kk[i], d[c], kFolded ? s[i][c] : a[i] * s[i][c]);
+    }
   }
   return Fma(qk, db, qsum);
 }
