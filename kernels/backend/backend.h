@@ -6,7 +6,7 @@
 // (snapshot / restore) and zeroing. Every pointer passed to a backend call
 // points into that backend's memory space (use Allocate + CopyIn / CopyOut to
 // stage host data). Calls are synchronous: when a call returns, its outputs
-// are written. A backend is thread-safe; concurrent calls must not touch the
+// are written (DecodeQueue, below, is the optional asynchronous decode path). A backend is thread-safe; concurrent calls must not touch the
 // same slots (the pool above guarantees that).
 //
 // Every compute call is a "binding" in the FlashInfer sense: it checks shapes,
@@ -20,11 +20,13 @@
 #define STATECACHE_KERNELS_BACKEND_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/backend/pool_view.h"
 #include "kernels/layout/state_layout.h"
@@ -81,6 +83,50 @@ class BackendBuffer {
   virtual int64_t size() const = 0;
 };
 
+// Ordered asynchronous decode updates (optional; the CUDA backend has them):
+// the host enqueues and returns at once, a callback reports each update's
+// status once its device work completed. Work of one queue runs in enqueue
+// order on the queue's own stream; different queues (and the backend's
+// synchronous calls) run independently, so callers keep the exclusive-slot
+// rule across them (hold the slots until `done`). One producer thread per
+// queue. Additive to the synchronous interface (SubmitUpdates, issue 10).
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<DecodeQueue> q, backend->NewDecodeQueue());
+//   RETURN_IF_ERROR(q->EnqueueDecodeUpdate(model, pool, layer, in, /*epilogue=*/nullptr,
+//                                          [](absl::Status s) { /* o written iff s.ok() */ }));
+//   q->Drain();
+class DecodeQueue {
+ public:
+  // Called on the completion thread, one at a time, in enqueue order; must
+  // not call into the queue.
+  using Done = std::function<void(absl::Status)>;
+  // Enqueues caller work on the queue's native stream before the completion
+  // point (e.g. raising a done word); its error becomes the status.
+  using Epilogue = std::function<absl::Status(void* native_stream)>;
+
+  // Drains (waits for every enqueued update and runs its callback).
+  virtual ~DecodeQueue() = default;
+  // CUDA: the queue's cudaStream_t (non-blocking) as void*. Work the caller
+  // enqueues there between calls (e.g. cudaStreamWaitEvent) orders the
+  // queue's later work after it.
+  virtual void* native_stream() const = 0;
+  // Host checks as DecodeUpdate: an error returns here, nothing is enqueued
+  // and `done` is never called. Otherwise enqueues the device validation,
+  // the fused kernel (it writes nothing when validation fails), `epilogue`
+  // (when set) and a completion point; `done` then gets the status
+  // DecodeUpdate would have returned (kInvalidArgument naming the field;
+  // o and the slots written iff OK), or the epilogue's error.
+  virtual absl::Status EnqueueDecodeUpdate(const PreparedModel& model, const PoolView& pool,
+                                           int layer, const DecodeInputs& in,
+                                           const Epilogue& epilogue, Done done) = 0;
+  // `epilogue` and a completion point only: `done(OK or the epilogue's
+  // error)` runs after everything enqueued before (a request that failed
+  // before reaching the backend keeps its place in the order).
+  virtual absl::Status EnqueueCompletion(const Epilogue& epilogue, Done done) = 0;
+  // Blocks until every callback enqueued so far has run.
+  virtual void Drain() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -125,6 +171,13 @@ class Backend {
                                  const PoolView& dst, const int32_t* dst_slots, int n) = 0;
   // Sets slots to the zero state (all-zero bytes decode to S = 0 in every format).
   virtual absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) = 0;
+
+  // A new DecodeQueue (above), or kUnimplemented: the default, for backends
+  // whose calls are synchronous only (CPU).
+  virtual absl::StatusOr<std::unique_ptr<DecodeQueue>> NewDecodeQueue() {
+    return absl::UnimplementedError(
+        absl::StrCat(name(), " backend: no asynchronous decode queue (calls are synchronous)"));
+  }
 };
 
 // "cpu", "cuda" or "auto" (CUDA when a GPU is usable, else CPU).

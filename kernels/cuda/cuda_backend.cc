@@ -1,10 +1,14 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -143,6 +147,129 @@ class CudaPreparedModel : public PreparedModel {
 ci::PoolParams PoolOf(const PoolView& pool) {
   return ci::PoolParams{pool.base, pool.slot_bytes(), pool.layers};
 }
+
+// The fused decode / prefill kernel on `stream`; it exits without writing
+// when an entry of `abort_if_error` (the validation block written earlier on
+// the same stream; nullptr = the unchecked benchmark hook) is set.
+absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& pool, int layer,
+                                 int batch, int tokens, const int32_t* slots, DType dtype,
+                                 const void* q, const void* k, const void* v, const float* g,
+                                 const float* beta, float* o, const int32_t* abort_if_error,
+                                 void* stream) {
+  if (IsStepQuantFormat(m.layout().format().format)) {
+    ci::StepKernelParams sp = m.StepParams(pool);
+    sp.layer = layer;
+    sp.batch = batch;
+    sp.tokens = tokens;
+    sp.slots = slots;
+    sp.dtype = static_cast<int>(dtype);
+    sp.q = q;
+    sp.k = k;
+    sp.v = v;
+    sp.g = g;
+    sp.beta = beta;
+    sp.o = o;
+    sp.abort_if_error = abort_if_error;
+    return CudaStatus(ci::LaunchStepRecurrence(sp, stream), "stepquant recurrence kernel");
+  }
+  ci::RecurrenceParams p;
+  p.abort_if_error = abort_if_error;
+  p.geo = m.Geometry();
+  p.maps = m.Maps(layer);
+  p.pool = PoolOf(pool);
+  p.layer = layer;
+  p.batch = batch;
+  p.tokens = tokens;
+  p.slots = slots;
+  p.dtype = static_cast<int>(dtype);
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.g = g;
+  p.beta = beta;
+  p.o = o;
+  return CudaStatus(ci::LaunchRecurrence(p, stream), "recurrence kernel");
+}
+
+int64_t BitmapBytes(int64_t num_slots) { return ((num_slots + 31) / 32) * 4; }
+
+// Validation kernels of a decode / prefill on `stream`: slot range and
+// duplicates (bitmap: ceil(num_slots / 32) zeroed words), finite q, k, v,
+// g <= 0, beta in [0, 2]. `errors` must have been reset (0x7f bytes).
+absl::Status EnqueueInputValidation(const StateLayout& layout, const PoolView& pool, int batch,
+                                    int tokens, const int32_t* slots, DType dtype, const void* q,
+                                    const void* k, const void* v, const float* g,
+                                    const float* beta, uint32_t* bitmap, int32_t* errors,
+                                    void* stream) {
+  const ModelGeometry& geo = layout.geometry();
+  const int64_t rows = int64_t{batch} * tokens;
+  const int dt = static_cast<int>(dtype);
+  int rc = ci::LaunchValidateSlots(slots, batch, pool.num_slots, true, bitmap, errors,
+                                   ci::kErrSlotRange, ci::kErrSlotDuplicate, stream);
+  ci::ValueChecks checks;
+  checks.check[0] = {dt, q, rows * geo.h_qk * geo.d_k, 0, ci::kErrQ};
+  checks.check[1] = {dt, k, rows * geo.h_qk * geo.d_k, 0, ci::kErrK};
+  checks.check[2] = {dt, v, rows * geo.h_v * geo.d_v, 0, ci::kErrV};
+  checks.check[3] = {0, g, rows * geo.h_v * geo.GateWidth(), 1, ci::kErrG};
+  checks.check[4] = {0, beta, rows * geo.h_v, 2, ci::kErrBeta};
+  checks.n = 5;
+  if (rc == 0) rc = ci::LaunchValidateValuesBatch(checks, errors, stream);
+  return CudaStatus(rc, "validation kernels");
+}
+
+// The first error of a read-back validation block `e` as a status naming the
+// field and index (OK when none). `slot_value(arr, i)` prints a slot entry.
+absl::Status ErrorBlockStatus(const int32_t* e, const int32_t* slots, const int32_t* dst_slots,
+                              int64_t num_slots, int64_t dst_num_slots,
+                              const std::function<std::string(const int32_t*, int32_t)>& slot_value) {
+  const char* range_name = dst_slots != nullptr ? "src_slots" : "slots";
+  if (e[ci::kErrSlotRange] != ci::kNoError) {
+    const int32_t i = e[ci::kErrSlotRange];
+    return absl::InvalidArgumentError(absl::StrCat(range_name, "[", i, "]: ",
+                                                   slot_value(slots, i), " is outside 0..",
+                                                   num_slots - 1));
+  }
+  if (e[ci::kErrSlotDuplicate] != ci::kNoError) {
+    const int32_t i = e[ci::kErrSlotDuplicate];
+    return absl::InvalidArgumentError(absl::StrCat(range_name, "[", i, "]: slot ",
+                                                   slot_value(slots, i),
+                                                   " appears twice in one batch"));
+  }
+  if (e[ci::kErrDstSlotRange] != ci::kNoError) {
+    const int32_t i = e[ci::kErrDstSlotRange];
+    return absl::InvalidArgumentError(absl::StrCat("dst_slots[", i, "]: ",
+                                                   slot_value(dst_slots, i), " is outside 0..",
+                                                   dst_num_slots - 1));
+  }
+  if (e[ci::kErrDstSlotDuplicate] != ci::kNoError) {
+    const int32_t i = e[ci::kErrDstSlotDuplicate];
+    return absl::InvalidArgumentError(absl::StrCat("dst_slots[", i, "]: slot ",
+                                                   slot_value(dst_slots, i),
+                                                   " appears twice in one batch"));
+  }
+  static constexpr struct {
+    int field;
+    const char* name;
+    const char* what;
+  } kValueFields[] = {
+      {ci::kErrQ, "q", "is not finite"},
+      {ci::kErrK, "k", "is not finite"},
+      {ci::kErrV, "v", "is not finite"},
+      {ci::kErrG, "g", "is not finite or is positive (g is a log decay, must be <= 0)"},
+      {ci::kErrBeta, "beta", "is not finite or is outside [0, 2]"},
+      {ci::kErrStates, "states", "is not finite"},
+  };
+  for (const auto& f : kValueFields) {
+    if (e[f.field] != ci::kNoError) {
+      return absl::InvalidArgumentError(absl::StrCat(f.name, "[", e[f.field], "]: ", f.what));
+    }
+  }
+  return absl::OkStatus();
+}
+
+constexpr int64_t kErrorBytes = 4 * ci::kNumValidationFields;
+
+class CudaDecodeQueue;
 
 class CudaBackend : public Backend {
  public:
@@ -341,6 +468,8 @@ class CudaBackend : public Backend {
     return CudaStatus(ci::StreamSynchronize(stream_), "copy slots");
   }
 
+  absl::StatusOr<std::unique_ptr<DecodeQueue>> NewDecodeQueue() override;
+
   absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) override {
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
     if (n == 0) return absl::OkStatus();
@@ -380,7 +509,7 @@ class CudaBackend : public Backend {
   void* stream() const { return stream_; }
 
  private:
-  static constexpr int64_t kErrorBytes = 4 * ci::kNumValidationFields;
+  friend class CudaDecodeQueue;
 
   explicit CudaBackend(const ci::DeviceInfo& info) : info_(info) {}
 
@@ -391,8 +520,6 @@ class CudaBackend : public Backend {
     }
     return m;
   }
-
-  static int64_t BitmapBytes(int64_t num_slots) { return ((num_slots + 31) / 32) * 4; }
 
   static absl::Status CheckTokenPointers(int batch, int tokens, const int32_t* slots, DType dtype,
                                          const void* q, const void* k, const void* v,
@@ -439,115 +566,31 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "validation"));
     int32_t e[ci::kNumValidationFields];
     std::memcpy(e, host_errors_, sizeof(e));
-    auto slot_value = [&](const int32_t* arr, int32_t i) -> std::string {
-      int32_t v = 0;
-      if (ci::StreamSynchronize(stream_) != 0 || ci::CopyDeviceToHost(&v, arr + i, 4) != 0) {
-        return "?";
-      }
-      return absl::StrCat(v);
-    };
-    const char* range_name = dst_slots != nullptr ? "src_slots" : "slots";
-    if (e[ci::kErrSlotRange] != ci::kNoError) {
-      const int32_t i = e[ci::kErrSlotRange];
-      return absl::InvalidArgumentError(absl::StrCat(range_name, "[", i, "]: ",
-                                                     slot_value(slots, i), " is outside 0..",
-                                                     num_slots - 1));
-    }
-    if (e[ci::kErrSlotDuplicate] != ci::kNoError) {
-      const int32_t i = e[ci::kErrSlotDuplicate];
-      return absl::InvalidArgumentError(absl::StrCat(range_name, "[", i, "]: slot ",
-                                                     slot_value(slots, i),
-                                                     " appears twice in one batch"));
-    }
-    if (e[ci::kErrDstSlotRange] != ci::kNoError) {
-      const int32_t i = e[ci::kErrDstSlotRange];
-      return absl::InvalidArgumentError(absl::StrCat("dst_slots[", i, "]: ",
-                                                     slot_value(dst_slots, i), " is outside 0..",
-                                                     dst_num_slots - 1));
-    }
-    if (e[ci::kErrDstSlotDuplicate] != ci::kNoError) {
-      const int32_t i = e[ci::kErrDstSlotDuplicate];
-      return absl::InvalidArgumentError(absl::StrCat("dst_slots[", i, "]: slot ",
-                                                     slot_value(dst_slots, i),
-                                                     " appears twice in one batch"));
-    }
-    static constexpr struct {
-      int field;
-      const char* name;
-      const char* what;
-    } kValueFields[] = {
-        {ci::kErrQ, "q", "is not finite"},
-        {ci::kErrK, "k", "is not finite"},
-        {ci::kErrV, "v", "is not finite"},
-        {ci::kErrG, "g", "is not finite or is positive (g is a log decay, must be <= 0)"},
-        {ci::kErrBeta, "beta", "is not finite or is outside [0, 2]"},
-        {ci::kErrStates, "states", "is not finite"},
-    };
-    for (const auto& f : kValueFields) {
-      if (e[f.field] != ci::kNoError) {
-        return absl::InvalidArgumentError(absl::StrCat(f.name, "[", e[f.field], "]: ", f.what));
-      }
-    }
-    return absl::OkStatus();
+    return ErrorBlockStatus(e, slots, dst_slots, num_slots, dst_num_slots,
+                            [&](const int32_t* arr, int32_t i) -> std::string {
+                              int32_t v = 0;
+                              if (ci::StreamSynchronize(stream_) != 0 ||
+                                  ci::CopyDeviceToHost(&v, arr + i, 4) != 0) {
+                                return "?";
+                              }
+                              return absl::StrCat(v);
+                            });
   }
 
   absl::Status ValidateOnDevice(const StateLayout& layout, const PoolView& pool, int batch,
                                 int tokens, const int32_t* slots, DType dtype, const void* q,
                                 const void* k, const void* v, const float* g, const float* beta) {
-    const ModelGeometry& geo = layout.geometry();
-    const int64_t rows = int64_t{batch} * tokens;
-    const int dt = static_cast<int>(dtype);
     RETURN_IF_ERROR(BeginValidation(pool.num_slots));
-    int rc = ci::LaunchValidateSlots(slots, batch, pool.num_slots, true, bitmap_, errors_,
-                                     ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_);
-    ci::ValueChecks checks;
-    checks.check[0] = {dt, q, rows * geo.h_qk * geo.d_k, 0, ci::kErrQ};
-    checks.check[1] = {dt, k, rows * geo.h_qk * geo.d_k, 0, ci::kErrK};
-    checks.check[2] = {dt, v, rows * geo.h_v * geo.d_v, 0, ci::kErrV};
-    checks.check[3] = {0, g, rows * geo.h_v * geo.GateWidth(), 1, ci::kErrG};
-    checks.check[4] = {0, beta, rows * geo.h_v, 2, ci::kErrBeta};
-    checks.n = 5;
-    if (rc == 0) rc = ci::LaunchValidateValuesBatch(checks, errors_, stream_);
-    return CudaStatus(rc, "validation kernels");
+    return EnqueueInputValidation(layout, pool, batch, tokens, slots, dtype, q, k, v, g, beta,
+                                  bitmap_, errors_, stream_);
   }
 
   absl::Status EnqueueRecurrence(const CudaPreparedModel& m, const PoolView& pool, int layer,
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error) {
-    if (IsStepQuantFormat(m.layout().format().format)) {
-      ci::StepKernelParams sp = m.StepParams(pool);
-      sp.layer = layer;
-      sp.batch = batch;
-      sp.tokens = tokens;
-      sp.slots = slots;
-      sp.dtype = static_cast<int>(dtype);
-      sp.q = q;
-      sp.k = k;
-      sp.v = v;
-      sp.g = g;
-      sp.beta = beta;
-      sp.o = o;
-      sp.abort_if_error = abort_if_error;
-      return CudaStatus(ci::LaunchStepRecurrence(sp, stream_), "stepquant recurrence kernel");
-    }
-    ci::RecurrenceParams p;
-    p.abort_if_error = abort_if_error;
-    p.geo = m.Geometry();
-    p.maps = m.Maps(layer);
-    p.pool = PoolOf(pool);
-    p.layer = layer;
-    p.batch = batch;
-    p.tokens = tokens;
-    p.slots = slots;
-    p.dtype = static_cast<int>(dtype);
-    p.q = q;
-    p.k = k;
-    p.v = v;
-    p.g = g;
-    p.beta = beta;
-    p.o = o;
-    return CudaStatus(ci::LaunchRecurrence(p, stream_), "recurrence kernel");
+    return EnqueueRecurrenceOn(m, pool, layer, batch, tokens, slots, dtype, q, k, v, g, beta, o,
+                               abort_if_error, stream_);
   }
 
   absl::Status PackOrUnpack(const PreparedModel& model, const PoolView& pool,
@@ -602,6 +645,229 @@ class CudaBackend : public Backend {
   uint32_t* bitmap_ = nullptr;      // device slot bitmap
   int64_t bitmap_bytes_ = 0;
 };
+
+// DecodeQueue on its own non-blocking stream, with its own validation block,
+// slot bitmap and a ring of pinned read-back blocks (one per update in
+// flight): nothing is shared with the backend's synchronous calls or other
+// queues but the read-only prepared models. Per update the stream gets:
+// reset error block + bitmap, validation kernels, the fused kernel (exits
+// untouched on any error), an async copy of the 44-byte block into the
+// update's pinned entry, the caller's epilogue, an event. A completion
+// thread waits for the events in order, turns the block into a status and
+// runs `done`; the host never waits on the producer side (except when
+// kRing updates are in flight).
+class CudaDecodeQueue : public DecodeQueue {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaDecodeQueue>> Create() {
+    std::unique_ptr<CudaDecodeQueue> q(new CudaDecodeQueue());
+    RETURN_IF_ERROR(CudaStatus(ci::StreamCreate(&q->stream_), "create queue stream"));
+    void* errors = nullptr;
+    RETURN_IF_ERROR(CudaStatus(ci::Malloc(&errors, kErrorBytes), "allocate error block"));
+    q->errors_ = static_cast<int32_t*>(errors);
+    void* host = nullptr;
+    RETURN_IF_ERROR(
+        CudaStatus(ci::HostAllocPinned(&host, kRing * kErrorBytes), "allocate pinned blocks"));
+    q->host_errors_ = static_cast<int32_t*>(host);
+    for (int i = 0; i < kRing; ++i) {
+      RETURN_IF_ERROR(CudaStatus(ci::EventCreate(&q->events_[i]), "create queue event"));
+    }
+    q->thread_ = std::thread([p = q.get()] { p->CompletionLoop(); });
+    return q;
+  }
+
+  ~CudaDecodeQueue() override {
+    if (thread_.joinable()) {
+      Drain();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      thread_.join();
+    }
+    if (stream_ != nullptr) {
+      ci::StreamSynchronize(stream_);
+      ci::StreamDestroy(stream_);
+    }
+    for (void* e : events_) {
+      if (e != nullptr) ci::EventDestroy(e);
+    }
+    if (errors_ != nullptr) ci::Free(errors_);
+    if (bitmap_ != nullptr) ci::Free(bitmap_);
+    if (host_errors_ != nullptr) ci::HostFreePinned(host_errors_);
+  }
+
+  void* native_stream() const override { return stream_; }
+
+  absl::Status EnqueueDecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
+                                   const DecodeInputs& in, const Epilogue& epilogue,
+                                   Done done) override {
+    ASSIGN_OR_RETURN(const CudaPreparedModel* m, CudaBackend::Cast(model));
+    const StateLayout& layout = m->layout();
+    RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
+    RETURN_IF_ERROR(CudaBackend::CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k,
+                                                    in.v, in.g, in.beta));
+    if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
+    if (in.batch == 0) return EnqueueCompletion(epilogue, std::move(done));
+    // A bigger pool than seen so far: the bitmap grows once (after the
+    // stream's earlier work, which may still read the old one).
+    const int64_t bitmap_bytes = std::max<int64_t>(4, BitmapBytes(pool.num_slots));
+    if (bitmap_bytes > bitmap_bytes_) {
+      RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "queue sync"));
+      if (bitmap_ != nullptr) ci::Free(bitmap_);
+      bitmap_ = nullptr;
+      bitmap_bytes_ = 0;
+      void* p = nullptr;
+      if (ci::Malloc(&p, bitmap_bytes) != 0) {
+        return absl::ResourceExhaustedError("cuda: cannot allocate the slot bitmap");
+      }
+      bitmap_ = static_cast<uint32_t*>(p);
+      bitmap_bytes_ = bitmap_bytes;
+    }
+    const int entry = TakeEntry();
+    Pending pending;
+    pending.entry = entry;
+    pending.update = true;
+    pending.slots = in.slots;
+    pending.num_slots = pool.num_slots;
+    pending.done = std::move(done);
+    // From here on the update has its place in the order: CUDA errors
+    // become its status.
+    int rc = ci::MemsetAsync(errors_, 0x7f, kErrorBytes, stream_);
+    if (rc == 0) rc = ci::MemsetAsync(bitmap_, 0, bitmap_bytes, stream_);
+    absl::Status st = CudaStatus(rc, "reset validation");
+    if (st.ok()) {
+      st = EnqueueInputValidation(layout, pool, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
+                                  in.g, in.beta, bitmap_, errors_, stream_);
+    }
+    if (st.ok()) {
+      st = EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
+                               in.g, in.beta, in.o, errors_, stream_);
+    }
+    if (st.ok()) {
+      st = CudaStatus(ci::CopyDeviceToHostAsync(host_errors_ + entry * ci::kNumValidationFields,
+                                                errors_, kErrorBytes, stream_),
+                      "read errors");
+    }
+    pending.status = st;
+    Finish(std::move(pending), epilogue);
+    return absl::OkStatus();
+  }
+
+  absl::Status EnqueueCompletion(const Epilogue& epilogue, Done done) override {
+    Pending pending;
+    pending.entry = TakeEntry();
+    pending.done = std::move(done);
+    Finish(std::move(pending), epilogue);
+    return absl::OkStatus();
+  }
+
+  void Drain() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return queue_.empty() && !running_; });
+  }
+
+ private:
+  // Updates (pinned blocks, events) in flight at most; the producer waits
+  // for a free entry beyond that.
+  static constexpr int kRing = 256;
+
+  struct Pending {
+    int entry = 0;
+    bool update = false;
+    const int32_t* slots = nullptr;  // device; read only for an error message
+    int64_t num_slots = 0;
+    absl::Status status;  // an enqueue or epilogue error, else the block decides
+    bool event_ok = false;
+    Done done;
+  };
+
+  CudaDecodeQueue() = default;
+
+  int TakeEntry() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return in_flight_ < kRing; });
+    ++in_flight_;
+    const int e = next_entry_;
+    next_entry_ = (next_entry_ + 1) % kRing;
+    return e;
+  }
+
+  // Epilogue, event, hand-off to the completion thread.
+  void Finish(Pending pending, const Epilogue& epilogue) {
+    if (epilogue) {
+      absl::Status e = epilogue(stream_);
+      if (pending.status.ok()) pending.status = e;
+    }
+    absl::Status ev = CudaStatus(ci::EventRecord(events_[pending.entry], stream_), "record event");
+    if (pending.status.ok()) pending.status = ev;
+    pending.event_ok = ev.ok();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(pending));
+    }
+    cv_.notify_all();
+  }
+
+  void CompletionLoop() {
+    for (;;) {
+      Pending p;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty() || stop_; });
+        if (queue_.empty()) return;
+        p = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = true;
+      }
+      // Entries complete in order (one stream): this event also covers the
+      // block copy and the epilogue of this update.
+      absl::Status st = p.status;
+      const absl::Status synced = CudaStatus(
+          p.event_ok ? ci::EventSynchronize(events_[p.entry]) : ci::StreamSynchronize(stream_),
+          "queue completion");
+      if (st.ok()) st = synced;
+      if (st.ok() && p.update) {
+        int32_t e[ci::kNumValidationFields];
+        std::memcpy(e, host_errors_ + p.entry * ci::kNumValidationFields, sizeof(e));
+        st = ErrorBlockStatus(e, p.slots, nullptr, p.num_slots, 0,
+                              [](const int32_t* arr, int32_t i) -> std::string {
+                                int32_t v = 0;
+                                if (ci::CopyDeviceToHost(&v, arr + i, 4) != 0) return "?";
+                                return absl::StrCat(v);
+                              });
+      }
+      if (p.done) p.done(std::move(st));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --in_flight_;
+        running_ = false;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  void* stream_ = nullptr;
+  int32_t* errors_ = nullptr;       // device [kNumValidationFields]
+  int32_t* host_errors_ = nullptr;  // pinned [kRing][kNumValidationFields]
+  uint32_t* bitmap_ = nullptr;      // device slot bitmap (producer thread only)
+  int64_t bitmap_bytes_ = 0;
+  void* events_[kRing] = {};
+  std::thread thread_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;  // enqueued, not yet completed (guarded by mu_)
+  int in_flight_ = 0;          // entries taken, callbacks not yet run
+  int next_entry_ = 0;
+  bool running_ = false;       // a callback is running
+  bool stop_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<DecodeQueue>> CudaBackend::NewDecodeQueue() {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeQueue> q, CudaDecodeQueue::Create());
+  return std::unique_ptr<DecodeQueue>(std::move(q));
+}
 
 absl::StatusOr<CudaBackend*> AsCuda(Backend& backend) {
   auto* b = dynamic_cast<CudaBackend*>(&backend);

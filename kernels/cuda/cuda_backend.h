@@ -9,7 +9,11 @@
 // [0, 2], as batch_validation.h does on the CPU) and reads back one small
 // error block; on any error it returns kInvalidArgument naming the field and
 // index, and nothing is written. Calls are synchronous and serialized by an
-// internal mutex (thread-safe). Head shapes need at most 256 threads per head
+// internal mutex (thread-safe). NewDecodeQueue gives the asynchronous decode
+// path (backend.h DecodeQueue): its own non-blocking stream, validation
+// block and slot bitmap; validation + kernel + a pinned read-back of the
+// block are enqueued without a host wait and a completion thread (waiting on
+// a per-update event) reports each status. Head shapes need at most 256 threads per head
 // (d_v / 32 * ceil(d_k / 64) <= 8, e.g. 128 x 128); Prepare returns
 // kUnimplemented otherwise.
 //
