@@ -145,7 +145,7 @@ class CudaPreparedModel : public PreparedModel {
 };
 
 ci::PoolParams PoolOf(const PoolView& pool) {
-  return ci::PoolParams{pool.base, pool.slot_bytes(), pool.layers};
+  return ci::PoolParams{pool.base, pool.slot_bytes(), pool.layers, pool.num_slots};
 }
 
 // The fused decode / prefill kernel on `stream`; it exits without writing

@@ -36,6 +36,7 @@ struct PoolParams {
   uint8_t* base = nullptr;
   int64_t slot_bytes = 0;
   int layers = 0;
+  int64_t num_slots = 0;  // extent of the pool (0: unknown; no tensor-map copies)
 };
 
 // Decode (tokens == 1) and prefill: one CTA per (batch item, value head).
