@@ -92,7 +92,8 @@ class BackendBuffer {
 // queue. Additive to the synchronous interface (SubmitUpdates, issue 10).
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<DecodeQueue> q, backend->NewDecodeQueue());
-//   RETURN_IF_ERROR(q->EnqueueDecodeUpdate(model, pool, layer, in, /*epilogue=*/nullptr,
+//   RETURN_IF_ERROR(q->EnqueueDecodeUpdate(model, pool, layer, in, /*prologue=*/nullptr,
+//                                          /*epilogue=*/nullptr,
 //                                          [](absl::Status s) { /* o written iff s.ok() */ }));
 //   q->Drain();
 class DecodeQueue {
@@ -100,6 +101,14 @@ class DecodeQueue {
   // Called on the completion thread, one at a time, in enqueue order; must
   // not call into the queue.
   using Done = std::function<void(absl::Status)>;
+  // Enqueues caller work on the queue's native stream before the update's
+  // validation (e.g. a device-side wait for the inputs). `abort_word` is 4
+  // bytes of device memory the validation reads: a NaN float stored there
+  // (bits 0x7fc00000, by device work such as a gate kernel) makes this
+  // update and every later one of the queue write nothing and report
+  // kAborted. Its error becomes the status (the update itself is then not
+  // enqueued; the epilogue and the completion point are).
+  using Prologue = std::function<absl::Status(void* native_stream, void* abort_word)>;
   // Enqueues caller work on the queue's native stream before the completion
   // point (e.g. raising a done word); its error becomes the status.
   using Epilogue = std::function<absl::Status(void* native_stream)>;
@@ -111,14 +120,16 @@ class DecodeQueue {
   // queue's later work after it.
   virtual void* native_stream() const = 0;
   // Host checks as DecodeUpdate: an error returns here, nothing is enqueued
-  // and `done` is never called. Otherwise enqueues the device validation,
-  // the fused kernel (it writes nothing when validation fails), `epilogue`
-  // (when set) and a completion point; `done` then gets the status
-  // DecodeUpdate would have returned (kInvalidArgument naming the field;
-  // o and the slots written iff OK), or the epilogue's error.
+  // and `done` is never called. Otherwise enqueues `prologue` (when set),
+  // the device validation, the fused kernel (it writes nothing when
+  // validation fails), `epilogue` (when set) and a completion point; `done`
+  // then gets the status DecodeUpdate would have returned (kInvalidArgument
+  // naming the field; o and the slots written iff OK), kAborted (see
+  // Prologue), or the prologue's / epilogue's error.
   virtual absl::Status EnqueueDecodeUpdate(const PreparedModel& model, const PoolView& pool,
                                            int layer, const DecodeInputs& in,
-                                           const Epilogue& epilogue, Done done) = 0;
+                                           const Prologue& prologue, const Epilogue& epilogue,
+                                           Done done) = 0;
   // `epilogue` and a completion point only: `done(OK or the epilogue's
   // error)` runs after everything enqueued before (a request that failed
   // before reaching the backend keeps its place in the order).

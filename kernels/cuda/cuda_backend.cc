@@ -193,6 +193,10 @@ absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& poo
 
 int64_t BitmapBytes(int64_t num_slots) { return ((num_slots + 31) / 32) * 4; }
 
+// The validation field a DecodeQueue's abort word is reported in (unused by
+// decode validation otherwise).
+constexpr int kErrAborted = ci::kErrDstSlotRange;
+
 // Validation kernels of a decode / prefill on `stream`: slot range and
 // duplicates (bitmap: ceil(num_slots / 32) zeroed words), finite q, k, v,
 // g <= 0, beta in [0, 2]. `errors` must have been reset (0x7f bytes).
@@ -200,7 +204,7 @@ absl::Status EnqueueInputValidation(const StateLayout& layout, const PoolView& p
                                     int tokens, const int32_t* slots, DType dtype, const void* q,
                                     const void* k, const void* v, const float* g,
                                     const float* beta, uint32_t* bitmap, int32_t* errors,
-                                    void* stream) {
+                                    void* stream, const void* abort_word = nullptr) {
   const ModelGeometry& geo = layout.geometry();
   const int64_t rows = int64_t{batch} * tokens;
   const int dt = static_cast<int>(dtype);
@@ -213,6 +217,9 @@ absl::Status EnqueueInputValidation(const StateLayout& layout, const PoolView& p
   checks.check[3] = {0, g, rows * geo.h_v * geo.GateWidth(), 1, ci::kErrG};
   checks.check[4] = {0, beta, rows * geo.h_v, 2, ci::kErrBeta};
   checks.n = 5;
+  // A DecodeQueue's abort word (a finite float unless a prologue aborted):
+  // reported in a field decode never uses otherwise.
+  if (abort_word != nullptr) checks.check[checks.n++] = {0, abort_word, 1, 0, kErrAborted};
   if (rc == 0) rc = ci::LaunchValidateValuesBatch(checks, errors, stream);
   return CudaStatus(rc, "validation kernels");
 }
@@ -668,6 +675,10 @@ class CudaDecodeQueue : public DecodeQueue {
     RETURN_IF_ERROR(
         CudaStatus(ci::HostAllocPinned(&host, kRing * kErrorBytes), "allocate pinned blocks"));
     q->host_errors_ = static_cast<int32_t*>(host);
+    void* abort_word = nullptr;
+    RETURN_IF_ERROR(CudaStatus(ci::Malloc(&abort_word, 256), "allocate abort word"));
+    q->abort_word_ = abort_word;
+    RETURN_IF_ERROR(CudaStatus(ci::MemsetAsync(abort_word, 0, 256, q->stream_), "zero abort word"));
     for (int i = 0; i < kRing; ++i) {
       RETURN_IF_ERROR(CudaStatus(ci::EventCreate(&q->events_[i]), "create queue event"));
     }
@@ -694,21 +705,33 @@ class CudaDecodeQueue : public DecodeQueue {
     }
     if (errors_ != nullptr) ci::Free(errors_);
     if (bitmap_ != nullptr) ci::Free(bitmap_);
+    if (abort_word_ != nullptr) ci::Free(abort_word_);
     if (host_errors_ != nullptr) ci::HostFreePinned(host_errors_);
   }
 
   void* native_stream() const override { return stream_; }
 
   absl::Status EnqueueDecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
-                                   const DecodeInputs& in, const Epilogue& epilogue,
-                                   Done done) override {
+                                   const DecodeInputs& in, const Prologue& prologue,
+                                   const Epilogue& epilogue, Done done) override {
     ASSIGN_OR_RETURN(const CudaPreparedModel* m, CudaBackend::Cast(model));
     const StateLayout& layout = m->layout();
     RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
     RETURN_IF_ERROR(CudaBackend::CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k,
                                                     in.v, in.g, in.beta));
     if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
-    if (in.batch == 0) return EnqueueCompletion(epilogue, std::move(done));
+    if (in.batch == 0) {
+      if (prologue) {
+        // Its device work may wait (a gate): keep it in the order.
+        absl::Status p = prologue(stream_, abort_word_);
+        if (!p.ok()) {
+          return EnqueueCompletion(epilogue, [p, done = std::move(done)](absl::Status) {
+            done(p);
+          });
+        }
+      }
+      return EnqueueCompletion(epilogue, std::move(done));
+    }
     // A bigger pool than seen so far: the bitmap grows once (after the
     // stream's earlier work, which may still read the old one).
     const int64_t bitmap_bytes = std::max<int64_t>(4, BitmapBytes(pool.num_slots));
@@ -731,14 +754,17 @@ class CudaDecodeQueue : public DecodeQueue {
     pending.slots = in.slots;
     pending.num_slots = pool.num_slots;
     pending.done = std::move(done);
-    // From here on the update has its place in the order: CUDA errors
-    // become its status.
-    int rc = ci::MemsetAsync(errors_, 0x7f, kErrorBytes, stream_);
-    if (rc == 0) rc = ci::MemsetAsync(bitmap_, 0, bitmap_bytes, stream_);
-    absl::Status st = CudaStatus(rc, "reset validation");
+    // From here on the update has its place in the order: CUDA and
+    // prologue errors become its status (and nothing more is enqueued).
+    absl::Status st = prologue ? prologue(stream_, abort_word_) : absl::OkStatus();
+    if (st.ok()) {
+      int rc = ci::MemsetAsync(errors_, 0x7f, kErrorBytes, stream_);
+      if (rc == 0) rc = ci::MemsetAsync(bitmap_, 0, bitmap_bytes, stream_);
+      st = CudaStatus(rc, "reset validation");
+    }
     if (st.ok()) {
       st = EnqueueInputValidation(layout, pool, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
-                                  in.g, in.beta, bitmap_, errors_, stream_);
+                                  in.g, in.beta, bitmap_, errors_, stream_, abort_word_);
     }
     if (st.ok()) {
       st = EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
@@ -830,7 +856,10 @@ class CudaDecodeQueue : public DecodeQueue {
       if (st.ok() && p.update) {
         int32_t e[ci::kNumValidationFields];
         std::memcpy(e, host_errors_ + p.entry * ci::kNumValidationFields, sizeof(e));
-        st = ErrorBlockStatus(e, p.slots, nullptr, p.num_slots, 0,
+        st = e[kErrAborted] != ci::kNoError
+                 ? absl::AbortedError("aborted by the queue's prologue before it ran; nothing "
+                                      "was written")
+                 : ErrorBlockStatus(e, p.slots, nullptr, p.num_slots, 0,
                               [](const int32_t* arr, int32_t i) -> std::string {
                                 int32_t v = 0;
                                 if (ci::CopyDeviceToHost(&v, arr + i, 4) != 0) return "?";
@@ -851,6 +880,7 @@ class CudaDecodeQueue : public DecodeQueue {
   int32_t* errors_ = nullptr;       // device [kNumValidationFields]
   int32_t* host_errors_ = nullptr;  // pinned [kRing][kNumValidationFields]
   uint32_t* bitmap_ = nullptr;      // device slot bitmap (producer thread only)
+  void* abort_word_ = nullptr;      // device float, 0 until a prologue aborts
   int64_t bitmap_bytes_ = 0;
   void* events_[kRing] = {};
   std::thread thread_;

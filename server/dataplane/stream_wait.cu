@@ -49,7 +49,37 @@ __global__ void StoreWordKernel(unsigned long long* word, unsigned long long val
   __threadfence_system();
 }
 
+__global__ void GateKernel(const volatile uint32_t* words, uint32_t value, uint32_t* abort_word) {
+  while (static_cast<int32_t>(words[0] - value) < 0) __nanosleep(128);
+  if (words[1] != 0) *abort_word = 0x7fc00000u;  // NaN: the update's validation fails
+}
+
 }  // namespace
+
+int AllocGateWords(uint32_t** words) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e != cudaSuccess) return e;
+  *words = static_cast<uint32_t*>(p);
+  (*words)[0] = 0;
+  (*words)[1] = 0;
+  return cudaSuccess;
+}
+
+int FreeGateWords(uint32_t* words) { return cudaFreeHost(words); }
+
+int StreamGate(void* stream, const uint32_t* words, uint32_t value, void* abort_word) {
+  void* dev = nullptr;
+  if (cudaError_t e = cudaHostGetDevicePointer(&dev, const_cast<uint32_t*>(words), 0);
+      e != cudaSuccess) {
+    return e;
+  }
+  GateKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const volatile uint32_t*>(dev), value, static_cast<uint32_t*>(abort_word));
+  return cudaGetLastError();
+}
+
+int EventQuery(void* event) { return cudaEventQuery(static_cast<cudaEvent_t>(event)); }
 
 int StreamStoreWord(void* stream, void* device_word, uint64_t value) {
   StoreWordKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(

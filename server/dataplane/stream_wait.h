@@ -34,6 +34,22 @@ int StreamStoreWord(void* stream, void* device_word, uint64_t value);
 // to the server ended (its legacy / current stream may be the blocked one).
 int ReleaseWord(void* device_word, uint64_t value);
 
+// Gates: the server's own device-side wait for a worker's ring event
+// (SubmitUpdates on a DecodeQueue). Two 32-bit words in pinned, mapped host
+// memory (words[0] = the gate, words[1] = the abort flag), written by a host
+// thread that polls the worker's event: the queue's stream never waits on
+// anything the server cannot release itself.
+int AllocGateWords(uint32_t** words);
+int FreeGateWords(uint32_t* words);
+// Enqueues on `stream` a one-thread kernel that waits until
+// (int32_t)(words[0] - value) >= 0, then, when words[1] != 0, stores a NaN
+// float into `abort_word` (device memory: a DecodeQueue's abort word, which
+// makes the update write nothing).
+int StreamGate(void* stream, const uint32_t* words, uint32_t value, void* abort_word);
+// cudaEventQuery: 0 when the event's work completed, cudaErrorNotReady
+// (600) while it has not, another error code otherwise.
+int EventQuery(void* event);
+
 // "cuStreamWaitValue32", "polling kernel" or "none" (no usable device):
 // which mechanism StreamWaitGeq uses in this process.
 const char* Mechanism();
