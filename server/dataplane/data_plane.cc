@@ -639,11 +639,10 @@ absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::Up
   return UpdateImpl(tenant, m, req, limits, observe, nullptr, resp);
 }
 
-absl::Status DataPlane::UpdateImpl(const std::string& tenant, Model& m,
+absl::Status DataPlane::PlanUpdate(const std::string& tenant, Model& m,
                                    const v1::UpdateRequest& req, const ComputeLimits& limits,
-                                   const KernelObserver& observe,
                                    const std::function<absl::Status()>* before_read,
-                                   v1::UpdateResponse* resp) {
+                                   HeldSlots* held, UpdatePlan* plan) {
   const ModelGeometry& g = m.layout.geometry();
   RETURN_IF_ERROR(CheckLayerRange(req.layer(), g.layers, "layer"));
   const int b = req.slots_size();
@@ -654,49 +653,78 @@ absl::Status DataPlane::UpdateImpl(const std::string& tenant, Model& m,
         "sanitize_non_finite: not supported with registered buffers (the inputs are rejected "
         "with INVALID_ARGUMENT when not finite)");
   }
-  ASSIGN_OR_RETURN(Resolved q, Resolve(tenant, req.q(), "q", kInputDTypes, {b, g.h_qk, g.d_k}));
-  ASSIGN_OR_RETURN(Resolved k, Resolve(tenant, req.k(), "k", {q.dtype}, {b, g.h_qk, g.d_k}));
-  ASSIGN_OR_RETURN(Resolved v, Resolve(tenant, req.v(), "v", {q.dtype}, {b, g.h_v, g.d_v}));
+  ASSIGN_OR_RETURN(plan->q, Resolve(tenant, req.q(), "q", kInputDTypes, {b, g.h_qk, g.d_k}));
+  const DType dtype = plan->q.dtype;
+  ASSIGN_OR_RETURN(plan->k, Resolve(tenant, req.k(), "k", {dtype}, {b, g.h_qk, g.d_k}));
+  ASSIGN_OR_RETURN(plan->v, Resolve(tenant, req.v(), "v", {dtype}, {b, g.h_v, g.d_v}));
   std::vector<int64_t> g_shape = {b, g.h_v};
   if (g.arch == Arch::kKda) g_shape.push_back(g.d_k);
-  ASSIGN_OR_RETURN(Resolved gt, Resolve(tenant, req.g(), "g", kFp32Only, g_shape));
-  ASSIGN_OR_RETURN(Resolved bt, Resolve(tenant, req.beta(), "beta", kFp32Only, {b, g.h_v}));
-  const int64_t o_count = int64_t{b} * g.h_v * g.d_v;
-  ASSIGN_OR_RETURN(Resolved o, ResolveOutput(tenant, req.has_o_ref(), req.o_ref(), "o", o_count));
+  ASSIGN_OR_RETURN(plan->g, Resolve(tenant, req.g(), "g", kFp32Only, g_shape));
+  ASSIGN_OR_RETURN(plan->beta, Resolve(tenant, req.beta(), "beta", kFp32Only, {b, g.h_v}));
+  plan->o_count = int64_t{b} * g.h_v * g.d_v;
+  ASSIGN_OR_RETURN(plan->o,
+                   ResolveOutput(tenant, req.has_o_ref(), req.o_ref(), "o", plan->o_count));
   if (before_read != nullptr) {
     RETURN_IF_ERROR((*before_read)());
   } else {
-    RETURN_IF_ERROR(BeforeReads({&q.buffer, &k.buffer, &v.buffer, &gt.buffer, &bt.buffer}));
+    RETURN_IF_ERROR(BeforeReads(
+        {&plan->q.buffer, &plan->k.buffer, &plan->v.buffer, &plan->g.buffer, &plan->beta.buffer}));
   }
-  RETURN_IF_ERROR(HostValueCheck(limits, "", q, k, v, g.d_k));
+  RETURN_IF_ERROR(HostValueCheck(limits, "", plan->q, plan->k, plan->v, g.d_k));
 
-  const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
+  std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
   RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
-  ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m.slots->Acquire(handles, "slots"));
-  ASSIGN_OR_RETURN(std::shared_ptr<BackendBuffer> idx, StagedIndices(access.indices()));
-  DecodeInputs in;
+  if (held != nullptr && held->model == &m && held->handles == handles) {
+    // The stream's previous update on these slots is still in flight, so
+    // they are still busy (held by it) and its handles still valid: the new
+    // update shares that access (ordered after it on the same queue).
+    plan->access = held->access.lock();
+  }
+  if (plan->access == nullptr) {
+    ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m.slots->Acquire(handles, "slots"));
+    plan->access = std::make_shared<SlotPool::SlotAccess>(std::move(access));
+    if (held != nullptr) {
+      held->model = &m;
+      held->handles = std::move(handles);
+      held->access = plan->access;
+    }
+  }
+  ASSIGN_OR_RETURN(plan->idx, StagedIndices(plan->access->indices()));
+  DecodeInputs& in = plan->in;
   in.batch = b;
-  in.slots = StagedData<int32_t>(*idx);
-  in.dtype = q.dtype;
-  in.q = q.data;
-  in.k = k.data;
-  in.v = v.data;
-  in.g = static_cast<const float*>(gt.data);
-  in.beta = static_cast<const float*>(bt.data);
-  in.o = static_cast<float*>(o.data);
+  in.slots = StagedData<int32_t>(*plan->idx);
+  in.dtype = dtype;
+  in.q = plan->q.data;
+  in.k = plan->k.data;
+  in.v = plan->v.data;
+  in.g = static_cast<const float*>(plan->g.data);
+  in.beta = static_cast<const float*>(plan->beta.data);
+  in.o = static_cast<float*>(plan->o.data);
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::UpdateImpl(const std::string& tenant, Model& m,
+                                   const v1::UpdateRequest& req, const ComputeLimits& limits,
+                                   const KernelObserver& observe,
+                                   const std::function<absl::Status()>* before_read,
+                                   v1::UpdateResponse* resp) {
+  const ModelGeometry& g = m.layout.geometry();
+  UpdatePlan plan;
+  RETURN_IF_ERROR(PlanUpdate(tenant, m, req, limits, before_read, /*held=*/nullptr, &plan));
+  const int b = plan.in.batch;
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(backend_->DecodeUpdate(*m.prepared, m.slots->view(), req.layer(), in));
+  RETURN_IF_ERROR(backend_->DecodeUpdate(*m.prepared, m.slots->view(), req.layer(), plan.in));
   const double kernel = SecondsSince(start);
   v1::Tensor* out = resp->mutable_o();
   out->set_dtype(v1::DTYPE_FP32);
   for (int64_t d : {int64_t{b}, int64_t{g.h_v}, int64_t{g.d_v}}) out->add_shape(d);
-  if (o.buffer != nullptr) {
+  if (plan.o.buffer != nullptr) {
     *out->mutable_ref() = req.o_ref();
-    if (before_read == nullptr) RETURN_IF_ERROR(o.buffer->AfterWrite());
+    if (before_read == nullptr) RETURN_IF_ERROR(plan.o.buffer->AfterWrite());
   } else {
     std::string* data = out->mutable_data();
-    data->resize(o_count * 4);
-    RETURN_IF_ERROR(backend_->CopyOut(data->data(), o.data, o_count * 4));
+    data->resize(plan.o_count * 4);
+    RETURN_IF_ERROR(backend_->CopyOut(data->data(), plan.o.data, plan.o_count * 4));
   }
   resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
   if (observe) observe("decode_update", kernel, b);

@@ -83,6 +83,10 @@ class DataPlane {
     // How often expired sessions are swept (zero = never: tests call
     // ExpireSessions).
     absl::Duration sweep_period = absl::Seconds(1);
+    // SubmitUpdates on CUDA: how long a worker's ring event may stay
+    // incomplete before the stream's gated updates are aborted and the
+    // stream ends (DEADLINE_EXCEEDED naming wait.index).
+    absl::Duration ring_wait_timeout = absl::Seconds(10);
   };
   // Per-request bounds shared with the service.
   struct ComputeLimits {
@@ -233,6 +237,33 @@ class DataPlane {
   // waits for the registered buffers' events and records the server event
   // of o's buffer after writing (unary Update); otherwise before_read runs
   // instead and no buffer event is recorded (SubmitUpdates).
+  // An Update resolved and checked, its slots held and indices staged:
+  // ready for Backend::DecodeUpdate or a DecodeQueue. Holding it keeps the
+  // referenced buffers mapped and the slots busy.
+  struct UpdatePlan {
+    std::shared_ptr<Model> model;  // async path: outlives the slot access below
+    Resolved q, k, v, g, beta, o;
+    int64_t o_count = 0;
+    std::shared_ptr<SlotPool::SlotAccess> access;
+    std::shared_ptr<BackendBuffer> idx;
+    DecodeInputs in;
+  };
+  // The slots of a SubmitUpdates stream's last update: while an update on
+  // them is in flight (`access` alive), the next update naming the same
+  // handles of the same model shares that access instead of waiting for it.
+  struct HeldSlots {
+    const Model* model = nullptr;
+    std::vector<SlotHandle> handles;
+    std::weak_ptr<SlotPool::SlotAccess> access;
+  };
+  // Everything of an Update with references before the backend call:
+  // checks, references, `before_read` (null: the buffers' events), the value
+  // contract, attach check, slot access (shared through `held` when not
+  // null), staged indices. Errors name the request's fields.
+  absl::Status PlanUpdate(const std::string& tenant, Model& model, const v1::UpdateRequest& req,
+                          const ComputeLimits& limits,
+                          const std::function<absl::Status()>* before_read, HeldSlots* held,
+                          UpdatePlan* plan);
   absl::Status UpdateImpl(const std::string& tenant, Model& model, const v1::UpdateRequest& req,
                           const ComputeLimits& limits, const KernelObserver& observe,
                           const std::function<absl::Status()>* before_read,

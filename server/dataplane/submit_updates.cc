@@ -7,7 +7,10 @@
 // error of a submission is its reply (code kept, message prefixed with the
 // submission's field path, e.g. "update.q.ref: ..."); only a bad open message
 // ends the stream.
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <thread>
@@ -17,9 +20,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/cuda_ipc/ipc_runtime.h"
 #include "server/dataplane/data_plane.h"
+#include "server/dataplane/stream_wait.h"
+#include "server/log.h"
 
 namespace statecache {
 namespace {
@@ -52,6 +59,15 @@ class EventRing {
     return absl::OkStatus();
   }
   int size() const { return static_cast<int>(events_.size()); }
+  void* event(int index) const { return events_[index]; }
+  // Device-side: later work on `stream` waits for the event's latest record.
+  absl::Status StreamWait(int index, void* stream) {
+    if (int rc = cuda_ipc::StreamWaitEvent(stream, events_[index]); rc != 0) {
+      return absl::InternalError(absl::StrCat("wait.index: waiting for ring event ", index,
+                                              " on the device: ", cuda_ipc::ErrorString(rc)));
+    }
+    return absl::OkStatus();
+  }
   absl::Status Wait(int index) {
     if (int rc = cuda_ipc::EventSynchronize(events_[index]); rc != 0) {
       return absl::InternalError(absl::StrCat("wait.index: waiting for ring event ", index, ": ",
@@ -62,6 +78,161 @@ class EventRing {
 
  private:
   std::vector<void*> events_;
+};
+
+// The queue's device-side wait for the worker's ring events, which the
+// server can always release (a cudaStreamWaitEvent on the worker's event
+// could not be: a worker whose event never fires would leave device work
+// pending forever, and implicit device synchronizations of the server's
+// other calls, e.g. cudaFree, would then wait for it). Per submission the
+// queue's stream gets a one-thread gate kernel that waits until a word in
+// pinned host memory reaches the submission's seq; a poller thread queries
+// the worker's event (cudaEventQuery, spinning with yields for a few
+// milliseconds, then every 20 us) and stores the seq once it completed.
+// When an event has not completed within `timeout`, or the stream ends
+// with an abort, the poller sets the abort flag and releases every gate:
+// the gated updates then write nothing (DecodeQueue abort word; kAborted).
+class RingGate {
+ public:
+  RingGate(EventRing* ring, absl::Duration timeout) : ring_(ring), timeout_(timeout) {}
+  RingGate(const RingGate&) = delete;
+  RingGate& operator=(const RingGate&) = delete;
+  ~RingGate() {
+    Finish(/*abort=*/true);
+    if (words_ != nullptr) stream_wait::FreeGateWords(words_);
+  }
+
+  absl::Status Start() {
+    if (int rc = stream_wait::AllocGateWords(&words_); rc != 0) {
+      words_ = nullptr;
+      return absl::InternalError(absl::StrCat("open: cannot allocate the ring gate: ",
+                                              cuda_ipc::ErrorString(rc)));
+    }
+    thread_ = std::thread([this] { Loop(); });
+    return absl::OkStatus();
+  }
+
+  // A DecodeQueue prologue: the gate kernel for `seq` on the queue's
+  // stream, and (index, seq) handed to the poller.
+  absl::Status Enqueue(void* stream, void* abort_word, int index, uint64_t seq) {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) {
+      Store(0, static_cast<uint32_t>(seq));
+      return reason_;
+    }
+    if (int rc = stream_wait::StreamGate(stream, words_, static_cast<uint32_t>(seq), abort_word);
+        rc != 0) {
+      return absl::InternalError(absl::StrCat("wait.index: enqueueing the wait for ring event ",
+                                              index, ": ", cuda_ipc::ErrorString(rc)));
+    }
+    pending_.push_back({index, seq});
+    last_seq_ = seq;
+    return absl::OkStatus();
+  }
+
+  // Why gated updates were aborted (OK while none was).
+  absl::Status reason() const {
+    absl::MutexLock lock(&mu_);
+    return reason_;
+  }
+
+  // Stops the poller once every handed entry is released (their events
+  // completed, or timed out); `abort`: releases them at once instead.
+  void Finish(bool abort) {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+      if (abort && !pending_.empty()) {
+        AbortLocked(absl::AbortedError(
+            "wait.index: the stream ended before the worker's ring event completed; nothing "
+            "was written"));
+      }
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Entry {
+    int index;
+    uint64_t seq;
+  };
+
+  void Store(int word, uint32_t value) { __atomic_store_n(&words_[word], value, __ATOMIC_SEQ_CST); }
+
+  void AbortLocked(absl::Status reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (aborted_) return;
+    aborted_ = true;
+    reason_ = std::move(reason);
+    Store(1, 1);  // the abort flag first: a released gate kernel then aborts
+    Store(0, static_cast<uint32_t>(last_seq_));
+    pending_.clear();
+  }
+
+  void Loop() {
+    for (;;) {
+      Entry e;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](RingGate* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu_) {
+              return !g->pending_.empty() || g->stop_;
+            },
+            this));
+        if (pending_.empty()) return;
+        e = pending_.front();
+      }
+      const absl::Time start = absl::Now();
+      const absl::Time spin_until = start + absl::Milliseconds(5);
+      absl::Status failure;
+      for (;;) {
+        const int rc = stream_wait::EventQuery(ring_->event(e.index));
+        if (rc == 0) break;
+        if (rc != kNotReady) {
+          failure = absl::InternalError(absl::StrCat("wait.index: querying ring event ", e.index,
+                                                     ": ", cuda_ipc::ErrorString(rc)));
+          break;
+        }
+        const absl::Time now = absl::Now();
+        if (now - start > timeout_) {
+          failure = absl::DeadlineExceededError(absl::StrCat(
+              "wait.index: ring event ", e.index, " (submission ", e.seq,
+              ") did not complete within ", absl::FormatDuration(timeout_),
+              "; the stream ends and its later submissions write nothing"));
+          break;
+        }
+        {
+          absl::MutexLock lock(&mu_);
+          if (aborted_) break;
+        }
+        if (now < spin_until) {
+          std::this_thread::yield();
+        } else {
+          absl::SleepFor(absl::Microseconds(20));
+        }
+      }
+      absl::MutexLock lock(&mu_);
+      if (aborted_) continue;  // Finish(abort) released everything
+      if (!failure.ok()) {
+        AbortLocked(std::move(failure));
+        continue;
+      }
+      Store(0, static_cast<uint32_t>(e.seq));
+      pending_.pop_front();
+    }
+  }
+
+  static constexpr int kNotReady = 600;  // cudaErrorNotReady
+
+  EventRing* const ring_;
+  const absl::Duration timeout_;
+  uint32_t* words_ = nullptr;  // pinned: [0] gate, [1] abort flag
+  std::thread thread_;
+  mutable absl::Mutex mu_;
+  std::deque<Entry> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status reason_ ABSL_GUARDED_BY(mu_);
 };
 
 // A bounded queue between two threads. Close: the producer is done, the
@@ -165,6 +336,30 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
         "open.cuda_ipc_events: the CPU backend orders submissions by message order; send no "
         "events");
   }
+  // Backends with a DecodeQueue (CUDA): submissions run on a queue of the
+  // stream's own (the host never waits per submission; the queue's stream
+  // waits for the worker's ring event on the device, behind a RingGate, or
+  // with STATECACHE_SUBMIT_DEVICE_WAIT=event a cudaStreamWaitEvent) and the
+  // reply is sent from its completion thread. Others (CPU): each submission
+  // runs synchronously here.
+  std::unique_ptr<DecodeQueue> queue;
+  {
+    absl::StatusOr<std::unique_ptr<DecodeQueue>> q = backend_->NewDecodeQueue();
+    if (q.ok()) {
+      queue = std::move(*q);
+    } else if (q.status().code() != absl::StatusCode::kUnimplemented) {
+      LogEvent("dataplane_submit_sync",
+               absl::StrCat("no decode queue (", q.status().ToString(), "): host-synchronous"));
+    }
+  }
+  std::unique_ptr<RingGate> gate;
+  if (queue != nullptr && ring.size() > 0) {
+    const char* mode = std::getenv("STATECACHE_SUBMIT_DEVICE_WAIT");
+    if (mode == nullptr || std::strcmp(mode, "event") != 0) {
+      gate = std::make_unique<RingGate>(&ring, options_.ring_wait_timeout);
+      RETURN_IF_ERROR(gate->Start());
+    }
+  }
   {
     v1::SubmitUpdatesResponse ack;  // seq 0: the stream is open
     if (!io.write(ack)) return absl::OkStatus();
@@ -194,14 +389,46 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
       }
     }
   });
+  std::atomic<bool> client_gone{false};
+  // Completes a submission: error or timings into its reply, metrics, queue
+  // the reply. Runs here (CPU, errors before the backend on CPU) or on the
+  // queue's completion thread (CUDA; in seq order).
+  const auto respond = [&io, &out, &client_gone](v1::SubmitUpdatesResponse reply,
+                                                 absl::Status status,
+                                                 std::chrono::steady_clock::time_point start,
+                                                 int64_t kernel_micros, double wait_seconds) {
+    if (status.ok()) {
+      reply.set_kernel_micros(kernel_micros);
+    } else {
+      reply.mutable_error()->set_code(static_cast<int>(status.code()));
+      reply.mutable_error()->set_message(std::string(status.message()));
+    }
+    const double seconds = SecondsBetween(start, std::chrono::steady_clock::now());
+    reply.set_server_micros(static_cast<int64_t>(seconds * 1e6));
+    reply.set_wait_micros(static_cast<int64_t>(wait_seconds * 1e6));
+    if (io.done) io.done(status.code(), seconds);
+    if (!out.Push(std::move(reply))) client_gone.store(true);
+  };
+  // Field names of the UpdateRequest are "update.<field>" here; errors of
+  // the ring wait and the done word already name theirs.
+  const auto update_error = [](const absl::Status& s) {
+    if (s.ok() || absl::StartsWith(s.message(), "wait.") ||
+        absl::StartsWith(s.message(), "open.")) {
+      return s;
+    }
+    return Prefixed(s, "update.");
+  };
+  HeldSlots held;  // slots of the last queued update (async path)
   uint64_t last_seq = 0;
-  while (in.Pop(&msg)) {
+  while (!client_gone.load() && in.Pop(&msg)) {
     if (io.cancelled && io.cancelled()) break;
+    if (gate != nullptr && !gate->reason().ok()) break;  // a ring event timed out
     const auto start = std::chrono::steady_clock::now();
     v1::SubmitUpdatesResponse reply;
     v1::UpdateResponse update_resp;
     double wait_seconds = 0;
     bool store_done = false;
+    bool queued = false;  // async: the reply comes from the queue
     absl::Status status = [&]() -> absl::Status {
       if (msg.message_case() != v1::SubmitUpdatesRequest::kUpdate) {
         return absl::InvalidArgumentError("update: every message after open is an update");
@@ -237,44 +464,108 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
       }
       absl::StatusOr<std::shared_ptr<Model>> m = registry_->Find(tenant, open.model_id());
       if (!m.ok()) return Prefixed(m.status(), "open.model_id: ");
+      if (queue == nullptr) {
+        const std::function<absl::Status()> before_read = [&]() -> absl::Status {
+          if (wait_index < 0) return absl::OkStatus();
+          const auto t0 = std::chrono::steady_clock::now();
+          absl::Status s = ring.Wait(wait_index);
+          wait_seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
+          return s;
+        };
+        return update_error(
+            UpdateImpl(tenant, **m, req, limits, observe, &before_read, &update_resp));
+      }
+      // Async: the queue's stream waits for the worker's ring event on the
+      // device (gate: the prologue below); nothing here waits for the GPU.
       const std::function<absl::Status()> before_read = [&]() -> absl::Status {
-        if (wait_index < 0) return absl::OkStatus();
+        if (wait_index < 0 || gate != nullptr) return absl::OkStatus();
         const auto t0 = std::chrono::steady_clock::now();
-        absl::Status s = ring.Wait(wait_index);
+        absl::Status s = ring.StreamWait(wait_index, queue->native_stream());
         wait_seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
         return s;
       };
-      absl::Status s = UpdateImpl(tenant, **m, req, limits, observe, &before_read, &update_resp);
-      // Field names of the UpdateRequest are "update.<field>" here; errors
-      // of the ring wait already name wait.index.
-      if (!s.ok() && !absl::StartsWith(s.message(), "wait.")) return Prefixed(s, "update.");
-      return s;
+      DecodeQueue::Prologue prologue;
+      if (wait_index >= 0 && gate != nullptr) {
+        prologue = [&gate, wait_index, seq = sub.seq()](void* stream, void* abort_word) {
+          return gate->Enqueue(stream, abort_word, wait_index, seq);
+        };
+      }
+      auto plan = std::make_shared<UpdatePlan>();
+      plan->model = *m;
+      RETURN_IF_ERROR(update_error(
+          PlanUpdate(tenant, **m, req, limits, &before_read, &held, plan.get())));
+      const uint64_t seq = sub.seq();
+      const Model& model = **m;
+      const int batch = plan->in.batch;
+      const auto t0 = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(update_error(queue->EnqueueDecodeUpdate(
+          *model.prepared, model.slots->view(), req.layer(), plan->in, prologue,
+          [&done, done_offset, seq](void* stream) {
+            return Prefixed(done.buffer->StoreWord(done_offset, seq, stream), "open.done_ref: ");
+          },
+          [&respond, &update_error, &observe, &gate, plan, reply, start, t0, wait_seconds,
+           batch](absl::Status s) mutable {
+            // The GPU work is done: the slots and buffers are released
+            // (plan) after the reply is queued.
+            const double seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
+            if (s.code() == absl::StatusCode::kAborted && gate != nullptr &&
+                !gate->reason().ok()) {
+              s = gate->reason();  // why the gate aborted it (names wait.index)
+            }
+            if (s.ok() && observe) observe("decode_update", seconds, batch);
+            respond(std::move(reply), update_error(s), start,
+                    static_cast<int64_t>(seconds * 1e6), wait_seconds);
+            plan.reset();
+          })));
+      queued = true;
+      return absl::OkStatus();
     }();
+    if (queued) continue;
+    if (queue != nullptr) {
+      // Failed before the backend: the done word and the reply still follow
+      // every earlier submission of the stream.
+      const auto on_done = [&respond, reply, status, start, wait_seconds](absl::Status s) {
+        respond(reply, status.ok() ? s : status, start, 0, wait_seconds);
+      };
+      absl::Status enq = store_done
+          ? queue->EnqueueCompletion(
+                [&done, done_offset, seq = last_seq](void* stream) {
+                  return Prefixed(done.buffer->StoreWord(done_offset, seq, stream),
+                                  "open.done_ref: ");
+                },
+                on_done)
+          : queue->EnqueueCompletion(nullptr, on_done);
+      if (!enq.ok()) respond(reply, status.ok() ? enq : status, start, 0, wait_seconds);
+      continue;
+    }
     if (store_done) {
       // Failed submissions advance the word too: a worker stream waiting for
       // it must not hang; the reply says whether o was written.
       absl::Status st = done.buffer->StoreWord(done_offset, last_seq, cuda_stream_);
       if (status.ok()) status = Prefixed(st, "open.done_ref: ");
     }
-    if (status.ok()) {
-      reply.set_kernel_micros(update_resp.kernel_micros());
-    } else {
-      reply.mutable_error()->set_code(static_cast<int>(status.code()));
-      reply.mutable_error()->set_message(std::string(status.message()));
-    }
-    const double seconds = SecondsBetween(start, std::chrono::steady_clock::now());
-    reply.set_server_micros(static_cast<int64_t>(seconds * 1e6));
-    reply.set_wait_micros(static_cast<int64_t>(wait_seconds * 1e6));
-    if (io.done) io.done(status.code(), seconds);
-    if (!out.Push(std::move(reply))) break;  // the client went away
+    respond(std::move(reply), status, start, update_resp.kernel_micros(), wait_seconds);
   }
+  // In-flight GPU work completes and is answered before the stream's
+  // buffers, events and slot accesses go away (a worker event that never
+  // completes: released after the gate's timeout, the update aborted).
+  absl::Status ended;
+  if (gate != nullptr) {
+    gate->Finish(/*abort=*/false);
+    if (gate->reason().code() == absl::StatusCode::kDeadlineExceeded) ended = gate->reason();
+  }
+  if (queue != nullptr) {
+    queue->Drain();
+    queue.reset();
+  }
+  gate.reset();
   out.Close();
   writer.join();
   // Stops taking messages: the reader ends when the client half-closes or
   // the call ends (a cancelled call's Read returns false).
   in.Abort();
   reader.join();
-  return absl::OkStatus();
+  return ended;
 }
 
 }  // namespace statecache
