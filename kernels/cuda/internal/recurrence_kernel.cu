@@ -20,6 +20,7 @@
 //    affine group parameters are derived once per lane pair.
 //  - RecurrenceKernel (prefill, and decode when pointers / sizes are not
 //    16-byte aligned): one CTA per item, direct loads, T tokens.
+#include <cuda.h>  // CUtensorMap and its encoder's types (the encoder is fetched at run time)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -268,7 +269,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
 // Byte offsets inside one shared-memory stage (all multiples of 16).
 struct StageLayout {
   int header = 0;      // int32 slot of the staged item
-  int head = 0;        // packed head [head_bytes]
+  int head = 0;        // packed head [head_bytes], 1024-byte aligned
+  int tma_rows = 0;    // > 0: the head arrives by tensor-map copies of tma_rows
+                       // 128-byte rows each, 128-byte swizzled (Src::kSwizzled)
   int q = 0, k = 0;    // [d_k] dtype
   int v = 0;           // [d_v] dtype
   int g = 0;           // KDA [d_k] fp32
@@ -289,6 +292,16 @@ __device__ __forceinline__ void BulkCopy(void* dst, const void* src, int bytes, 
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
           SmemAddr(dst)),
       "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// 2D tensor-map copy of the box at (x, y) (tmap: a __grid_constant__ param).
+__device__ __forceinline__ void TensorCopy2D(void* dst, const CUtensorMap* tmap, int x, int y,
+                                             uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(x), "r"(y), "r"(SmemAddr(bar))
       : "memory");
 }
 
@@ -318,8 +331,8 @@ inline constexpr int kBulkChunk = 4096;
 // Thread 0 only: stage item `item` (pool slot `slot`) into `stage`: the packed
 // head, then one copy per input vector; all complete on `bar`.
 __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadGeometry& geo,
-                                          const StageLayout& sl, uint8_t* stage, uint64_t* bar,
-                                          int item, int32_t slot) {
+                                          const StageLayout& sl, const CUtensorMap* tmap,
+                                          uint8_t* stage, uint64_t* bar, int item, int32_t slot) {
   *reinterpret_cast<int32_t*>(stage + sl.header) = slot;
   if (slot < 0) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
@@ -338,8 +351,17 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
                "r"(total)
                : "memory");
   const uint8_t* src = HeadPtr(p, geo, slot, h);
-  for (int off = 0; off < hb; off += kBulkChunk) {
-    BulkCopy(stage + sl.head + off, src + off, hb - off < kBulkChunk ? hb - off : kBulkChunk, bar);
+  if (sl.tma_rows > 0) {
+    // The pool as [rows][128 bytes]: the head's first row, then boxes.
+    const int row0 = static_cast<int>((src - p.pool.base) >> 7);
+    for (int r = 0; r < hb / 128; r += sl.tma_rows) {
+      TensorCopy2D(stage + sl.head + r * 128, tmap, 0, row0 + r, bar);
+    }
+  } else {
+    for (int off = 0; off < hb; off += kBulkChunk) {
+      BulkCopy(stage + sl.head + off, src + off, hb - off < kBulkChunk ? hb - off : kBulkChunk,
+               bar);
+    }
   }
   const int64_t qk_off = (int64_t{b} * geo.h_qk + kh) * geo.d_k * ds;
   BulkCopy(stage + sl.q, static_cast<const uint8_t*>(p.q) + qk_off, geo.d_k * ds, bar);
@@ -365,8 +387,8 @@ __device__ __forceinline__ void LoadItemTile(const PackedHeadLayout& l, const ui
                                              const LaneMap& m, float global_scale,
                                              float (&s)[kTileSteps][kTileColsPerLane],
                                              const float (&a)[kTileSteps]) {
-  if constexpr (kFixed) {
-    LoadTileFixed<F, Src::kShared>(l, head_s, m, global_scale, m.row_warp == 0, s, a);
+  if constexpr (kFixed) {  // fixed-shape heads always arrive swizzled
+    LoadTileFixed<F, Src::kSwizzled>(l, head_s, m, global_scale, m.row_warp == 0, s, a);
   } else {
     LoadTile<F, Src::kShared>(l, head_s, m, global_scale, s, a);
   }
@@ -393,8 +415,9 @@ __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t
 // possible, after a barrier that follows the reads.
 template <StateFormat F, bool kFixed, int kDtype>
 __global__ void __launch_bounds__(kMaxTileThreads, 2)
-    PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl) {
-  extern __shared__ __align__(128) uint8_t smem_raw[];
+    PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl,
+                          const __grid_constant__ CUtensorMap tmap) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bars[2];
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
@@ -405,6 +428,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   const int stride = gridDim.x;
   if (ValidationFailed(p)) return;
   float* scratch = reinterpret_cast<float*>(smem_raw);
+  // Stages start 1024-byte aligned (the swizzle pattern's period): the
+  // dynamic shared memory is declared 1024-aligned and scratch_bytes is a
+  // multiple of 1024 (checked at the end: a misaligned stage fails the launch;
+  // the GPU tests would also see wrong bytes).
   uint8_t* stage_base = smem_raw + sl.scratch_bytes;
 
   if (threadIdx.x == 0) {
@@ -415,7 +442,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     for (int s = 0; s < sl.stages; ++s) {
       const int item = blockIdx.x + s * stride;
       if (item < items) {
-        IssueItem(p, geo, sl, stage_base + s * sl.bytes, &bars[s], item, p.slots[item / geo.h_v]);
+        IssueItem(p, geo, sl, &tmap, stage_base + s * sl.bytes, &bars[s], item,
+                  p.slots[item / geo.h_v]);
       }
     }
   }
@@ -460,7 +488,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       const int nx = item + sl.stages * static_cast<int>(gridDim.x);
       if (threadIdx.x == 0 && nx < p.batch * geo.h_v) {
         const int sx = sl.stages == 2 ? (n & 1) : 0;
-        IssueItem(p, geo, sl, stage_base + sx * sl.bytes, &bars[sx], nx, ahead_slot[n & 1]);
+        IssueItem(p, geo, sl, &tmap, stage_base + sx * sl.bytes, &bars[sx], nx,
+                  ahead_slot[n & 1]);
       }
     };
     fetch_ahead((n + 1) & 1, item + stride);
@@ -480,7 +509,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       // decay folded in (decode_math.h).
       const uint8_t* head_s = stage + sl.head;
       const float global_scale =
-          l.has_global_scale ? *reinterpret_cast<const float*>(head_s + l.global_offset) : 0.0f;
+          !l.has_global_scale ? 0.0f
+          : kFixed            ? LdMeta<Src::kSwizzled, float>(head_s + l.global_offset)
+                              : LdMeta<Src::kShared, float>(head_s + l.global_offset);
       float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
       GatherRowsPaired<kDtype, kFixed>(
           m, geo.d_k,
@@ -501,9 +532,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
         refill();
       }
       const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
-      const float os = TokenStep<true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc, [&] {
-        if (!one_stage) refill();
-      });
+      const float os = TokenStep<true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc, [] {});
+      // The barrier in TokenStep ordered every thread's stage reads first.
+      if (!one_stage) refill();
       if (m.row_warp == 0) {
         // damp-sr: the stage may be refilled by now; its maps are per-layer
         // constants, read from global memory (L2-resident) instead.
@@ -521,6 +552,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       }
     }
   }
+  if (threadIdx.x == 0 && (SmemAddr(stage_base) & 1023u) != 0) __trap();
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -551,10 +583,10 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm) {
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
   const int ds = p.dtype == 0 ? 4 : 2;
   StageLayout sl;
-  sl.scratch_bytes = AlignUp(ScratchFloats(t, geo.d_v) * 4, 128);
-  int off = 16;  // header
-  sl.head = off;
-  off += static_cast<int>(geo.layout.head_bytes);
+  sl.scratch_bytes = AlignUp(ScratchFloats(t, geo.d_v) * 4, 1024);
+  int off = 0;
+  sl.head = off;  // first: the stage base is 1024-byte aligned
+  off += static_cast<int>(AlignUp(geo.layout.head_bytes, 16));
   sl.q = off;
   off += geo.d_k * ds;
   sl.k = off;
@@ -568,9 +600,11 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm) {
   sl.order = off;
   sl.scale = off + geo.d_v * 4;
   if (p.maps.value_order != nullptr) off += 2 * geo.d_v * 4;
-  sl.bytes = static_cast<int>(AlignUp(off, 128));
+  sl.header = off;
+  off += 16;
+  sl.bytes = static_cast<int>(AlignUp(off, 1024));
   // Two stages when two CTAs per SM still fit, else one.
-  sl.stages = 2 * (sl.scratch_bytes + 2 * sl.bytes) + 2048 <= max_smem_per_sm ? 2 : 1;
+  sl.stages = 2 * (sl.scratch_bytes + 2 * sl.bytes + 1024) + 2048 <= max_smem_per_sm ? 2 : 1;
   // STATECACHE_CUDA_STAGES=2 forces two stages (then large heads run one CTA
   // per SM); for A/B benchmarks.
   static const int forced = [] {
@@ -581,11 +615,51 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm) {
   return sl;
 }
 
+// The pool as a 2D tensor of 128-byte rows for tensor-map head copies with
+// the 128-byte swizzle (Src::kSwizzled); false when the pool does not
+// qualify (rows not 128-byte aligned, a head over 256 rows that is not a
+// whole number of 256-row boxes, no encoder in the driver).
+using TensorMapEncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                       const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                       const cuuint32_t*, CUtensorMapInterleave,
+                                       CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                       CUtensorMapFloatOOBfill);
+
+bool MakePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* map,
+                       int* box_rows) {
+  static const TensorMapEncodeFn encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<TensorMapEncodeFn>(nullptr);
+    }
+    return reinterpret_cast<TensorMapEncodeFn>(fn);
+  }();
+  const int64_t rows_per_head = head_bytes / 128;
+  const int64_t pool_rows = pool.num_slots * pool.slot_bytes / 128;
+  if (encode == nullptr || pool.num_slots <= 0 || head_bytes % 128 != 0 ||
+      pool.slot_bytes % 128 != 0 || (reinterpret_cast<uintptr_t>(pool.base) & 127) != 0 ||
+      (rows_per_head > 256 && rows_per_head % 256 != 0) || pool_rows > (int64_t{1} << 31)) {
+    return false;
+  }
+  *box_rows = static_cast<int>(std::min<int64_t>(rows_per_head, 256));
+  const cuuint64_t dims[2] = {128, static_cast<cuuint64_t>(pool_rows)};
+  const cuuint64_t strides[1] = {128};
+  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(*box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, pool.base, dims, strides, box,
+                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // Launches the pipelined kernel (kDtype fixed or -1); cudaErrorNotSupported
 // when it cannot be resident (the caller falls back to RecurrenceKernel).
 template <StateFormat F, bool kFixed, int kDtype>
-int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, size_t smem, int sms,
-                     int threads, int64_t items, cudaStream_t st) {
+int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
+                     size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
   cudaError_t e = cudaFuncSetAttribute(PipelinedDecodeKernel<F, kFixed, kDtype>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
@@ -596,17 +670,18 @@ int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, size_t sm
   if (e != cudaSuccess) return e;
   if (per_sm == 0) return cudaErrorNotSupported;
   const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
-  PipelinedDecodeKernel<F, kFixed, kDtype><<<static_cast<unsigned>(grid), threads, smem, st>>>(p, sl);
+  PipelinedDecodeKernel<F, kFixed, kDtype>
+      <<<static_cast<unsigned>(grid), threads, smem, st>>>(p, sl, tmap);
   return cudaGetLastError();
 }
 
 template <StateFormat F, bool kFixed>
-int LaunchPipelined(const RecurrenceParams& p, const StageLayout& sl, size_t smem, int sms,
-                    int threads, int64_t items, cudaStream_t st) {
+int LaunchPipelined(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
+                    size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
   switch (p.dtype) {
-    case 0: return LaunchPipelinedT<F, kFixed, 0>(p, sl, smem, sms, threads, items, st);
-    case 1: return LaunchPipelinedT<F, kFixed, 1>(p, sl, smem, sms, threads, items, st);
-    case 2: return LaunchPipelinedT<F, kFixed, 2>(p, sl, smem, sms, threads, items, st);
+    case 0: return LaunchPipelinedT<F, kFixed, 0>(p, sl, tmap, smem, sms, threads, items, st);
+    case 1: return LaunchPipelinedT<F, kFixed, 1>(p, sl, tmap, smem, sms, threads, items, st);
+    case 2: return LaunchPipelinedT<F, kFixed, 2>(p, sl, tmap, smem, sms, threads, items, st);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -629,13 +704,15 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       cudaDeviceGetAttribute(&max_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     }
-    const StageLayout sl = MakeStageLayout(p, max_smem_per_sm);
+    StageLayout sl = MakeStageLayout(p, max_smem_per_sm);
     const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
+    CUtensorMap tmap{};
     int e;
-    if constexpr (kFixed) {
-      e = LaunchPipelined<F, true>(p, sl, smem, sms, t.threads, items, st);
-    } else {
-      e = LaunchPipelinedT<F, false, -1>(p, sl, smem, sms, t.threads, items, st);
+    if (kFixed && MakePoolTensorMap(p.pool, p.geo.layout.head_bytes, &tmap, &sl.tma_rows)) {
+      e = LaunchPipelined<F, true>(p, sl, tmap, smem, sms, t.threads, items, st);
+    } else {  // the fixed tile code expects swizzled heads; run the general one
+      sl.tma_rows = 0;
+      e = LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, t.threads, items, st);
     }
     if (e != cudaErrorNotSupported) return e;
   }

@@ -42,19 +42,67 @@ __device__ __forceinline__ void StStream8(uint8_t* p, uint2 v) {
   *reinterpret_cast<uint2*>(p) = v;
 }
 
-// Where a tile is read from: kGlobal (streaming loads from the pool) or
-// kShared (a copy of the head staged in shared memory by the bulk-copy engine).
-enum class Src { kGlobal, kShared };
+// Where a tile is read from: kGlobal (streaming loads from the pool),
+// kShared (a copy of the head staged in shared memory by the bulk-copy
+// engine), or kSwizzled (staged by tensor-map copies with the 128-byte
+// swizzle, CU_TENSOR_MAP_SWIZZLE_128B, into a 1024-byte aligned region: the
+// 16-byte chunk index, address bits 4-6, is XORed with the 128-byte row index
+// mod 8, bits 7-9, so the lanes of a warp reading one 16-byte column of 8
+// consecutive rows hit 8 different bank groups).
+enum class Src { kGlobal, kShared, kSwizzled };
+
+// The 32-bit shared-memory address of p, swizzled for kSwizzled.
+template <Src S>
+__device__ __forceinline__ uint32_t SmemAt(const uint8_t* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  if constexpr (S == Src::kSwizzled) return a ^ (((a >> 7) & 7u) << 4);
+  return a;
+}
 
 template <Src S>
 __device__ __forceinline__ uint4 Ld16(const uint8_t* p) {
-  if constexpr (S == Src::kGlobal) return LdStream(p);
-  return *reinterpret_cast<const uint4*>(p);
+  if constexpr (S == Src::kGlobal) {
+    return LdStream(p);
+  } else if constexpr (S == Src::kShared) {
+    return *reinterpret_cast<const uint4*>(p);
+  } else {
+    uint4 v;
+    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(SmemAt<S>(p))
+                 : "memory");
+    return v;
+  }
 }
 template <Src S>
 __device__ __forceinline__ uint2 Ld8(const uint8_t* p) {
-  if constexpr (S == Src::kGlobal) return LdStream8(p);
-  return *reinterpret_cast<const uint2*>(p);
+  if constexpr (S == Src::kGlobal) {
+    return LdStream8(p);
+  } else if constexpr (S == Src::kShared) {
+    return *reinterpret_cast<const uint2*>(p);
+  } else {
+    uint2 v;
+    asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(SmemAt<S>(p)) : "memory");
+    return v;
+  }
+}
+// A metadata word (uint32_t, float or uint8_t) of a row.
+template <Src S, typename T>
+__device__ __forceinline__ T LdMeta(const uint8_t* p) {
+  if constexpr (S != Src::kSwizzled) {
+    return *reinterpret_cast<const T*>(p);
+  } else if constexpr (sizeof(T) == 1) {
+    uint32_t v;
+    asm("ld.shared.u8 %0, [%1];" : "=r"(v) : "r"(SmemAt<S>(p)) : "memory");
+    return static_cast<T>(v);
+  } else {
+    static_assert(sizeof(T) == 4, "4-byte or 1-byte metadata");
+    uint32_t v;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(SmemAt<S>(p)) : "memory");
+    T t;
+    memcpy(&t, &v, 4);
+    return t;
+  }
 }
 
 // float(2^23 + byte) - (2^23 + z) == byte - z exactly.
@@ -150,7 +198,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kAffineU8) {
     const uint4 u = Ld16<S>(codes + col0);
-    const uint32_t m = *reinterpret_cast<const uint32_t*>(meta + 4 * (col0 / kGroupSize));
+    const uint32_t m = LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize));
     const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
     const float bias = kMagicByte + z;
@@ -164,7 +212,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kAffineU4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
-    const uint32_t m = *reinterpret_cast<const uint32_t*>(meta + 4 * (col0 / kGroupSize));
+    const uint32_t m = LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize));
     const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
     const float bias = kMagicByte + z;
@@ -176,7 +224,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kSymI8) {
     const uint4 u = Ld16<S>(codes + col0);
-    const float s = row_scale * *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
+    const float s = row_scale * LdMeta<S, float>(meta + 4 * (col0 / kGroupSize));
     const float bias = kMagicByte + 128.0f;
     const uint32_t w[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u,
                            u.w ^ 0x80808080u};
@@ -189,7 +237,7 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kFp8E4m3) {
     const uint4 u = Ld16<S>(codes + col0);
-    const float s = row_scale * *reinterpret_cast<const float*>(meta + 4 * (col0 / kGroupSize));
+    const float s = row_scale * LdMeta<S, float>(meta + 4 * (col0 / kGroupSize));
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
@@ -197,7 +245,8 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kNvfp4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
-    const float mult = row_scale * Nvfp4BlockMultiplier(meta[col0 / kNvfp4BlockSize], global_scale);
+    const float mult =
+        row_scale * Nvfp4BlockMultiplier(LdMeta<S, uint8_t>(meta + col0 / kNvfp4BlockSize), global_scale);
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
