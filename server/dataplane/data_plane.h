@@ -23,14 +23,22 @@
 // and model; the worker submits per-layer updates with references and never
 // waits for a reply on the critical path. Ordering, worker -> server: on CUDA
 // the worker records an entry of its ring of interprocess events after
-// writing a submission's inputs and names it; the server waits for that
-// event (host-side, outside the backend's lock, so a worker whose event never
-// completes stalls only its own stream) and the worker re-records an entry
-// only after the reply of the submission that last named it. Server ->
-// worker: after each submission (failed ones too) the server stores its seq
-// into the stream's done word (a registered buffer): the worker's stream
-// waits for it on the device (cuStreamWaitValue32), its host does not.
-// Replies (one per submission, error set on failure) arrive asynchronously.
+// writing a submission's inputs and names it; the worker re-records an entry
+// only after the reply of the submission that last named it. On CUDA each
+// stream runs its submissions on a DecodeQueue of its own (backend.h; a
+// non-blocking CUDA stream): the server's host enqueues the ring-event wait,
+// validation, fused kernel and done word and moves on; the reply follows
+// from the queue's completion thread. The ring-event wait is device-side
+// behind a RingGate (submit_updates.cc) that the server can always release:
+// a worker whose event never completes stalls only its own stream, and
+// after Options::ring_wait_timeout its gated updates write nothing and the
+// stream ends. Slots stay busy until the GPU work on them completed (the
+// next update on the same slots shares the access). Server -> worker: after
+// each submission (failed ones too) the server stores its seq into the
+// stream's done word (a registered buffer), stream-ordered after the
+// submission's kernel: the worker's stream waits for it on the device
+// (cuStreamWaitValue32), its host does not. Replies (one per submission,
+// error set on failure) arrive asynchronously, in seq order.
 //
 // Attached mode (AttachSlots). The session takes an attach lease over
 // allocated slots: the server holds them busy (SlotPool::SlotAccess) so no
@@ -46,6 +54,7 @@
 #ifndef STATECACHE_SERVER_DATAPLANE_DATA_PLANE_H_
 #define STATECACHE_SERVER_DATAPLANE_DATA_PLANE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -175,8 +184,8 @@ class DataPlane {
     // Raises the 8-byte word (little-endian) at `offset` (8-aligned, in
     // range) to `value` (a maximum: it never goes back) once everything
     // written before is visible to the worker: CPU a release CAS; CUDA a
-    // one-thread atomicMax kernel on `stream` (the backend's stream, after
-    // the submission's kernels), no host wait.
+    // one-thread atomicMax kernel on `stream` (the stream's DecodeQueue
+    // after the submission's kernel, or the backend's stream), no host wait.
     virtual absl::Status StoreWord(int64_t offset, uint64_t value, void* stream) = 0;
   };
 
@@ -247,6 +256,7 @@ class DataPlane {
     std::shared_ptr<SlotPool::SlotAccess> access;
     std::shared_ptr<BackendBuffer> idx;
     DecodeInputs in;
+    std::atomic<int64_t> enqueue_micros{0};  // async: host time of the enqueue
   };
   // The slots of a SubmitUpdates stream's last update: while an update on
   // them is in flight (`access` alive), the next update naming the same

@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -474,10 +475,22 @@ absl::StatusOr<Timing> RunStream(const ServerHandle& s, const ModelGeometry& geo
   RETURN_IF_ERROR(t.status());
   RETURN_IF_ERROR(sub->Finish());
   const UpdateSubmitter::ServerTimes st = sub->server_times();
+  // CUDA: the server runs submissions on a DecodeQueue (backend_call_us =
+  // its host enqueue time, server_us = read to completion, event_wait_us =
+  // 0 behind the ring gate); server_wait says how its queue waits for the
+  // ring events (STATECACHE_SUBMIT_DEVICE_WAIT, inherited by a spawned
+  // statecached).
+  const char* server_wait = std::getenv("STATECACHE_SUBMIT_DEVICE_WAIT");
   t->extra = absl::StrFormat(" server_us=%.1f backend_call_us=%.1f event_wait_us=%.1f%s",
                              st.server_us, st.kernel_us, st.wait_us,
                              absl::GetFlag(FLAGS_backend) == "cuda"
-                                 ? absl::StrCat(" device_wait=\"", stream_wait::Mechanism(), "\"")
+                                 ? absl::StrCat(" device_wait=\"", stream_wait::Mechanism(),
+                                                "\" server_wait=\"",
+                                                server_wait != nullptr &&
+                                                        std::string(server_wait) == "event"
+                                                    ? "event"
+                                                    : "gate",
+                                                "\"")
                                  : "");
   return t;
 }

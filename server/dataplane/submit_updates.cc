@@ -507,6 +507,8 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
            batch](absl::Status s) mutable {
             // The GPU work is done: the slots and buffers are released
             // (plan) after the reply is queued.
+            // Metrics: enqueue to completion; the reply's kernel_micros: the
+            // host's enqueue time (the backend call).
             const double seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
             if (s.code() == absl::StatusCode::kAborted && gate != nullptr &&
                 !gate->reason().ok()) {
@@ -514,9 +516,12 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
             }
             if (s.ok() && observe) observe("decode_update", seconds, batch);
             respond(std::move(reply), update_error(s), start,
-                    static_cast<int64_t>(seconds * 1e6), wait_seconds);
+                    plan->enqueue_micros.load(std::memory_order_relaxed), wait_seconds);
             plan.reset();
           })));
+      plan->enqueue_micros.store(
+          static_cast<int64_t>(SecondsBetween(t0, std::chrono::steady_clock::now()) * 1e6),
+          std::memory_order_relaxed);
       queued = true;
       return absl::OkStatus();
     }();

@@ -5,7 +5,8 @@
 // proceed, the epilogue's done word (stream_wait::StreamStoreWord, as the
 // server uses it) reaches the last seq, the host never waits (enqueue returns
 // while the queue's stream is held by a device-side wait) and a held queue
-// does not block the backend's synchronous calls. Skips (GTEST_SKIP) without
+// does not block the backend's synchronous calls; the server's ring gate
+// (release and abort). Skips (GTEST_SKIP) without
 // a usable GPU; gpu_only. Runs in tests/dataplane/device_run.sh.
 #include <atomic>
 #include <chrono>
@@ -328,6 +329,67 @@ TEST_F(CudaQueueTest, HostNeverWaitsAndAHeldQueueBlocksNoOtherWork) {
     EXPECT_TRUE(rec.done[i].second.ok()) << rec.done[i].second;
   }
   EXPECT_NE(pool.Slot(0), std::vector<uint8_t>(pool.view.slot_bytes(), 0));
+}
+
+// The server's RingGate mechanism (stream_wait gate kernel + the queue's
+// abort word): gated updates run once the host releases the gate, and write
+// nothing once it aborts (that update and every later one: kAborted).
+TEST_F(CudaQueueTest, GatedUpdatesRunWhenReleasedAndWriteNothingWhenAborted) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23), rng2(23);
+  std::vector<Step> steps, ref_steps;
+  for (int i = 0; i < 4; ++i) steps.push_back(MakeStep(&rng));
+  for (int i = 0; i < 4; ++i) ref_steps.push_back(MakeStep(&rng2));
+  Pool pool(*layout_), ref(*layout_);
+  uint32_t* words = nullptr;
+  ASSERT_EQ(stream_wait::AllocGateWords(&words), 0);
+  auto queue = Gpu()->NewDecodeQueue();
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  Record rec;
+  for (int i = 0; i < 3; ++i) {
+    const uint32_t seq = i + 1;
+    ASSERT_TRUE((*queue)
+                    ->EnqueueDecodeUpdate(
+                        *prepared_, pool.view, i % 2, Inputs(steps[i], slots()),
+                        [words, seq](void* stream, void* abort_word) {
+                          return stream_wait::StreamGate(stream, words, seq, abort_word) == 0
+                                     ? absl::OkStatus()
+                                     : absl::InternalError("gate");
+                        },
+                        nullptr, rec.For(seq))
+                    .ok());
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(rec.size(), 0u);
+  __atomic_store_n(&words[0], 1u, __ATOMIC_SEQ_CST);  // release seq 1
+  for (int i = 0; i < 200 && rec.size() < 1; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(rec.size(), 1u);
+  __atomic_store_n(&words[1], 1u, __ATOMIC_SEQ_CST);  // abort, then release all
+  __atomic_store_n(&words[0], 3u, __ATOMIC_SEQ_CST);
+  // An update enqueued after the abort, without a prologue: aborted too.
+  ASSERT_TRUE((*queue)
+                  ->EnqueueDecodeUpdate(*prepared_, pool.view, 1, Inputs(steps[3], slots()),
+                                        nullptr, nullptr, rec.For(4))
+                  .ok());
+  (*queue)->Drain();
+  {
+    absl::MutexLock lock(&rec.mu);
+    ASSERT_EQ(rec.done.size(), 4u);
+    EXPECT_TRUE(rec.done[0].second.ok()) << rec.done[0].second;
+    for (int i = 1; i < 4; ++i) {
+      EXPECT_EQ(rec.done[i].first, i + 1);
+      EXPECT_EQ(rec.done[i].second.code(), absl::StatusCode::kAborted) << rec.done[i].second;
+    }
+  }
+  ASSERT_TRUE(Gpu()->DecodeUpdate(*prepared_, ref.view, 0, Inputs(ref_steps[0], slots())).ok());
+  const size_t o_count = static_cast<size_t>(kB) * Geo().h_v * Geo().d_v;
+  EXPECT_EQ(Download<float>(*steps[0].o, o_count), Download<float>(*ref_steps[0].o, o_count));
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(Download<float>(*steps[i].o, o_count), std::vector<float>(o_count, 0.f)) << i;
+  }
+  EXPECT_EQ(pool.Bytes(), ref.Bytes());
+  queue->reset();
+  EXPECT_EQ(stream_wait::FreeGateWords(words), 0);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The data-plane GPU run (issue 10), one self-contained call on the device
 # machine from the repository root, after tests/dataplane/stage_device.sh:
-#   (a) CUDA backend gtests and the two-process CUDA IPC test;
+#   (a) CUDA backend gtests, the two-process CUDA IPC test and the
+#       DecodeQueue test (the asynchronous SubmitUpdates path);
 #   (b) a small-geometry two-process check: statecached spawned as its own
 #       process, every mode's o bit-identical to in-process kernel calls
 #       (attached, attached_raw, capi = the Python binding's C ABI, buffers =
@@ -11,9 +12,11 @@
 #   (c) dataplane_bench, all modes at B in {1, 32, 256}, Qwen3.6-35B-A3B
 #       geometry, with the same bit-identity check; plus the diagnostic
 #       inproc_unchecked (kernels without the binding's validation and
-#       per-call host sync: what that sync costs).
-# Logs and a summary go to $OUT (or /tmp/sc_out). Worst case 290 s of
-# timeouts; expected about 1-2 minutes.
+#       per-call host sync: what that sync costs);
+#   (d) inproc + stream again with STATECACHE_SUBMIT_DEVICE_WAIT=event (the
+#       server's queue waits by cudaStreamWaitEvent, not the ring gate).
+# Logs and a summary go to $OUT (or /tmp/sc_out). Worst case 410 s of
+# timeouts; expected about 2 minutes.
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
 mkdir -p "$OUT"
@@ -34,6 +37,11 @@ timeout 80 $D/cuda_backend_test --gtest_brief=1 > "$OUT/cuda_backend_test.log" 2
 summary "cuda_backend_test exit=$?  $(grep -E 'PASSED|FAILED' "$OUT/cuda_backend_test.log" | head -3 | tr '\n' ' ')"
 timeout 30 $D/ipc_test > "$OUT/ipc_test.log" 2>&1
 summary "ipc_test exit=$?  $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/ipc_test.log" | head -3 | tr '\n' ' ')"
+# The asynchronous SubmitUpdates path: the CUDA DecodeQueue against the
+# synchronous binding, the ring gate, no host wait; DIAG line: whether a
+# cudaFree blocks while a queue's stream waits on the device.
+timeout 60 $D/cuda_queue_test --gtest_brief=1 > "$OUT/cuda_queue_test.log" 2>&1
+summary "cuda_queue_test exit=$?  $(grep -E 'PASSED|FAILED|SKIPPED|DIAG' "$OUT/cuda_queue_test.log" | head -4 | tr '\n' ' ')"
 
 # (b) small geometry first: fast, checks the two-process paths before the big run.
 timeout 40 $D/dataplane_bench --backend=$BACKEND --server=spawn --statecached=$D/statecached \
@@ -47,5 +55,15 @@ timeout 140 $D/dataplane_bench --backend=$BACKEND --server=spawn --statecached=$
   > "$OUT/bench.log" 2>&1
 summary "bench exit=$?"
 grep -E '^RESULT|^\||^FAILURES' "$OUT/bench.log" | tee -a "$OUT/summary.txt"
+
+# (d) stream mode with the server's queue waiting on the worker's ring
+# events by cudaStreamWaitEvent instead of the ring gate (comparison only).
+if [ "$BACKEND" = cuda ]; then
+  STATECACHE_SUBMIT_DEVICE_WAIT=event timeout 60 $D/dataplane_bench --backend=$BACKEND \
+    --server=spawn --statecached=$D/statecached --modes=inproc,stream --geometry=$GEOMETRY \
+    --batches=$BATCHES --steps=${STEPS:-20} --warmup=3 > "$OUT/bench_event_wait.log" 2>&1
+  summary "bench_event_wait exit=$?"
+  grep -E '^RESULT' "$OUT/bench_event_wait.log" | tee -a "$OUT/summary.txt"
+fi
 # Server-side errors, if any (statecached logs to stderr in bench.log).
 grep -iE 'error|fatal|abort' "$OUT/bench.log" "$OUT/two_process_small.log" | grep -v '^.*RESULT' | head -10

@@ -9,13 +9,17 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 D=.device/dataplane
 targets=(//kernels/cuda:cuda_backend_test //kernels/cuda_ipc:ipc_test
+         //tests/dataplane:cuda_queue_test
          //server/dataplane:dataplane_bench //server:statecached)
 bazel build "${targets[@]}"
 mkdir -p "$D/lib"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
 for bin in kernels/cuda/cuda_backend_test kernels/cuda_ipc/ipc_test \
+           tests/dataplane/cuda_queue_test \
            server/dataplane/dataplane_bench server/statecached; do
   cp -Lf "$bin_dir/$bin" "$D/"
+  # Symbols out (the carried folder must stay under 64 MiB).
+  chmod u+w "$D/$(basename "$bin")" && strip --strip-unneeded "$D/$(basename "$bin")"
   ldd "$bin_dir/$bin" | awk '/=>/ {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;;
@@ -26,4 +30,6 @@ done
 # What was staged (commit, uncommitted files in the build, time).
 { git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u; } > "$D/STAGED"
 ls -la "$D"
-du -sh "$D"
+bytes=$(du -sb "$D" | cut -f1)
+echo "staged $bytes bytes (carry limit 67108864)"
+test "$bytes" -lt 67108864
