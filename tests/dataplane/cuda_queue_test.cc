@@ -281,20 +281,28 @@ TEST_F(CudaQueueTest, HostNeverWaitsAndAHeldQueueBlocksNoOtherWork) {
   for (int i = 0; i < 3; ++i) steps.push_back(MakeStep(&rng));
   Step other = MakeStep(&rng);
   Pool pool(*layout_), other_pool(*layout_);
-  auto gate = Gpu()->Allocate(8).value();  // zero
+  uint32_t* words = nullptr;  // host memory: released without a CUDA call
+  ASSERT_EQ(stream_wait::AllocGateWords(&words), 0);
   auto queue = Gpu()->NewDecodeQueue();
   ASSERT_TRUE(queue.ok()) << queue.status();
   // Warm the synchronous path (its bitmap allocation) first.
   ASSERT_TRUE(Gpu()->DecodeUpdate(*prepared_, other_pool.view, 0, Inputs(other, slots())).ok());
-  // The queue's stream waits on the device for gate >= 1 (as for a worker's
-  // ring event that has not fired yet).
-  ASSERT_EQ(stream_wait::StreamWaitGeq((*queue)->native_stream(), gate->data(), 1), 0);
   Record rec;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 3; ++i) {
+    // The first update's stream waits on the device for words[0] >= 1 (as
+    // for a worker's ring event that has not fired yet).
+    DecodeQueue::Prologue gate;
+    if (i == 0) {
+      gate = [words](void* stream, void* abort_word) {
+        return stream_wait::StreamGate(stream, words, 1, abort_word) == 0
+                   ? absl::OkStatus()
+                   : absl::InternalError("gate");
+      };
+    }
     ASSERT_TRUE((*queue)
                     ->EnqueueDecodeUpdate(*prepared_, pool.view, i % 2, Inputs(steps[i], slots()),
-                                          nullptr, nullptr, rec.For(i + 1))
+                                          gate, nullptr, rec.For(i + 1))
                     .ok());
   }
   const double enqueue_ms =
@@ -318,10 +326,12 @@ TEST_F(CudaQueueTest, HostNeverWaitsAndAHeldQueueBlocksNoOtherWork) {
     std::printf("DIAG allocate+free while a queue waits on the device: %s\n",
                 freed.load() ? "returned" : "BLOCKED (>= 2 s)");
     std::fflush(stdout);
-    ASSERT_EQ(stream_wait::ReleaseWord(gate->data(), 1), 0);
+    __atomic_store_n(&words[0], 1u, __ATOMIC_SEQ_CST);  // release
     t.join();
   }
   (*queue)->Drain();
+  queue->reset();
+  EXPECT_EQ(stream_wait::FreeGateWords(words), 0);
   absl::MutexLock lock(&rec.mu);
   ASSERT_EQ(rec.done.size(), 3u);
   for (int i = 0; i < 3; ++i) {
