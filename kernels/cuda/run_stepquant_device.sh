@@ -4,7 +4,7 @@
 #   .device/stepquant/run_stepquant_device.sh [test] [bench]   (default: both)
 # test: stepquant_cuda_test (GPU vs CPU bytes, fast vs one-CTA-per-head
 # kernel); bench: stepquant_bench for B in 1..512, GDN and KDA (fp32, damp,
-# stepquant-6/-4 fast kernel variants c2 (default), c3, h2, stepquant-4 on the
+# stepquant-6/-4 fast kernel variants h2 (default), c2, c3, stepquant-4 on the
 # one-CTA-per-head kernel). Logs: $OUT (or
 # /tmp/sq_out)/stepquant_test.log and stepquant_bench.log. About 2-3 minutes.
 set -o pipefail

@@ -415,8 +415,8 @@ TEST(StepFastDecodeTest, EligibilityFollowsShapeTokensAndAlignment) {
   EXPECT_TRUE(cuda_internal::StepFastDecodeEnabled());
 }
 
-// Sets STATECACHE_STEPQUANT_VARIANT (fast-kernel build: "" = default c2,
-// c3, h2) for the scope.
+// Sets STATECACHE_STEPQUANT_VARIANT (fast-kernel build: "" = default h2,
+// c2, c3) for the scope.
 class ScopedVariant {
  public:
   explicit ScopedVariant(const char* v) {
@@ -539,7 +539,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(Arch::kGdn, Arch::kKda),
                        ::testing::Values(kStepQuant6, kStepQuant4),
                        ::testing::Values(DType::kFp32, DType::kBf16),
-                       ::testing::Values(std::string(), std::string("c3"), std::string("h2"))),
+                       ::testing::Values(std::string(), std::string("c2"), std::string("c3"))),
     [](const ::testing::TestParamInfo<FastParam>& info) {
       const std::string& v = std::get<3>(info.param);
       return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",

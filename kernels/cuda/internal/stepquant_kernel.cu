@@ -494,9 +494,9 @@ __device__ __forceinline__ void StoreCodeBytes(uint8_t* dst, uint64_t bits, int 
 //   0, then half 1 from half 0's running sum (one shuffle), so every sum keeps
 //   the reference order; the column sums' 64-row chunks are the halves.
 // kMinBlocks = CTAs per SM the register budget is sized for.
-// STATECACHE_STEPQUANT_VARIANT selects (A/B benchmarks): c2 (default:
-// kHalves 1, 2 CTAs, 255 registers), c3 (kHalves 1, 3 CTAs, 168 registers),
-// h2 (kHalves 2, 2 CTAs, 128 registers).
+// STATECACHE_STEPQUANT_VARIANT selects (A/B benchmarks): h2 (default, the
+// fastest on the H200: kHalves 2, 2 CTAs, 128 registers), c2 (kHalves 1,
+// 2 CTAs, 255 registers), c3 (kHalves 1, 3 CTAs, 168 registers).
 template <int kHalves, int kMinBlocks>
 __global__ void __launch_bounds__(kFastDim * kHalves, kMinBlocks)
     StepFastDecodeKernel(const StepKernelParams p) {
@@ -853,8 +853,8 @@ int LaunchStepFastDecode(const StepKernelParams& p, void* stream) {
   const char* e = std::getenv("STATECACHE_STEPQUANT_VARIANT");
   const std::string v = e != nullptr ? e : "";
   if (v == "c3") return LaunchFastT<1, 3>(p, items, stream);
-  if (v == "h2") return LaunchFastT<2, 2>(p, items, stream);
-  return LaunchFastT<1, 2>(p, items, stream);
+  if (v == "c2") return LaunchFastT<1, 2>(p, items, stream);
+  return LaunchFastT<2, 2>(p, items, stream);  // h2 (B = 256: 746 us vs c2 1,152 us)
 }
 
 bool StepFastDecodeEnabled() {
