@@ -37,6 +37,13 @@ inline float HorizontalMax(__m256 v) {
 }
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
+// AffineRound (group_quant.h) on 8 lanes: rint of the exact product x * inv_s
+// by one FMA with the 1.5 * 2^23 constant, as the codecs encode.
+inline __m256 RoundProduct(__m256 x, __m256 inv_s) {
+  const __m256 magic = _mm256_set1_ps(kRoundMagic);
+  return _mm256_sub_ps(_mm256_fmadd_ps(x, inv_s, magic), magic);
+}
+
 }  // namespace
 
 double AffineU8RowError(const float* x, int d_v) {
@@ -51,12 +58,9 @@ double AffineU8RowError(const float* x, int d_v) {
     const __m256 s = _mm256_set1_ps(HalfBitsToFloat(p.s_bits));
     const __m256 z = _mm256_set1_ps(HalfBitsToFloat(p.z_bits));
     const __m256 inv_s = _mm256_set1_ps(p.inv_s), zf = _mm256_set1_ps(p.z);
-    const __m256 magic = _mm256_set1_ps(kRoundMagic);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
-      // AffineRound: rint of the exact product via one FMA (group_quant.h).
-      __m256 q = _mm256_add_ps(
-          _mm256_sub_ps(_mm256_fmadd_ps(v[i], inv_s, magic), magic), zf);
+      __m256 q = _mm256_add_ps(RoundProduct(v[i], inv_s), zf);
       q = _mm256_min_ps(_mm256_max_ps(q, zero), qmax);
       const __m256 x_hat = _mm256_mul_ps(s, _mm256_sub_ps(q, z));
       const __m256 d = _mm256_sub_ps(x_hat, v[i]);
@@ -80,7 +84,7 @@ double SymI8RowError(const float* x, const float* col_scale, int d_v) {
     const __m256 s = _mm256_set1_ps(sc), inv_s = _mm256_set1_ps(1.0f / sc);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
-      __m256 q = _mm256_round_ps(_mm256_mul_ps(v[i], inv_s), kRound);
+      __m256 q = RoundProduct(v[i], inv_s);
       q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
       __m256 d = _mm256_sub_ps(_mm256_mul_ps(s, q), v[i]);
       if (col_scale != nullptr) d = _mm256_mul_ps(d, _mm256_loadu_ps(col_scale + g + 8 * i));
@@ -170,7 +174,7 @@ void SrErrorsTransposed(const float* st, int d_k, int d_v, const int32_t* order,
       for (int i = 0; i < kGroupSize; ++i) {
         const __m256 c = _mm256_set1_ps(scale[g + i]);
         const __m256 t = _mm256_loadu_ps(buf + i * d_k + u);
-        __m256 q = _mm256_round_ps(_mm256_mul_ps(t, inv_s), kRound);
+        __m256 q = RoundProduct(t, inv_s);
         q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
         const __m256 d = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(s, q), t), c);
         a8 = _mm256_add_ps(a8, _mm256_mul_ps(d, d));
@@ -238,7 +242,7 @@ double SymI8RowError(const float* x, const float* col_scale, int d_v) {
     const float inv_s = 1.0f / s;
     float e = 0.0f;
     for (int j = 0; j < kGroupSize; ++j) {
-      const float q = Clamp(RoundEven(xg[j] * inv_s), -kSymI8Max, kSymI8Max);
+      const float q = Clamp(AffineRound(xg[j], inv_s), -kSymI8Max, kSymI8Max);
       float d = s * q - xg[j];
       if (col_scale != nullptr) d *= col_scale[g + j];
       e += d * d;

@@ -17,7 +17,8 @@
 //    so a kernel encodes a value with a single FMA.
 //    A group whose FP16 s is 0 (all zero, or a range below FP16 resolution)
 //    stores s = z = 0 and all-zero codes; it decodes to exact zeros.
-//  - Symmetric int8 (damp-sr) and FP8: s = max(absmax, 1e-10) / qmax in FP32.
+//  - Symmetric int8 (damp-sr) and FP8: s = max(absmax, 1e-10) / qmax in FP32;
+//    int8 codes round the exact product x * (1/s) as the affine codes do.
 //  - NVFP4: one FP32 global scale per head, s_g = absmax(head) / (448 * 6);
 //    E4M3 block scales of absmax(block) / (6 s_g); E2M1 codes of x / (s_b s_g).
 #ifndef STATECACHE_KERNELS_FORMATS_GROUP_QUANT_H_
@@ -86,7 +87,7 @@ SC_HD float MakeSymScale(float group_absmax) {
   return (group_absmax > kMinGroupAbsMax ? group_absmax : kMinGroupAbsMax) / kSymI8Max;
 }
 SC_HD int8_t SymEncode(float x, float inv_s) {
-  return static_cast<int8_t>(Clamp(RoundEven(x * inv_s), -kSymI8Max, kSymI8Max));
+  return static_cast<int8_t>(Clamp(AffineRound(x, inv_s), -kSymI8Max, kSymI8Max));
 }
 SC_HD float SymDecode(int8_t q, float s) { return s * static_cast<float>(q); }
 

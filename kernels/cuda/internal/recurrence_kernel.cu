@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
     const float vp = StoredValue<kVt>(m, p.dtype, static_cast<const uint8_t*>(p.v) + v_base * ds,
                                       vorder, vscale);
     const StepScratch sc = MakeScratch(smem, t, geo.d_v, m, tok & 1);
-    const float os = TokenStep(s, kk, qs, a, vp, p.beta[gh], m, t, geo.d_v, sc, [] {});
+    const float os = TokenStep(s, kk, qs, a, vp, p.beta[gh], m, t, geo.d_v, sc);
     if (p.o != nullptr && m.row_warp == 0) StoreOutput<kVt>(m, os, p.o + v_base, vorder, vscale);
   }
 
@@ -532,7 +532,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
         refill();
       }
       const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
-      const float os = TokenStep<true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc, [] {});
+      const float os = TokenStep<true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
       // The barrier in TokenStep ordered every thread's stage reads first.
       if (!one_stage) refill();
       if (m.row_warp == 0) {
@@ -697,13 +697,22 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
     return e == nullptr || e[0] != '0';
   }();
   if (pipeline_enabled && PipelineEligible(p)) {
-    static int max_smem_per_sm = -1, sms = 0;
-    if (max_smem_per_sm < 0) {
+    // Read once per process (thread-safe static initialization: launches
+    // come from several threads, e.g. the data plane's decode queues).
+    struct DeviceLimits {
+      int sms = 0;
+      int max_smem_per_sm = 0;
+    };
+    static const DeviceLimits limits = [] {
+      DeviceLimits d;
       int dev = 0;
       cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      cudaDeviceGetAttribute(&max_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-    }
+      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+      cudaDeviceGetAttribute(&d.max_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+      return d;
+    }();
+    const int sms = limits.sms;
+    const int max_smem_per_sm = limits.max_smem_per_sm;
     StageLayout sl = MakeStageLayout(p, max_smem_per_sm);
     const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
     CUtensorMap tmap{};

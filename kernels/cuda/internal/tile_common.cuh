@@ -300,43 +300,10 @@ __device__ __forceinline__ void PairHadamard(float (&x)[kTileColsPerLane], int c
 }
 
 // Reduce-scatter of 16 per-lane column partials over the 16 row lanes of a
-// warp (pairs differing in rl bit 3, 2, 1, 0 = lane bit 4, 3, 2, 1). Returns
-// the warp sum of column col0 + rl (tree of WarpTreeSum).
-__device__ __forceinline__ float WarpReduceScatter16(const float (&p)[16], int lane) {
-  float a8[8];
-  const bool u16 = lane & 16;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float send = u16 ? p[j] : p[j + 8];
-    const float keep = u16 ? p[j + 8] : p[j];
-    a8[j] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
-  }
-  float a4[4];
-  const bool u8 = lane & 8;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float send = u8 ? a8[j] : a8[j + 4];
-    const float keep = u8 ? a8[j + 4] : a8[j];
-    a4[j] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-  }
-  float a2[2];
-  const bool u4 = lane & 4;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const float send = u4 ? a4[j] : a4[j + 2];
-    const float keep = u4 ? a4[j + 2] : a4[j];
-    a2[j] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
-  }
-  const bool u2 = lane & 2;
-  const float send = u2 ? a2[0] : a2[1];
-  const float keep = u2 ? a2[1] : a2[0];
-  return keep + __shfl_xor_sync(0xffffffffu, send, 2);
-}
-
-// The same reduce-scatter through a per-warp shared buffer: every lane
-// writes its 16 partials (4 x 16-byte stores), then sums the 16 partials of
-// its column in WarpTreeSum's tree (same bits as the shuffle version; fewer
-// instructions: no per-level selects). Layout: lane (rl, cl) writes floats
+// warp through a per-warp shared buffer: every lane writes its 16 partials
+// (4 x 16-byte stores), then sums the 16 partials of its column (column
+// col0 + rl) in WarpTreeSum's tree (pairs differing in rl bit 3, 2, 1, 0;
+// fewer instructions than a shuffle butterfly, which needs per-level selects). Layout: lane (rl, cl) writes floats
 // [cl * 336 + rl * 20, +16); the padding makes both the writes and the
 // column reads bank-conflict-free.
 inline constexpr int kWarpReduceFloats = 2 * 336;
@@ -371,17 +338,15 @@ struct StepScratch {
 // ReferenceHeadStep, bit for bit). kk, qs, a: the lane's rows (0 for rows
 // >= d_k); vp: v' at column m.jc; returns o' at column m.jc. Contains one
 // __syncthreads when row_warps > 1: every thread of the CTA must call it.
-// after_sync() runs in every thread right after that barrier (or, with one
-// row warp, where it would be).
 // kFolded: the state was decoded with the decay folded in (LoadTile's
 // row_scale = a), so this token's a is not applied again.
-template <bool kFolded = false, typename AfterSync>
+template <bool kFolded = false>
 __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLane],
                                            const float (&kk)[kTileSteps],
                                            const float (&qs)[kTileSteps],
                                            const float (&a)[kTileSteps], float vp, float beta,
                                            const LaneMap& m, const DecodeTiling& t, int d_v,
-                                           const StepScratch& sc, AfterSync&& after_sync) {
+                                           const StepScratch& sc) {
   float ka[kTileSteps], qa[kTileSteps];
   float qk = 0.0f;
 #pragma unroll
@@ -413,7 +378,6 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
     sc.red_q[m.row_warp * d_v + m.jc] = qsum;
     if (m.stripe == 0 && m.lane == 0) sc.red_qk[m.row_warp] = qk;
     __syncthreads();
-    after_sync();
     ks = sc.red_k[m.jc];
     qsum = sc.red_q[m.jc];
     qk = sc.red_qk[0];
@@ -422,8 +386,6 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
       qsum = qsum + sc.red_q[w * d_v + m.jc];
       qk = qk + sc.red_qk[w];
     }
-  } else {
-    after_sync();
   }
   const float db = beta * (vp - ks);
   // All-gather the 16 deltas of this lane's columns.
