@@ -161,6 +161,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
     DataPlane::Options dpo;
     dpo.default_lease = options.dataplane.session_lease;
     dpo.max_lease = options.dataplane.max_session_lease;
+    dpo.ring_wait_timeout = options.dataplane.ring_wait_timeout;
     s->dataplane_ = std::make_unique<DataPlane>(s->backend_.get(), s->registry_.get(), dpo);
     s->service_->set_dataplane(s->dataplane_.get());
   }

@@ -58,6 +58,9 @@ class StateCacheServer {
     // Default / maximum data-plane session lease.
     absl::Duration session_lease = absl::Seconds(30);
     absl::Duration max_session_lease = absl::Minutes(10);
+    // SubmitUpdates on CUDA: how long a worker's ring event may stay
+    // incomplete before the stream's gated updates are aborted.
+    absl::Duration ring_wait_timeout = absl::Seconds(10);
   };
   struct MemoryOptions {
     // "auto", "cuda" or "cpu".

@@ -77,6 +77,10 @@ ABSL_FLAG(bool, shared_pools, false,
 ABSL_FLAG(int64_t, session_lease_ms, 30000,
           "Default data-plane session lease: a session unused (no renewal, no call naming it "
           "or its buffers) this long is closed and its buffers and attached slots released.");
+ABSL_FLAG(int64_t, submit_ring_wait_timeout_ms, 10000,
+          "SubmitUpdates on CUDA: a worker's ring event that does not complete within this "
+          "time aborts the stream's waiting updates (they write nothing) and ends the stream "
+          "with DEADLINE_EXCEEDED.");
 ABSL_FLAG(std::string, backend, "auto",
           "State backend: auto (CUDA when a GPU is usable, else CPU), cuda, or cpu.");
 ABSL_FLAG(int64_t, state_memory_bytes, 0,
@@ -193,6 +197,12 @@ int Main() {
   options.dataplane.enabled = absl::GetFlag(FLAGS_dataplane);
   options.dataplane.shared_pools = absl::GetFlag(FLAGS_shared_pools);
   options.dataplane.session_lease = absl::Milliseconds(absl::GetFlag(FLAGS_session_lease_ms));
+  if (absl::GetFlag(FLAGS_submit_ring_wait_timeout_ms) <= 0) {
+    std::fprintf(stderr, "statecached: --submit_ring_wait_timeout_ms must be > 0\n");
+    return 2;
+  }
+  options.dataplane.ring_wait_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_submit_ring_wait_timeout_ms));
   options.dataplane.max_session_lease = options.memory.lease_max;
 
   absl::StatusOr<ModelGeometry> report = ParseGeometry(absl::GetFlag(FLAGS_report_geometry));
