@@ -6,13 +6,19 @@
 // StateLayout::CreateStepQuant, at 128 x 128 (64 KiB of shared memory per
 // head, two 64-row reduction chunks) and small shapes.
 //
-// Decode steps at 128 x 128 run the fast kernel (StepFastDecodeKernel:
-// persistent CTAs, bulk-copy prefetch, pivot heads read from global memory);
-// StepFastDecodeBatchTest below also pins each of its builds (c2, c3, h2) to
-// the one-CTA-per-head kernel
-// (STATECACHE_STEPQUANT_FAST=0) bit for bit, with bf16 inputs, and with more
-// items than the persistent grid (stage reuse, barrier parities), -1 entries
-// and untouched slots.
+// Decode steps at 128 x 128 default to the tiled kernel
+// (StepTileDecodeKernel), whose bytes follow the tile reference, not the
+// CPU's order: StepTileDecodeTest checks it against that reference
+// (StepDecodeHead with the decay folded in -> decode_math.h's
+// ReferenceHeadStep -> StepEncodeHead with StepSumOrder::kTile) with 0
+// differing bytes, outputs to 1e-5 relative, -1 entries and untouched slots,
+// and every code width 2..8. The CPU-order tests (StepCudaTest decode) pin the
+// fast kernel's h2 build (StepFastDecodeKernel: persistent CTAs, bulk-copy
+// prefetch); StepFastDecodeBatchTest pins each of its builds (c2, c3, h2) to
+// the one-CTA-per-head kernel (STATECACHE_STEPQUANT_FAST=0) bit for bit, with
+// bf16 inputs, and with more items than the persistent grid (stage reuse,
+// barrier parities), -1 entries and untouched slots.
+// StepTileReferenceTest runs without a GPU (the reference's CPU-side checks).
 //
 // Exactness: the kernels are meant to be byte-identical (same codec element
 // functions, the CPU build's HeadStep arithmetic, glibc's expf via
@@ -41,7 +47,9 @@
 #include "kernels/backend/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/decode_math.h"
 #include "kernels/cuda/internal/stepquant_params.h"
+#include "kernels/formats/stepquant_codec.h"
 #include "kernels/formats/format.h"
 #include "kernels/formats/numeric.h"
 #include "kernels/layout/state_layout.h"
@@ -184,6 +192,8 @@ class StepCudaTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     SKIP_WITHOUT_GPU();
+    // CPU-order decode kernel (the default tiled kernel has its own test).
+    setenv("STATECACHE_STEPQUANT_VARIANT", "h2", 1);
     std::tie(geo_, format_) = GetParam();
     layout_ = std::make_unique<StateLayout>(MixedLayout(geo_, format_, 7));
     cpu_ = CpuBackend::Create({2});
@@ -198,6 +208,8 @@ class StepCudaTest : public ::testing::TestWithParam<Param> {
     start_ = cpu_pool_.Bytes();
     gpu_pool_.SetBytes(start_);
   }
+
+  void TearDown() override { unsetenv("STATECACHE_STEPQUANT_VARIANT"); }
 
   static constexpr int kSlots = 4;
   ModelGeometry geo_;
@@ -520,7 +532,7 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
   const int64_t diff = DifferingBytes(fast_bytes, cpu_bytes);
   std::printf("fast decode %s %s %s variant %s: %lld of %lld pool bytes differ from the CPU\n",
               arch == Arch::kGdn ? "gdn" : "kda", FormatSpecName({format, 0}).c_str(),
-              dtype == DType::kBf16 ? "bf16" : "fp32", variant.empty() ? "c2" : variant.c_str(),
+              dtype == DType::kBf16 ? "bf16" : "fp32", variant.c_str(),
               static_cast<long long>(diff),
               static_cast<long long>(fast_bytes.size()));
   EXPECT_LE(diff, kMaxDifferingByteFraction * fast_bytes.size());
@@ -539,14 +551,288 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(Arch::kGdn, Arch::kKda),
                        ::testing::Values(kStepQuant6, kStepQuant4),
                        ::testing::Values(DType::kFp32, DType::kBf16),
-                       ::testing::Values(std::string(), std::string("c2"), std::string("c3"))),
+                       ::testing::Values(std::string("h2"), std::string("c2"), std::string("c3"))),
     [](const ::testing::TestParamInfo<FastParam>& info) {
       const std::string& v = std::get<3>(info.param);
       return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",
                           std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4",
                           std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32",
-                          v.empty() ? "C2" : v == "c3" ? "C3" : "H2");
+                          v == "c2" ? "C2" : v == "c3" ? "C3" : "H2");
     });
+
+// ---- The tiled decode kernel (StepTileDecodeKernel) ------------------------
+
+// A KDA layout whose heads use every width: per head 2 pivot rows, then rows
+// at 8, 7, ..., 2 bits (cycled), random permutations and row impact.
+StateLayout AllWidthsLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0.05f, 1.0f);
+  std::vector<int32_t> perm;
+  std::vector<int8_t> bits;
+  std::vector<float> impact;
+  for (int64_t h = 0; h < geo.HeadsPerSlot(); ++h) {
+    std::vector<int32_t> p(geo.d_k);
+    std::iota(p.begin(), p.end(), 0);
+    std::shuffle(p.begin(), p.end(), rng);
+    perm.insert(perm.end(), p.begin(), p.end());
+    std::vector<int8_t> b(geo.d_k);
+    for (int r = 0; r < geo.d_k; ++r) {
+      b[r] = r < 2 ? 16 : static_cast<int8_t>(2 + (r + h) % 7);
+    }
+    std::sort(b.begin(), b.end(), std::greater<int8_t>());
+    bits.insert(bits.end(), b.begin(), b.end());
+    for (int r = 0; r < geo.d_k; ++r) impact.push_back(u(rng));
+  }
+  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(geo, {f, 0}, perm, bits, impact);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return *l;
+}
+
+// The tile reference of one decode step of `layer` on a host pool image:
+// per (item, head) with a slot, StepDecodeHead with the token's decay folded
+// in (DecayExp, stored row order), decode_math.h's ReferenceHeadStep with
+// a = 1, StepEncodeHead with StepSumOrder::kTile; o of -1 entries is 0.
+void TileReferenceStep(const StateLayout& layout, int layer, const std::vector<int32_t>& slots,
+                       const TokenBatch& b, std::vector<uint8_t>& pool, std::vector<float>& o) {
+  const ModelGeometry& geo = layout.geometry();
+  const int64_t slot_bytes = layout.slot_bytes();
+  const int d_k = geo.d_k, d_v = geo.d_v;
+  std::vector<float> w(int64_t{d_k} * d_v), a(d_k), ones(d_k, 1.0f), k(d_k), qs(d_k), op(d_v);
+  for (size_t bi = 0; bi < slots.size(); ++bi) {
+    for (int h = 0; h < geo.h_v; ++h) {
+      const int64_t item = static_cast<int64_t>(bi) * geo.h_v + h;
+      float* o_item = o.data() + item * d_v;
+      if (slots[bi] < 0) {
+        std::fill(o_item, o_item + d_v, 0.0f);
+        continue;
+      }
+      uint8_t* head = pool.data() + slots[bi] * slot_bytes + layout.head_offset(layer, h);
+      const StepHeadLayout& l = layout.step_head(layer, h);
+      const int32_t* perm = layout.key_perm(layer, h);
+      const int64_t qk = (static_cast<int64_t>(bi) * geo.h_qk + geo.KeyHeadOf(h)) * d_k;
+      for (int r = 0; r < d_k; ++r) {
+        const int c = perm[r];
+        a[r] = DecayExp(geo.arch == Arch::kKda ? b.g[item * d_k + c] : b.g[item]);
+        k[r] = b.k[qk + c];
+        qs[r] = geo.EffectiveScale() * b.q[qk + c];
+      }
+      StepDecodeHead(l, head, w.data(), a.data());
+      ReferenceHeadStep(d_k, d_v, ones.data(), k.data(), qs.data(), b.beta[item],
+                        b.v.data() + item * d_v, w.data(), op.data());
+      std::copy(op.begin(), op.end(), o_item);
+      StepEncodeHead(l, layout.row_impact(layer, h), w.data(), head, StepSumOrder::kTile);
+    }
+  }
+}
+
+// (arch, format, dtype, all widths)
+using TileParam = std::tuple<Arch, StateFormat, DType, bool>;
+
+class StepTileDecodeTest : public ::testing::TestWithParam<TileParam> {};
+
+TEST_P(StepTileDecodeTest, MatchesTileReference) {
+  SKIP_WITHOUT_GPU();
+  const auto [arch, format, dtype, all_widths] = GetParam();
+  const ModelGeometry geo{arch, 2, arch == Arch::kGdn ? 2 : 4, 4, 128, 128};
+  const StateLayout layout =
+      all_widths ? AllWidthsLayout(geo, format, 41) : MixedLayout(geo, format, 37);
+  ASSERT_FALSE(layout.head_offsets().empty());
+  constexpr int kSlots = 300;
+  constexpr int kBatch = 280;  // 1,120 items > 2 CTAs x 132 SMs
+  auto cpu = CpuBackend::Create({2});
+  Pool cpu_pool = MakePool(*cpu, layout, kSlots);
+  Pool gpu_pool = MakePool(*Gpu(), layout, kSlots);
+  ASSERT_NE(gpu_pool.model, nullptr);
+  std::vector<int32_t> all(kSlots);
+  std::iota(all.begin(), all.end(), 0);
+  const std::vector<float> states = RandomStates(geo, kSlots, 43);
+  ASSERT_TRUE(cpu->PackStates(*cpu_pool.model, cpu_pool.view, all.data(), kSlots, states.data()).ok());
+  const std::vector<uint8_t> start = cpu_pool.Bytes();
+  gpu_pool.SetBytes(start);
+  std::vector<uint8_t> ref = start;
+  std::mt19937 rng(47);
+  std::shuffle(all.begin(), all.end(), rng);
+  std::vector<int32_t> slots(all.begin(), all.begin() + kBatch);
+  for (int i = 3; i < kBatch; i += 11) slots[i] = -1;
+  std::vector<bool> used(kSlots, false);
+  for (int32_t s2 : slots) {
+    if (s2 >= 0) used[s2] = true;
+  }
+  auto gpu_slots = ToGpu(slots);
+  const int64_t o_count = int64_t{kBatch} * geo.h_v * geo.d_v;
+  auto gpu_o = Gpu()->Allocate(o_count * 4).value();
+  ScopedFastPath fast(true);
+  for (int step = 0; step < 3; ++step) {
+    const int layer = step % geo.layers;
+    TokenBatch b = RandomTokenBatch(geo, kBatch, 300 + step);
+    const bool bf = dtype == DType::kBf16;
+    std::vector<uint16_t> q16, k16, v16;
+    if (bf) {
+      for (auto* vec : {&b.q, &b.k, &b.v}) {
+        std::vector<uint16_t>& out = vec == &b.q ? q16 : vec == &b.k ? k16 : v16;
+        for (float& x : *vec) {
+          out.push_back(FloatToBf16Bits(x));
+          x = Bf16BitsToFloat(out.back());
+        }
+      }
+    }
+    auto dq = bf ? ToGpu(q16) : ToGpu(b.q);
+    auto dk = bf ? ToGpu(k16) : ToGpu(b.k);
+    auto dv = bf ? ToGpu(v16) : ToGpu(b.v);
+    auto dg = ToGpu(b.g);
+    auto dbeta = ToGpu(b.beta);
+    std::vector<float> ref_o(o_count, -1.0f);
+    TileReferenceStep(layout, layer, slots, b, ref, ref_o);
+    const absl::Status st = Gpu()->DecodeUpdate(
+        *gpu_pool.model, gpu_pool.view, layer,
+        DecodeInputs{kBatch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
+                     dtype, dq->data(), dk->data(), dv->data(),
+                     reinterpret_cast<const float*>(dg->data()),
+                     reinterpret_cast<const float*>(dbeta->data()),
+                     reinterpret_cast<float*>(gpu_o->data())});
+    ASSERT_TRUE(st.ok()) << st;
+    const std::vector<float> o = FromGpu<float>(*gpu_o, o_count);
+    int64_t o_diff = 0;
+    for (int64_t i = 0; i < o_count; ++i) o_diff += std::memcmp(&o[i], &ref_o[i], 4) != 0;
+    EXPECT_LE(MaxRelError(o, ref_o), kOutputRelTol) << "step " << step;
+    for (int i = 3; i < kBatch; i += 11) {
+      for (int j = 0; j < geo.h_v * geo.d_v; ++j) {
+        ASSERT_EQ(o[int64_t{i} * geo.h_v * geo.d_v + j], 0.0f) << "entry " << i;
+      }
+    }
+    const std::vector<uint8_t> gpu_bytes = gpu_pool.Bytes();
+    const int64_t diff = DifferingBytes(gpu_bytes, ref);
+    std::printf("tile decode %s %s %s%s step %d: %lld of %lld pool bytes differ from the tile "
+                "reference, %lld of %lld outputs not bit-equal\n",
+                arch == Arch::kGdn ? "gdn" : "kda", FormatSpecName({format, 0}).c_str(),
+                bf ? "bf16" : "fp32", all_widths ? " all-widths" : "", step,
+                static_cast<long long>(diff), static_cast<long long>(gpu_bytes.size()),
+                static_cast<long long>(o_diff), static_cast<long long>(o_count));
+    ASSERT_EQ(diff, 0) << "step " << step;
+  }
+  const std::vector<uint8_t> gpu_bytes = gpu_pool.Bytes();
+  EXPECT_NE(gpu_bytes, start);
+  const int64_t sb = gpu_pool.view.slot_bytes();
+  int untouched = 0;
+  for (int s2 = 0; s2 < kSlots; ++s2) {
+    if (used[s2]) continue;
+    ++untouched;
+    ASSERT_EQ(SlotBytes(gpu_bytes, sb, s2), SlotBytes(start, sb, s2)) << "slot " << s2;
+  }
+  EXPECT_GT(untouched, 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tile, StepTileDecodeTest,
+    ::testing::Values(TileParam{Arch::kGdn, kStepQuant6, DType::kFp32, false},
+                      TileParam{Arch::kGdn, kStepQuant4, DType::kBf16, false},
+                      TileParam{Arch::kKda, kStepQuant6, DType::kBf16, false},
+                      TileParam{Arch::kKda, kStepQuant4, DType::kFp32, false},
+                      TileParam{Arch::kKda, kStepQuant4, DType::kBf16, true},
+                      TileParam{Arch::kKda, kStepQuant6, DType::kFp32, true}),
+    [](const ::testing::TestParamInfo<TileParam>& info) {
+      return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",
+                          std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4",
+                          std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32",
+                          std::get<3>(info.param) ? "AllWidths" : "");
+    });
+
+// The tiled kernel is the default for eligible decode steps; the variant
+// names still select the CPU-order builds.
+TEST(StepTileDecodeEligibilityTest, NeedsAlignedHeadTable) {
+  alignas(16) static uint8_t buf[64];
+  cuda_internal::StepKernelParams p;
+  p.d_k = p.d_v = 128;
+  p.h_qk = 2;
+  p.h_v = 4;
+  p.tokens = 1;
+  p.heads = reinterpret_cast<const StepHeadLayout*>(buf);
+  p.head_offsets = reinterpret_cast<const int64_t*>(buf);
+  p.pool_base = buf;
+  p.slot_bytes = 4096;
+  p.q = p.k = p.v = buf;
+  EXPECT_TRUE(cuda_internal::StepTileDecodeEligible(p));
+  cuda_internal::StepKernelParams t = p;
+  t.heads = reinterpret_cast<const StepHeadLayout*>(buf + 8);
+  EXPECT_FALSE(cuda_internal::StepTileDecodeEligible(t));
+  t = p;
+  t.tokens = 2;
+  EXPECT_FALSE(cuda_internal::StepTileDecodeEligible(t));
+  // Two stages of the largest head plus scratch fit two CTAs per SM (228 KiB).
+  EXPECT_LE(2 * (cuda_internal::TileSharedBytes() + 1024), 228 * 1024);
+}
+
+// ---- The tile reference on the host (no GPU needed) ---------------------------
+
+// Random working state with a few large rows / columns (row x column outliers).
+std::vector<float> OutlierState(int d_k, int d_v, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> w(int64_t{d_k} * d_v);
+  for (int r = 0; r < d_k; ++r) {
+    for (int j = 0; j < d_v; ++j) {
+      w[r * d_v + j] = n(rng) * (r % 17 == 3 ? 20.0f : 1.0f) * (j % 29 == 5 ? 8.0f : 1.0f);
+    }
+  }
+  return w;
+}
+
+TEST(StepTileReferenceTest, DefaultArgumentsKeepTheCpuCodec) {
+  const ModelGeometry geo{Arch::kKda, 1, 2, 2, 128, 128};
+  const StateLayout layout = AllWidthsLayout(geo, kStepQuant4, 5);
+  const StepHeadLayout& l = layout.step_head(0, 1);
+  const std::vector<float> w = OutlierState(128, 128, 9);
+  std::vector<uint8_t> a(l.head_bytes), b(l.head_bytes);
+  StepEncodeHead(l, layout.row_impact(0, 1), w.data(), a.data());
+  StepEncodeHead(l, layout.row_impact(0, 1), w.data(), b.data(), StepSumOrder::kSerial);
+  EXPECT_EQ(a, b);
+  std::vector<float> x(w.size()), y(w.size()), z(w.size());
+  StepDecodeHead(l, a.data(), x.data());
+  const std::vector<float> ones(128, 1.0f);
+  StepDecodeHead(l, a.data(), y.data(), ones.data());
+  EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0);
+  // A row scale multiplies each row's scale (integer rows) or value (pivots)
+  // once: decay 0.5 is exact, so it halves every value.
+  const std::vector<float> half(128, 0.5f);
+  StepDecodeHead(l, a.data(), z.data(), half.data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(z[i], 0.5f * x[i]) << i;
+}
+
+TEST(StepTileReferenceTest, TileOrderDiffersFromSerialOnlyInRounding) {
+  const ModelGeometry geo{Arch::kKda, 1, 2, 2, 128, 128};
+  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+    const StateLayout layout = AllWidthsLayout(geo, f, 13);
+    int64_t differing = 0, total = 0;
+    for (int h = 0; h < 2; ++h) {
+      const StepHeadLayout& l = layout.step_head(0, h);
+      const std::vector<float> w = OutlierState(128, 128, 17 + h);
+      std::vector<uint8_t> serial(l.head_bytes), tile(l.head_bytes);
+      StepEncodeHead(l, layout.row_impact(0, h), w.data(), serial.data());
+      StepEncodeHead(l, layout.row_impact(0, h), w.data(), tile.data(), StepSumOrder::kTile);
+      // Only the column scales may differ (codes, row scales and pivots come
+      // before the sums), each by at most one fp16 ulp.
+      for (int64_t i = 0; i < l.col_scale_offset; ++i) ASSERT_EQ(serial[i], tile[i]) << i;
+      for (int j = 0; j < 128; ++j) {
+        const int a = LoadU16(serial.data() + l.col_scale_offset + 2 * j);
+        const int b = LoadU16(tile.data() + l.col_scale_offset + 2 * j);
+        EXPECT_LE(std::abs(a - b), 1) << "column " << j;
+        differing += a != b;
+        ++total;
+      }
+    }
+    std::printf("%s: %lld of %lld column scales differ between the serial and tile orders\n",
+                FormatSpecName({f, 0}).c_str(), static_cast<long long>(differing),
+                static_cast<long long>(total));
+  }
+}
+
+// The tile order's column sums are the tree of decode_math.h (WarpTreeSum):
+// with w = 1 and all-equal |x| per column the sums are exact and equal.
+TEST(StepTileReferenceTest, TreeSumIsWarpTreeSum) {
+  float p[16];
+  for (int i = 0; i < 16; ++i) p[i] = 1.0f + 1e-7f * static_cast<float>(i * i * 37 % 11);
+  EXPECT_EQ(StepTileTreeSum16(p), WarpTreeSum(p));
+}
 
 // Prepare accepts STEPQuant layouts now (it answered kUnimplemented before
 // the kernel existed).

@@ -44,6 +44,17 @@
 //     c0_j is kept when the sums are not positive). Stored as fp16.
 //  Pivot rows are stored as fp16 and take no part in the fit.
 //
+// Summation orders (StepSumOrder; additive, the default is the CPU's):
+//  kSerial  the contract below (CPU backend, one-CTA-per-head / fast GPU kernels).
+//  kTile    the tiled GPU decode kernel's order (kernels/cuda/decode_math.h's
+//           DecodeTiling): inside each 64-row chunk, row lane rl = (r % 64) % 16
+//           sums its rows rl, rl + 16, rl + 32, rl + 48 (integer rows only) with
+//           fmaf in that order from 0, the 16 lane partials are added in
+//           WarpTreeSum's butterfly (StepTileTreeSum16), then the chunk partials
+//           as in kSerial (total = ((0 + p0) + p1) + ...). Everything else
+//           (maxima, codes, divisions) is identical, so the bytes differ from
+//           kSerial's only where the sums round differently.
+//
 // Bit-exactness contract (what a CUDA kernel must reproduce): maxima are
 // order-free. The two sums of step 4 are accumulated with fmaf (never a
 // separate multiply and add) over the integer rows in stored order in
@@ -73,6 +84,8 @@ inline constexpr int kStepMaxCodeBits = 8;
 inline constexpr int kStepMaxDim = 256;
 // Row chunk of the column least-squares sums (see the contract above).
 inline constexpr int kStepReduceRows = 64;
+
+enum class StepSumOrder { kSerial, kTile };
 
 SC_HD_CONSTEXPR bool IsValidStepBits(int b) {
   return b == kStepPivotBits || (b >= kStepMinCodeBits && b <= kStepMaxCodeBits);
@@ -218,14 +231,25 @@ SC_HD int StepLoadCode(const uint8_t* row, int j, int bits) {
   return (v & (1u << (bits - 1))) ? s - (1 << bits) : s;
 }
 
+// Sum of 16 row-lane partials in the tiled kernels' butterfly (pairs
+// differing in lane bit 3, then 2, 1, 0; decode_math.h's WarpTreeSum).
+SC_HD float StepTileTreeSum16(const float* p) {
+  float t1[8], t2[4], t3[2];
+  for (int x = 0; x < 8; ++x) t1[x] = p[x] + p[x | 8];
+  for (int x = 0; x < 4; ++x) t2[x] = t1[x] + t1[x | 4];
+  for (int x = 0; x < 2; ++x) t3[x] = t2[x] + t2[x | 2];
+  return t3[0] + t3[1];
+}
+
 // ---- Serial reference head codec --------------------------------------------
 
 // Encodes the working state w[d_k][d_v] (stored order) into `head`
 // (l.head_bytes, zero-filled first: equal states give equal bytes).
 // `row_impact` [d_k] holds w_i per stored row (pivot entries unused), or
-// nullptr for unit weights.
+// nullptr for unit weights. `order` picks the column sums' summation order
+// (header comment); kSerial is the CPU backend's.
 SC_HD void StepEncodeHead(const StepHeadLayout& l, const float* row_impact, const float* w,
-                          uint8_t* head) {
+                          uint8_t* head, StepSumOrder order = StepSumOrder::kSerial) {
   for (int64_t i = 0; i < l.head_bytes; ++i) head[i] = 0;
   const int d_v = l.d_v;
   for (int r = 0; r < l.pivot_rows; ++r) {
@@ -285,6 +309,39 @@ SC_HD void StepEncodeHead(const StepHeadLayout& l, const float* row_impact, cons
       }
     }
   }
+  if (order == StepSumOrder::kTile) {
+    // Same codes and terms, summed in the tile order instead.
+    float mult[kStepMaxDim], rfs[kStepMaxDim];
+    for (int r = l.pivot_rows; r < l.d_k; ++r) {
+      rfs[r] = HalfBitsToFloat(LoadU16(head + l.row_scale_offset + 2LL * (r - l.pivot_rows)));
+      mult[r] = StepRowMultiplier(rfs[r], l.RowBits(r));
+    }
+    for (int j = 0; j < d_v; ++j) {
+      num[j] = den[j] = 0.0f;
+      for (int c = 0; c * kStepReduceRows < l.d_k; ++c) {
+        float lnum[16], lden[16];
+        for (int rl = 0; rl < 16; ++rl) {
+          lnum[rl] = lden[rl] = 0.0f;
+          for (int i = 0; i < 4; ++i) {
+            const int r = c * kStepReduceRows + i * 16 + rl;
+            if (r >= l.d_k || r < l.pivot_rows) continue;
+            const int bits = l.RowBits(r);
+            const float x = w[r * d_v + j];
+            const int z = StepEncodeValue(x, inv_c[j], mult[r], bits);
+            const float zn = static_cast<float>(z) * StepInvQ(bits);
+            const float a = rfs[r] * zn;
+            const float wi = row_impact != nullptr ? row_impact[r] : 1.0f;
+            const float ww = wi * wi;
+            const float wa = ww * a;
+            lnum[rl] = fmaf(wa, x, lnum[rl]);
+            lden[rl] = fmaf(wa, a, lden[rl]);
+          }
+        }
+        num[j] = num[j] + StepTileTreeSum16(lnum);
+        den[j] = den[j] + StepTileTreeSum16(lden);
+      }
+    }
+  }
   for (int j = 0; j < d_v; ++j) {
     const float c = (num[j] > 0.0f && den[j] > 0.0f) ? num[j] / den[j] : c0[j];
     StoreU16(head + l.col_scale_offset + 2LL * j, StepScaleBits(c));
@@ -292,11 +349,18 @@ SC_HD void StepEncodeHead(const StepHeadLayout& l, const float* row_impact, cons
 }
 
 // Decodes `head` into the working state w[d_k][d_v] (stored order).
-SC_HD void StepDecodeHead(const StepHeadLayout& l, const uint8_t* head, float* w) {
+// row_scale (optional, [d_k] per stored row): a factor folded into the
+// dequantization, as DecodeHead's (head_codec.h; the GPU decode kernels fold
+// the first token's decay in): a pivot value becomes row_scale * x, an
+// integer row's scale r' = row_scale * r (one rounding each); nullptr (the
+// default) decodes the stored values.
+SC_HD void StepDecodeHead(const StepHeadLayout& l, const uint8_t* head, float* w,
+                          const float* row_scale = nullptr) {
   const int d_v = l.d_v;
   for (int r = 0; r < l.pivot_rows; ++r) {
     for (int j = 0; j < d_v; ++j) {
-      w[r * d_v + j] = HalfBitsToFloat(LoadU16(head + l.pivot_offset + (int64_t{r} * d_v + j) * 2));
+      const float x = HalfBitsToFloat(LoadU16(head + l.pivot_offset + (int64_t{r} * d_v + j) * 2));
+      w[r * d_v + j] = row_scale != nullptr ? row_scale[r] * x : x;
     }
   }
   if (l.int_rows() == 0) return;
@@ -304,7 +368,9 @@ SC_HD void StepDecodeHead(const StepHeadLayout& l, const uint8_t* head, float* w
   for (int j = 0; j < d_v; ++j) c[j] = HalfBitsToFloat(LoadU16(head + l.col_scale_offset + 2LL * j));
   for (int r = l.pivot_rows; r < l.d_k; ++r) {
     const int bits = l.RowBits(r);
-    const float rf = HalfBitsToFloat(LoadU16(head + l.row_scale_offset + 2LL * (r - l.pivot_rows)));
+    const float r_stored =
+        HalfBitsToFloat(LoadU16(head + l.row_scale_offset + 2LL * (r - l.pivot_rows)));
+    const float rf = row_scale != nullptr ? row_scale[r] * r_stored : r_stored;
     const float inv_q = StepInvQ(bits);
     const uint8_t* codes = head + l.codes_offset + l.RowCodeOffset(r);
     for (int j = 0; j < d_v; ++j) {

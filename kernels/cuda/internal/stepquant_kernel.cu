@@ -854,7 +854,10 @@ int LaunchStepFastDecode(const StepKernelParams& p, void* stream) {
   const std::string v = e != nullptr ? e : "";
   if (v == "c3") return LaunchFastT<1, 3>(p, items, stream);
   if (v == "c2") return LaunchFastT<1, 2>(p, items, stream);
-  return LaunchFastT<2, 2>(p, items, stream);  // h2 (B = 256: 746 us vs c2 1,152 us)
+  if (v == "h2" || !StepTileDecodeEligible(p)) {
+    return LaunchFastT<2, 2>(p, items, stream);  // h2 (B = 256: 746 us vs c2 1,152 us)
+  }
+  return LaunchStepTileDecode(p, stream);  // default ("" or "tile")
 }
 
 bool StepFastDecodeEnabled() {
