@@ -11,7 +11,10 @@
 //   fp32, damp               the uniform / DAMP kernels (damp: random key
 //                            permutation, as decode_bench)
 //   stepquant-6, stepquant-4 calibrated-looking STEPQuant layouts (below),
-//                            fast kernel (default build, h2)
+//                            the default decode kernel (the tiled kernel,
+//                            StepTileDecodeKernel)
+//   stepquant-6-tile, stepquant-4-tile  the tiled kernel explicitly
+//                            (STATECACHE_STEPQUANT_VARIANT=tile)
 //   stepquant-6-uniform, stepquant-4-uniform  every row at 6 / 4 bits
 //   stepquant-6-c2, stepquant-4-c2  fast kernel, one thread per column
 //                            (STATECACHE_STEPQUANT_VARIANT=c2)
@@ -61,7 +64,7 @@
 
 ABSL_FLAG(std::string, batches, "1,8,32,64,128,256,512", "batch sizes B");
 ABSL_FLAG(std::string, arches, "gdn,kda", "gdn and/or kda");
-ABSL_FLAG(std::string, kernels, "fp32,damp,stepquant-6,stepquant-4,stepquant-6-c2,stepquant-4-c2,stepquant-6-c3,stepquant-4-c3,stepquant-4-slow",
+ABSL_FLAG(std::string, kernels, "fp32,damp,stepquant-6,stepquant-4,stepquant-6-h2,stepquant-4-h2",
           "kernels to time (see the header)");
 ABSL_FLAG(int, iters, 20, "launches per timed repetition");
 ABSL_FLAG(int, reps, 5, "timed repetitions (median)");
@@ -135,10 +138,12 @@ absl::StatusOr<BenchKernel> MakeBenchKernel(const std::string& name, Arch arch, 
   }
   if (!absl::StartsWith(name, "stepquant-") ||
       (!suffix.empty() && suffix != "-c2" && suffix != "-c3" && suffix != "-h2" &&
-       suffix != "-slow")) {
+       suffix != "-tile" && suffix != "-slow")) {
     return absl::InvalidArgumentError(absl::StrCat("kernels: unknown kernel '", name, "'"));
   }
-  if (suffix == "-c2" || suffix == "-c3" || suffix == "-h2") k.variant_env = suffix.substr(1);
+  if (suffix == "-c2" || suffix == "-c3" || suffix == "-h2" || suffix == "-tile") {
+    k.variant_env = suffix.substr(1);
+  }
   if (suffix == "-slow") k.fast_env = "0";
   std::vector<int8_t> bits;
   std::vector<float> impact;

@@ -625,6 +625,42 @@ void TileReferenceStep(const StateLayout& layout, int layer, const std::vector<i
   }
 }
 
+// Prints where up to `limit` heads of two pool images differ (slot, layer,
+// head, section, byte offset in the head, both bytes): a failing device run
+// then says which part of the codec disagrees.
+void PrintHeadDiffs(const StateLayout& layout, const std::vector<uint8_t>& got,
+                    const std::vector<uint8_t>& want, int limit) {
+  const ModelGeometry& geo = layout.geometry();
+  const int64_t sb = layout.slot_bytes();
+  int shown = 0;
+  for (int64_t s = 0; s * sb < static_cast<int64_t>(got.size()) && shown < limit; ++s) {
+    for (int layer = 0; layer < geo.layers && shown < limit; ++layer) {
+      for (int h = 0; h < geo.h_v && shown < limit; ++h) {
+        const StepHeadLayout& l = layout.step_head(layer, h);
+        const int64_t base = s * sb + layout.head_offset(layer, h);
+        int64_t first = -1, count = 0;
+        for (int64_t i = 0; i < l.head_bytes; ++i) {
+          if (got[base + i] != want[base + i]) {
+            if (first < 0) first = i;
+            ++count;
+          }
+        }
+        if (first < 0) continue;
+        const char* section = first < l.codes_offset        ? "pivots"
+                              : first < l.row_scale_offset  ? "codes"
+                              : first < l.col_scale_offset  ? "row scales"
+                                                            : "column scales";
+        std::printf("  slot %lld layer %d head %d: %lld bytes differ, first at %lld (%s) "
+                    "gpu %02x ref %02x; pivots %d int rows %d\n",
+                    static_cast<long long>(s), layer, h, static_cast<long long>(count),
+                    static_cast<long long>(first), section, got[base + first], want[base + first],
+                    l.pivot_rows, l.int_rows());
+        ++shown;
+      }
+    }
+  }
+}
+
 // (arch, format, dtype, all widths)
 using TileParam = std::tuple<Arch, StateFormat, DType, bool>;
 
@@ -708,6 +744,7 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
                 bf ? "bf16" : "fp32", all_widths ? " all-widths" : "", step,
                 static_cast<long long>(diff), static_cast<long long>(gpu_bytes.size()),
                 static_cast<long long>(o_diff), static_cast<long long>(o_count));
+    if (diff != 0) PrintHeadDiffs(layout, gpu_bytes, ref, 6);
     ASSERT_EQ(diff, 0) << "step " << step;
   }
   const std::vector<uint8_t> gpu_bytes = gpu_pool.Bytes();
