@@ -8,7 +8,7 @@
 # unchanged since they passed on the H200); bench: stepquant_bench for B in
 # 1..512, GDN and KDA (fp32, damp, stepquant-6/-4 on the default tiled kernel
 # and on the CPU-order h2 build). Logs: $OUT (or /tmp/sq_out)/stepquant_test.log
-# and stepquant_bench.log. About 3 minutes.
+# and stepquant_bench.log. At most 40 + 100 + 90 s (about 2-3 minutes).
 set -o pipefail
 OUT=${OUT:-/tmp/sq_out}
 mkdir -p "$OUT"
@@ -26,12 +26,12 @@ if [ "$rc" = 124 ]; then echo "smoke test timed out: the tiled kernel hangs; sto
 for s in $steps; do
   case $s in
     test)
-      timeout 110 "$dir/stepquant_cuda_test" --gtest_brief=1 \
+      timeout 100 "$dir/stepquant_cuda_test" --gtest_brief=1 \
         --gtest_filter='-*StepFastDecodeBatchTest*C2:*StepFastDecodeBatchTest*C3' 2>&1 | \
         tee "$OUT/stepquant_test.log" | grep -v "^\[ *OK" | tail -70
       echo "test exit: ${PIPESTATUS[0]}";;
     bench)
-      timeout 110 "$dir/stepquant_bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/stepquant_bench.log"
+      timeout 90 "$dir/stepquant_bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/stepquant_bench.log"
       echo "bench exit: ${PIPESTATUS[0]}";;
   esac
 done
