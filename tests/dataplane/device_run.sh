@@ -9,19 +9,31 @@
 #       unary Update RPCs on registered buffers, stream = SubmitUpdates with
 #       the ring of worker events + device-side waits on the done word,
 #       inline);
-#   (c) dataplane_bench, all modes at B in {1, 32, 256}, Qwen3.6-35B-A3B
+#   (c) torch_attached_check.py: the Python binding from a PyTorch worker
+#       (CUDA tensors, torch.cuda.current_stream() ordering, bit-identical
+#       to the server's Update path, errors naming the field);
+#   (d) dataplane_bench, all modes at B in {1, 32, 256}, Qwen3.6-35B-A3B
 #       geometry, with the same bit-identity check; plus the diagnostic
 #       inproc_unchecked (kernels without the binding's validation and
 #       per-call host sync: what that sync costs);
-#   (d) inproc + stream again with STATECACHE_SUBMIT_DEVICE_WAIT=event (the
+#   (e) inproc + stream again with STATECACHE_SUBMIT_DEVICE_WAIT=event (the
 #       server's queue waits by cudaStreamWaitEvent, not the ring gate).
-# Logs and a summary go to $OUT (or /tmp/sc_out). Worst case 410 s of
-# timeouts; expected about 2 minutes.
+# Logs and a summary go to $OUT (or /tmp/sc_out). Worst case 530 s of
+# timeouts; expected about 2.5 minutes.
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
 mkdir -p "$OUT"
-D=.device/dataplane
-export LD_LIBRARY_PATH=$PWD/$D/lib
+D=$PWD/.device/dataplane
+# stage_device.sh packs the binaries (over 64 MiB unpacked) into one bundle.
+if [ -f "$D/bundle.tar.xz" ]; then
+  U=/tmp/sc_dataplane
+  rm -rf "$U" && mkdir -p "$U"
+  tar -C "$U" -xJf "$D/bundle.tar.xz" 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$D/bundle.tar.xz" "$U" || { echo "cannot unpack $D/bundle.tar.xz"; exit 1; }
+  D=$U
+fi
+export LD_LIBRARY_PATH=$D/lib
 # Overrides for a dry run on a CPU machine:
 #   BACKEND=cpu BATCHES=2 GEOMETRY=gdn:2:2:4:128:128 bash tests/dataplane/device_run.sh
 BACKEND=${BACKEND:-cuda}
@@ -49,14 +61,22 @@ timeout 40 $D/dataplane_bench --backend=$BACKEND --server=spawn --statecached=$D
   > "$OUT/two_process_small.log" 2>&1
 summary "two_process_small exit=$?  $(grep -cE 'identical=yes' "$OUT/two_process_small.log") of $(( $(tr ',' '\n' <<<"$MODES" | wc -l) - 1 )) modes identical; $(grep -E 'identical=NO|error=' "$OUT/two_process_small.log" | head -3 | tr '\n' ' ')"
 
-# (c) Qwen3.6-35B-A3B geometry (default), damp, B = 1, 32, 256.
+# (c) the Python binding from PyTorch: bf16 CUDA tensors made on a
+# non-default stream, no sync before the updates; o and states bit-identical
+# to unary Update RPCs; field-named errors. One PASS / FAIL line per check.
+PYTHONUNBUFFERED=1 timeout 120 python3 tests/dataplane/torch_attached_check.py --dir="$D" \
+  --backend=$BACKEND > "$OUT/torch_attached_check.log" 2>&1
+summary "torch_attached_check exit=$?  $(grep -E '^RESULT' "$OUT/torch_attached_check.log" | tr '\n' ' ')"
+grep -E '^FAIL|ordering control|^INFO grpc|torch \+ library' "$OUT/torch_attached_check.log" | head -12 |
+  tee -a "$OUT/summary.txt"
+# (d) Qwen3.6-35B-A3B geometry (default), damp, B = 1, 32, 256.
 timeout 140 $D/dataplane_bench --backend=$BACKEND --server=spawn --statecached=$D/statecached \
   --modes=$MODES --geometry=$GEOMETRY --batches=$BATCHES --steps=${STEPS:-20} --warmup=3 \
   > "$OUT/bench.log" 2>&1
 summary "bench exit=$?"
 grep -E '^RESULT|^\||^FAILURES' "$OUT/bench.log" | tee -a "$OUT/summary.txt"
 
-# (d) stream mode with the server's queue waiting on the worker's ring
+# (e) stream mode with the server's queue waiting on the worker's ring
 # events by cudaStreamWaitEvent instead of the ring gate (comparison only).
 if [ "$BACKEND" = cuda ]; then
   STATECACHE_SUBMIT_DEVICE_WAIT=event timeout 60 $D/dataplane_bench --backend=$BACKEND \

@@ -1,35 +1,56 @@
 #!/bin/bash
 # Stages the data-plane GPU run (issue 10) into .device/dataplane/
 # (git-ignored; its own subfolder so that other staged runs in .device/ are
-# left alone): binaries plus the non-glibc shared libraries they need.
-#   tests/dataplane/stage_device.sh        # builds, then copies
-# Then, on the device (one run call, .device carried):
+# left alone): binaries plus the non-glibc shared libraries they need, the
+# Python attached-mode binding (libstatecache_dataplane.so + the statecache
+# package) for torch_attached_check.py, all packed into one
+# .device/dataplane/bundle.tar.xz (uncompressed the folder is ~77 MB, over
+# the 64 MiB carry limit: every CUDA binary holds the kernels' fatbin;
+# compressed ~31 MB). device_run.sh unpacks it to /tmp/sc_dataplane.
+#   tests/dataplane/stage_device.sh        # builds, then copies and packs
+# Then, on the device (one run call, carry [".device/dataplane"]):
 #   bash tests/dataplane/device_run.sh
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 D=.device/dataplane
+S=.device/dataplane.staging   # unpacked tree (also ignored; not carried)
 targets=(//kernels/cuda:cuda_backend_test //kernels/cuda_ipc:ipc_test
-         //tests/dataplane:cuda_queue_test
-         //server/dataplane:dataplane_bench //server:statecached)
+         //tests/dataplane:cuda_queue_test //tests/dataplane:torch_check_ops
+         //server/dataplane:dataplane_bench //server:statecached
+         //client/python:libstatecache_dataplane.so)
 bazel build "${targets[@]}"
-mkdir -p "$D/lib"
+rm -rf "$S" "$D"
+mkdir -p "$S/lib" "$S/python/statecache" "$D"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
-for bin in kernels/cuda/cuda_backend_test kernels/cuda_ipc/ipc_test \
-           tests/dataplane/cuda_queue_test \
-           server/dataplane/dataplane_bench server/statecached; do
-  cp -Lf "$bin_dir/$bin" "$D/"
-  # Symbols out (the carried folder must stay under 64 MiB).
-  chmod u+w "$D/$(basename "$bin")" && strip --strip-unneeded "$D/$(basename "$bin")"
-  ldd "$bin_dir/$bin" | awk '/=>/ {print $3}' | while read -r lib; do
+copy_deps() {
+  ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;;
-      *) cp -Ln "$lib" "$D/lib/" 2>/dev/null || true ;;
+      *) cp -Ln "$lib" "$S/lib/" 2>/dev/null || true ;;
     esac
   done
+}
+for bin in kernels/cuda/cuda_backend_test kernels/cuda_ipc/ipc_test \
+           tests/dataplane/cuda_queue_test tests/dataplane/torch_check_ops \
+           server/dataplane/dataplane_bench server/statecached; do
+  cp -Lf "$bin_dir/$bin" "$S/"
+  # Symbols out (smaller bundle).
+  chmod u+w "$S/$(basename "$bin")" && strip --strip-unneeded "$S/$(basename "$bin")"
+  copy_deps "$bin_dir/$bin"
 done
+# The Python binding: the library (next to its dependencies) and the
+# package's sources (the gRPC stubs are not needed by attached mode).
+cp -Lf "$bin_dir/client/python/libstatecache_dataplane.so" "$S/lib/"
+chmod u+w "$S/lib/libstatecache_dataplane.so"
+strip --strip-unneeded "$S/lib/libstatecache_dataplane.so"
+copy_deps "$bin_dir/client/python/libstatecache_dataplane.so"
+cp client/python/statecache/*.py "$S/python/statecache/"
 # What was staged (commit, uncommitted files in the build, time).
-{ git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u; } > "$D/STAGED"
-ls -la "$D"
+{ git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u; } > "$S/STAGED"
+cp "$S/STAGED" "$D/STAGED"
+ls -la "$S" "$S/lib/libstatecache_dataplane.so"
+echo "unpacked $(du -sb "$S" | cut -f1) bytes"
+tar -C "$S" -cf - . | xz -T0 -6 > "$D/bundle.tar.xz"
 bytes=$(du -sb "$D" | cut -f1)
-echo "staged $bytes bytes (carry limit 67108864)"
+echo "staged $bytes bytes in $D (carry limit 67108864)"
 test "$bytes" -lt 67108864
