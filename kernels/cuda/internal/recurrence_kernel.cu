@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstdint>
 
+#include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/tile_common.cuh"
 
@@ -283,46 +284,6 @@ struct StageLayout {
   int64_t scratch_bytes = 0;
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void BulkCopy(void* dst, const void* src, int bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          SmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
-      : "memory");
-}
-
-// 2D tensor-map copy of the box at (x, y) (tmap: a __grid_constant__ param).
-__device__ __forceinline__ void TensorCopy2D(void* dst, const CUtensorMap* tmap, int x, int y,
-                                             uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(x), "r"(y), "r"(SmemAddr(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(SmemAddr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// 4-byte asynchronous global -> shared copy (completes at cp.async.wait_all).
-__device__ __forceinline__ void CopyAsync4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(SmemAddr(dst)), "l"(src)
-               : "memory");
-}
-
 // Bulk copies of a head are split into chunks (one 64 KB copy streams slower
 // than several 4 KB ones; one copy per 128-byte row is slower still, and so is
 // spreading the issue over a warp: measured on the H200).
@@ -335,7 +296,7 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
                                           uint8_t* stage, uint64_t* bar, int item, int32_t slot) {
   *reinterpret_cast<int32_t*>(stage + sl.header) = slot;
   if (slot < 0) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+    MbarrierArrive(bar);
     return;
   }
   const int b = item / geo.h_v;
@@ -347,9 +308,7 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   if (geo.kda) total += geo.d_k * 4;
   if (p.maps.key_perm != nullptr) total += geo.d_k * 4;
   if (p.maps.value_order != nullptr) total += 2 * geo.d_v * 4;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
-               "r"(total)
-               : "memory");
+  MbarrierExpectTx(bar, total);
   const uint8_t* src = HeadPtr(p, geo, slot, h);
   if (sl.tma_rows > 0) {
     // The pool as [rows][128 bytes]: the head's first row, then boxes.
@@ -436,9 +395,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < sl.stages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(SmemAddr(&bars[s])) : "memory");
+      MbarrierInit(&bars[s], 1);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    FenceMbarrierInit();
     for (int s = 0; s < sl.stages; ++s) {
       const int item = blockIdx.x + s * stride;
       if (item < items) {
@@ -465,10 +424,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     }
     const int staged = it + sl.stages * stride;  // the item refilled in `it`'s pass
     if (staged < items) CopyAsync4(&ahead_slot[parity], p.slots + staged / geo.h_v);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    CpAsyncCommit();
   };
   fetch_ahead(0, blockIdx.x);
-  if (threadIdx.x == 0) asm volatile("cp.async.wait_all;" ::: "memory");
+  if (threadIdx.x == 0) CpAsyncWaitAll();
   __syncthreads();
 
   // The item's value head, kept incrementally (a runtime modulo per use
@@ -494,9 +453,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     };
     fetch_ahead((n + 1) & 1, item + stride);
     const auto fetched = [&] {
-      if (threadIdx.x == 0) asm volatile("cp.async.wait_all;" ::: "memory");
+      if (threadIdx.x == 0) CpAsyncWaitAll();
     };
-    BarrierWait(&bars[st], parity);
+    MbarrierWait(&bars[st], parity);
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
     float* o = p.o + int64_t{item} * geo.d_v;
     if (slot < 0) {

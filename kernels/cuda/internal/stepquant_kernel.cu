@@ -21,6 +21,7 @@
 #include <string>
 
 #include "kernels/cuda/glibc_expf.h"
+#include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/stepquant_params.h"
 #include "kernels/formats/numeric.h"
@@ -364,30 +365,6 @@ __device__ __forceinline__ float4 LoadRecord(const float4* ptr) {
   return v;
 }
 
-__device__ __forceinline__ uint32_t FastSmemAddr(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
-__device__ __forceinline__ void FastBulkCopy(void* dst, const void* src, int bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          FastSmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(FastSmemAddr(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ void FastWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "SQ_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra SQ_WAIT_%=;\n"
-      "}\n" ::"r"(FastSmemAddr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
 // Thread 0 only: stages item `item` (its head when it fits, and its inputs)
 // into `stage`; everything completes on `bar`.
 __device__ void FastIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* bar, int item) {
@@ -397,7 +374,7 @@ __device__ void FastIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* b
   int32_t* header = reinterpret_cast<int32_t*>(stage + kFsHeader);
   header[0] = slot;
   if (slot < 0) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(FastSmemAddr(bar)) : "memory");
+    MbarrierArrive(bar);
     return;
   }
   const int64_t hi = int64_t{p.layer} * p.h_v + h;
@@ -411,27 +388,25 @@ __device__ void FastIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* b
   if (p.kda) total += 4 * kFastDim;
   if (p.key_perm != nullptr) total += 4 * kFastDim;
   if (p.row_impact != nullptr) total += 4 * kFastDim;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(FastSmemAddr(bar)),
-               "r"(total)
-               : "memory");
+  MbarrierExpectTx(bar, total);
   if (staged) {
     const uint8_t* src = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
     for (int off = 0; off < hb; off += kFastBulkChunk) {
-      FastBulkCopy(stage + kFsHead + off, src + off,
+      BulkCopy(stage + kFsHead + off, src + off,
                    hb - off < kFastBulkChunk ? hb - off : kFastBulkChunk, bar);
     }
   }
   const int64_t qk_off = (int64_t{b} * p.h_qk + kh) * kFastDim * ds;
-  FastBulkCopy(stage + kFsQ, static_cast<const uint8_t*>(p.q) + qk_off, kFastDim * ds, bar);
-  FastBulkCopy(stage + kFsK, static_cast<const uint8_t*>(p.k) + qk_off, kFastDim * ds, bar);
-  FastBulkCopy(stage + kFsV, static_cast<const uint8_t*>(p.v) + int64_t{item} * kFastDim * ds,
+  BulkCopy(stage + kFsQ, static_cast<const uint8_t*>(p.q) + qk_off, kFastDim * ds, bar);
+  BulkCopy(stage + kFsK, static_cast<const uint8_t*>(p.k) + qk_off, kFastDim * ds, bar);
+  BulkCopy(stage + kFsV, static_cast<const uint8_t*>(p.v) + int64_t{item} * kFastDim * ds,
                kFastDim * ds, bar);
-  if (p.kda) FastBulkCopy(stage + kFsG, p.g + int64_t{item} * kFastDim, 4 * kFastDim, bar);
+  if (p.kda) BulkCopy(stage + kFsG, p.g + int64_t{item} * kFastDim, 4 * kFastDim, bar);
   if (p.key_perm != nullptr) {
-    FastBulkCopy(stage + kFsPerm, p.key_perm + hi * kFastDim, 4 * kFastDim, bar);
+    BulkCopy(stage + kFsPerm, p.key_perm + hi * kFastDim, 4 * kFastDim, bar);
   }
   if (p.row_impact != nullptr) {
-    FastBulkCopy(stage + kFsImpact, p.row_impact + hi * kFastDim, 4 * kFastDim, bar);
+    BulkCopy(stage + kFsImpact, p.row_impact + hi * kFastDim, 4 * kFastDim, bar);
   }
 }
 
@@ -524,9 +499,9 @@ __global__ void __launch_bounds__(kFastDim * kHalves, kMinBlocks)
 
   if (t == 0) {
     for (int s = 0; s < 2; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(FastSmemAddr(&bars[s])) : "memory");
+      MbarrierInit(&bars[s], 1);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    FenceMbarrierInit();
     for (int s = 0; s < 2; ++s) {
       const int item = blockIdx.x + s * stride;
       if (item < items) FastIssue(p, fsmem + s * kFsBytes, &bars[s], item);
@@ -543,7 +518,7 @@ __global__ void __launch_bounds__(kFastDim * kHalves, kMinBlocks)
     const int64_t hi = int64_t{p.layer} * p.h_v + h;
     const float beta = p.beta[item];
     const float g_head = p.kda ? 0.0f : p.g[item];
-    FastWait(&bars[st], parity);
+    MbarrierWait(&bars[st], parity);
     const int32_t slot = reinterpret_cast<const int32_t*>(stage + kFsHeader)[0];
     float* o = p.o != nullptr ? p.o + int64_t{item} * kFastDim : nullptr;
     if (slot < 0) {  // skipped item: o is zeroed, the pool is untouched

@@ -41,6 +41,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/decode_math.h"
+#include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/stepquant_params.h"
 #include "kernels/cuda/internal/tile_common.cuh"
@@ -104,30 +105,6 @@ enum InfoField {
   kInFields
 };
 
-__device__ __forceinline__ uint32_t TSmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void TBulkCopy(void* dst, const void* src, int bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          TSmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(TSmemAddr(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ void TBarrierWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "SQT_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra SQT_WAIT_%=;\n"
-      "}\n" ::"r"(TSmemAddr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
 __device__ __forceinline__ void NamedSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -149,7 +126,7 @@ __device__ void TileIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* b
   const int32_t slot = p.slots[b];
   *reinterpret_cast<int32_t*>(stage + kTsHeader) = slot;
   if (slot < 0) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(TSmemAddr(bar)) : "memory");
+    MbarrierArrive(bar);
     return;
   }
   const int64_t hi = int64_t{p.layer} * p.h_v + h;
@@ -162,45 +139,23 @@ __device__ void TileIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* b
   if (p.kda) total += 4 * kTDim;
   if (p.key_perm != nullptr) total += 4 * kTDim;
   if (p.row_impact != nullptr) total += 4 * kTDim;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(TSmemAddr(bar)),
-               "r"(total)
-               : "memory");
-  TBulkCopy(stage + kTsLayout, p.heads + hi, static_cast<int>(sizeof(StepHeadLayout)), bar);
+  MbarrierExpectTx(bar, total);
+  BulkCopy(stage + kTsLayout, p.heads + hi, static_cast<int>(sizeof(StepHeadLayout)), bar);
   const uint8_t* src = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
   constexpr int kChunk = 4096;
   for (int off = 0; off < hb; off += kChunk) {
-    TBulkCopy(stage + kTsHead + off, src + off, hb - off < kChunk ? hb - off : kChunk, bar);
+    BulkCopy(stage + kTsHead + off, src + off, hb - off < kChunk ? hb - off : kChunk, bar);
   }
   const int64_t qk_off = (int64_t{b} * p.h_qk + kh) * kTDim * ds;
-  TBulkCopy(stage + kTsQ, static_cast<const uint8_t*>(p.q) + qk_off, kTDim * ds, bar);
-  TBulkCopy(stage + kTsK, static_cast<const uint8_t*>(p.k) + qk_off, kTDim * ds, bar);
-  TBulkCopy(stage + kTsV, static_cast<const uint8_t*>(p.v) + int64_t{item} * kTDim * ds,
+  BulkCopy(stage + kTsQ, static_cast<const uint8_t*>(p.q) + qk_off, kTDim * ds, bar);
+  BulkCopy(stage + kTsK, static_cast<const uint8_t*>(p.k) + qk_off, kTDim * ds, bar);
+  BulkCopy(stage + kTsV, static_cast<const uint8_t*>(p.v) + int64_t{item} * kTDim * ds,
             kTDim * ds, bar);
-  if (p.kda) TBulkCopy(stage + kTsG, p.g + int64_t{item} * kTDim, 4 * kTDim, bar);
-  if (p.key_perm != nullptr) TBulkCopy(stage + kTsPerm, p.key_perm + hi * kTDim, 4 * kTDim, bar);
+  if (p.kda) BulkCopy(stage + kTsG, p.g + int64_t{item} * kTDim, 4 * kTDim, bar);
+  if (p.key_perm != nullptr) BulkCopy(stage + kTsPerm, p.key_perm + hi * kTDim, 4 * kTDim, bar);
   if (p.row_impact != nullptr) {
-    TBulkCopy(stage + kTsImpact, p.row_impact + hi * kTDim, 4 * kTDim, bar);
+    BulkCopy(stage + kTsImpact, p.row_impact + hi * kTDim, 4 * kTDim, bar);
   }
-}
-
-// Max over the 16 row lanes of a warp of 16 per-lane column maxima (the
-// layout of WarpReduceScatter16Smem; max is order-free). Returns the warp
-// maximum of column col0 + rl.
-__device__ __forceinline__ float WarpMaxScatter16Smem(const float (&p)[16], float* buf, int rl,
-                                                      int cl) {
-  __syncwarp();
-  float* mine = buf + cl * 336 + rl * 20;
-#pragma unroll
-  for (int c4 = 0; c4 < 4; ++c4) {
-    *reinterpret_cast<float4*>(mine + 4 * c4) =
-        make_float4(p[4 * c4], p[4 * c4 + 1], p[4 * c4 + 2], p[4 * c4 + 3]);
-  }
-  __syncwarp();
-  const float* col = buf + cl * 336 + rl;
-  float m = col[0];
-#pragma unroll
-  for (int r = 1; r < 16; ++r) m = fmaxf(m, col[r * 20]);
-  return m;
 }
 
 // 64-bit shifts by 0..64 (64 gives 0).
@@ -300,9 +255,9 @@ __global__ void __launch_bounds__(kTThreads, 2) StepTileDecodeKernel(const StepK
 
   if (t == 0) {
     for (int s = 0; s < 2; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(TSmemAddr(&bars[s])) : "memory");
+      MbarrierInit(&bars[s], 1);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    FenceMbarrierInit();
     for (int s = 0; s < 2; ++s) {
       const int item = blockIdx.x + s * stride;
       if (item < items) TileIssue(p, stages + s * kTsBytes, &bars[s], item);
@@ -317,7 +272,7 @@ __global__ void __launch_bounds__(kTThreads, 2) StepTileDecodeKernel(const StepK
     uint8_t* stage = stages + st * kTsBytes;
     const float beta = p.beta[item];
     const float g_head = p.kda ? 0.0f : p.g[item];
-    TBarrierWait(&bars[st], bar_parity);
+    MbarrierWait(&bars[st], bar_parity);
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + kTsHeader);
     if (slot < 0) {  // skipped item: o is zeroed, the pool is untouched
       if (p.o != nullptr && m.row_warp == 0) p.o[int64_t{item} * kTDim + m.jc] = 0.0f;

@@ -303,13 +303,15 @@ __device__ __forceinline__ void PairHadamard(float (&x)[kTileColsPerLane], int c
 // warp through a per-warp shared buffer: every lane writes its 16 partials
 // (4 x 16-byte stores), then sums the 16 partials of its column (column
 // col0 + rl) in WarpTreeSum's tree (pairs differing in rl bit 3, 2, 1, 0;
-// fewer instructions than a shuffle butterfly, which needs per-level selects). Layout: lane (rl, cl) writes floats
-// [cl * 336 + rl * 20, +16); the padding makes both the writes and the
-// column reads bank-conflict-free.
+// fewer instructions than a shuffle butterfly, which needs per-level
+// selects). Layout: lane (rl, cl) writes floats [cl * 336 + rl * 20, +16);
+// the padding makes both the writes and the column reads bank-conflict-free.
 inline constexpr int kWarpReduceFloats = 2 * 336;
 
-__device__ __forceinline__ float WarpReduceScatter16Smem(const float (&p)[16], float* buf,
-                                                         int rl, int cl) {
+// The transpose of the reduce-scatter: every lane writes its 16 per-column
+// values, then reads the 16 values of its column (one per row lane) into v.
+__device__ __forceinline__ void WarpTranspose16Smem(const float (&p)[16], float* buf, int rl,
+                                                    int cl, float (&v)[16]) {
   __syncwarp();  // earlier reads of buf are done
   float* mine = buf + cl * 336 + rl * 20;
 #pragma unroll
@@ -319,10 +321,27 @@ __device__ __forceinline__ float WarpReduceScatter16Smem(const float (&p)[16], f
   }
   __syncwarp();
   const float* col = buf + cl * 336 + rl;
-  float v[16];
 #pragma unroll
   for (int r = 0; r < 16; ++r) v[r] = col[r * 20];
+}
+
+__device__ __forceinline__ float WarpReduceScatter16Smem(const float (&p)[16], float* buf,
+                                                         int rl, int cl) {
+  float v[16];
+  WarpTranspose16Smem(p, buf, rl, cl, v);
   return WarpTreeSum(v);
+}
+
+// Max over the 16 row lanes of 16 per-lane column values (max is
+// order-free): the warp maximum of column col0 + rl.
+__device__ __forceinline__ float WarpMaxScatter16Smem(const float (&p)[16], float* buf, int rl,
+                                                      int cl) {
+  float v[16];
+  WarpTranspose16Smem(p, buf, rl, cl, v);
+  float m = v[0];
+#pragma unroll
+  for (int r = 1; r < 16; ++r) m = fmaxf(m, v[r]);
+  return m;
 }
 
 // Reduction scratch of one token step (shared memory).

@@ -1,0 +1,91 @@
+// Asynchronous copies into shared memory and their mbarriers (sm_90), shared
+// by the decode kernels (recurrence_kernel.cu, stepquant_kernel.cu,
+// stepquant_tile_kernel.cu). Thin wrappers over the PTX instructions:
+//
+//   if (threadIdx.x == 0) { MbarrierInit(&bar, 1); FenceMbarrierInit(); }
+//   __syncthreads();
+//   thread 0: MbarrierExpectTx(&bar, bytes); BulkCopy(dst, src, bytes, &bar);
+//   all:      MbarrierWait(&bar, phase_parity);   // then read dst
+//
+// Contracts: dst, src and byte counts of BulkCopy are multiples of 16; the
+// shared-memory destination of TensorCopy2D is 128-byte aligned (1024 for
+// the 128-byte swizzle); CopyAsync4 completes at CpAsyncWaitAll in the
+// issuing thread only (a barrier must follow before other threads read).
+#ifndef STATECACHE_KERNELS_CUDA_INTERNAL_ASYNC_COPY_CUH_
+#define STATECACHE_KERNELS_CUDA_INTERNAL_ASYNC_COPY_CUH_
+
+#include <cuda.h>  // CUtensorMap
+#include <cstdint>
+
+namespace statecache {
+namespace cuda_internal {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarrierInit(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(arrivals)
+               : "memory");
+}
+__device__ __forceinline__ void FenceMbarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// One arrival that also expects `bytes` of transactions (the copies that
+// complete on `bar`).
+__device__ __forceinline__ void MbarrierExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// One arrival without transactions (a stage staged with no copies).
+__device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+// Blocks until the phase with the given parity completed (acquire).
+__device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Bulk global -> shared copy completing on `bar`.
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// 2D tensor-map copy of the box at (x, y) completing on `bar` (tmap: a
+// __grid_constant__ kernel parameter).
+__device__ __forceinline__ void TensorCopy2D(void* dst, const CUtensorMap* tmap, int x, int y,
+                                             uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(x), "r"(y), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// 4-byte asynchronous global -> shared copy (completes at CpAsyncWaitAll).
+__device__ __forceinline__ void CopyAsync4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(SmemAddr(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+}  // namespace cuda_internal
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_CUDA_INTERNAL_ASYNC_COPY_CUH_
