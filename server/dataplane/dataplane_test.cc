@@ -22,6 +22,7 @@
 #include "kernels/backend/backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
+#include "kernels/testing/token_batch.h"
 #include "server/server.h"
 
 namespace statecache {
@@ -44,34 +45,10 @@ ModelGeometry Geo() {
   return g;
 }
 
-// One step's inputs for kB slots, natural layout.
-struct Step {
-  std::vector<float> q, k, v, g, beta;
-};
+// One step's inputs for kB slots, natural layout (kernels/testing).
+using Step = TokenBatch;
 
-Step MakeStep(std::mt19937* rng) {
-  const ModelGeometry geo = Geo();
-  std::normal_distribution<float> n(0.f, 1.f);
-  std::uniform_real_distribution<float> u(0.05f, 0.95f);
-  Step s;
-  auto unit_rows = [&](std::vector<float>* x, int rows, int d) {
-    x->resize(static_cast<size_t>(rows) * d);
-    for (int r = 0; r < rows; ++r) {
-      double norm = 0;
-      for (int i = 0; i < d; ++i) norm += std::pow((*x)[r * d + i] = n(*rng), 2);
-      for (int i = 0; i < d; ++i) (*x)[r * d + i] /= static_cast<float>(std::sqrt(norm));
-    }
-  };
-  unit_rows(&s.q, kB * geo.h_qk, geo.d_k);
-  unit_rows(&s.k, kB * geo.h_qk, geo.d_k);
-  s.v.resize(kB * geo.h_v * geo.d_v);
-  for (float& x : s.v) x = n(*rng);
-  s.g.resize(kB * geo.h_v);
-  for (float& x : s.g) x = -u(*rng);
-  s.beta.resize(kB * geo.h_v);
-  for (float& x : s.beta) x = u(*rng);
-  return s;
-}
+Step MakeStep(std::mt19937* rng) { return RandomTokenBatch(Geo(), kB, (*rng)()); }
 
 // In-process reference: the same backend code on a private pool.
 class Reference {
