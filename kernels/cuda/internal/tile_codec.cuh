@@ -6,9 +6,9 @@
 // min / max / absmax come from a lane-pair reduction (order-free), then the
 // same parameter functions (MakeAffineParams, MakeSymScale, ...) run, and the
 // per-element encoders are bit-exact re-expressions of AffineEncode /
-// SymEncode (rint via the 1.5 * 2^23 magic add, clamps in integers) or the
-// shared functions themselves. The GPU tests check byte equality with
-// EncodeHead.
+// SymEncode (one FFMA with the 1.5 * 2^23 rounding constant, clamps on s16x2
+// pairs) or the shared functions themselves. The GPU tests check byte
+// equality with EncodeHead.
 #ifndef STATECACHE_KERNELS_CUDA_INTERNAL_TILE_CODEC_CUH_
 #define STATECACHE_KERNELS_CUDA_INTERNAL_TILE_CODEC_CUH_
 
@@ -68,9 +68,9 @@ __device__ __forceinline__ uint4 Ld16(const uint8_t* p) {
   } else {
     uint4 v;
     asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(SmemAt<S>(p))
-                 : "memory");
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "r"(SmemAt<S>(p))
+        : "memory");
     return v;
   }
 }
@@ -240,8 +240,8 @@ __device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* m
     }
   } else if constexpr (C == RowCodec::kNvfp4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
-    const float mult =
-        row_scale * Nvfp4BlockMultiplier(LdMeta<S, uint8_t>(meta + col0 / kNvfp4BlockSize), global_scale);
+    const float mult = row_scale * Nvfp4BlockMultiplier(
+                                       LdMeta<S, uint8_t>(meta + col0 / kNvfp4BlockSize), global_scale);
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {

@@ -54,9 +54,9 @@ __device__ __forceinline__ LaneMap MakeLaneMap(int stripes) {
 }
 
 // Loads the lane's kTileSteps x 16 values of a packed head (rows >= d_k are 0).
-template <StateFormat F, Src S = Src::kGlobal>
 // row_scale (optional): the lane's rows' DecodeRow factors (decode_math.h:
 // the first token's decay), nullptr for the stored values.
+template <StateFormat F, Src S = Src::kGlobal>
 __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_t* head,
                                          const LaneMap& m, float global_scale,
                                          float (&s)[kTileSteps][kTileColsPerLane],
