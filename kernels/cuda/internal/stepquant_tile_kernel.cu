@@ -545,10 +545,10 @@ __global__ void __launch_bounds__(kTThreads, 2) StepTileDecodeKernel(const StepK
           const float tt = x * icv[e];
           const float u = tt * mult;
           const float uc = fminf(fmaxf(u, -qmax), qmax);
-          const float v = __fadd_rn(uc, kMagicRound);  // rint (|uc| <= 127)
+          const float v = __fadd_rn(uc, kRoundMagic);  // rint (|uc| <= 127)
           // v's low bits are z's two's complement (1.5 * 2^23 + z).
           quarter[c4] += (__float_as_uint(v) & mask) * mul[e];
-          const float fz = __fsub_rn(v, kMagicRound);
+          const float fz = __fsub_rn(v, kRoundMagic);
           const float zn = fz * invq;
           const float a = rf * zn;
           const float wa = ww * a;

@@ -22,7 +22,8 @@
 namespace statecache {
 namespace cuda_internal {
 
-inline constexpr float kMagicRound = 12582912.0f;  // 1.5 * 2^23: x + M rounds x to an integer
+// kRoundMagic (group_quant.h) = 1.5 * 2^23: x + M rounds x to an integer,
+// which then sits in the low bits of M + x's bits (kMagicRoundBits + n).
 inline constexpr int32_t kMagicRoundBits = 0x4B400000;
 inline constexpr float kMagicByte = 8388608.0f;    // 2^23: bits 0x4B0000xx = 2^23 + xx
 
@@ -295,8 +296,8 @@ __device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, int col0, const
       uint32_t h[8];  // s16x2 codes of values 2j, 2j + 1
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint32_t lo = __float_as_uint(__fmaf_rn(x[2 * j], inv_s, kMagicRound));
-        const uint32_t hi = __float_as_uint(__fmaf_rn(x[2 * j + 1], inv_s, kMagicRound));
+        const uint32_t lo = __float_as_uint(__fmaf_rn(x[2 * j], inv_s, kRoundMagic));
+        const uint32_t hi = __float_as_uint(__fmaf_rn(x[2 * j + 1], inv_s, kRoundMagic));
         h[j] = __viaddmin_s16x2_relu(__byte_perm(lo, hi, 0x5410), zz, kQmax * 0x10001u);
       }
 #pragma unroll
@@ -318,7 +319,7 @@ __device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, int col0, const
       const int32_t zb = static_cast<int32_t>(z) - kMagicRoundBits;
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
-        q[e] = __vimin_s32_relu(__float_as_int(__fmaf_rn(x[e], inv_s, kMagicRound)) + zb, kQmax);
+        q[e] = __vimin_s32_relu(__float_as_int(__fmaf_rn(x[e], inv_s, kRoundMagic)) + zb, kQmax);
       }
     } else {
       AffineParams p;
@@ -394,8 +395,8 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
       uint32_t h[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint32_t lo = __float_as_uint(__fmaf_rn(x[2 * j], inv_s, kMagicRound));
-        const uint32_t hi = __float_as_uint(__fmaf_rn(x[2 * j + 1], inv_s, kMagicRound));
+        const uint32_t lo = __float_as_uint(__fmaf_rn(x[2 * j], inv_s, kRoundMagic));
+        const uint32_t hi = __float_as_uint(__fmaf_rn(x[2 * j + 1], inv_s, kRoundMagic));
         h[j] = __vmaxs2(__vmins2(__byte_perm(lo, hi, 0x5410), 0x007f007fu), 0xff81ff81u);
       }
       StStream(codes + col0,
