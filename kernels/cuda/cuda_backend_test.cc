@@ -422,37 +422,51 @@ TEST_P(GpuAgreementTest, PrefillMatchesReference) {
   EXPECT_LT(MaxRelError(d_o.To<float>(o_ref.size()), o_ref), 1e-5);
 }
 
+// Two slots (1, 0) packed by the CPU backend from random FP32 states, on the
+// host and as a device copy, with both backends' prepared models.
+struct TwoPackedSlots {
+  TwoPackedSlots(const StateLayout& layout, uint32_t seed)
+      : geo(layout.geometry()), cpu(CpuBackend::Create({2})) {
+    const int64_t head_bytes = layout.head_layout().head_bytes;
+    gpu_model = Gpu()->Prepare(layout).value();
+    cpu_model = cpu->Prepare(layout).value();
+    std::mt19937 rng(seed);
+    states = RandomStates(geo, 2, rng);
+    host.assign(2 * layout.slot_bytes(), 0);
+    host_pool = PoolView{host.data(), 2, geo.layers, geo.h_v, head_bytes};
+    EXPECT_TRUE(cpu->PackStates(*cpu_model, host_pool, slots.data(), 2, states.data()).ok());
+    device = DeviceArray::From(host);
+    pool = PoolView{device.ptr<uint8_t>(), 2, geo.layers, geo.h_v, head_bytes};
+    d_slots = DeviceArray::From(slots);
+  }
+  const ModelGeometry geo;
+  const std::vector<int32_t> slots = {1, 0};
+  std::unique_ptr<CpuBackend> cpu;
+  std::unique_ptr<PreparedModel> gpu_model, cpu_model;
+  std::vector<float> states;
+  std::vector<uint8_t> host;
+  PoolView host_pool;
+  DeviceArray device, d_slots;
+  PoolView pool;  // over `device`
+};
+
 // Unpack equals the CPU backend's unpack, bit for bit.
 TEST_P(GpuAgreementTest, UnpackMatchesCpu) {
   SKIP_WITHOUT_GPU();
   const Case c = GetParam();
   if (c.dtype != DType::kFp32) GTEST_SKIP() << "dtype does not matter here";
-  const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 3);
-  const ModelGeometry& geo = layout.geometry();
-  auto model = Gpu()->Prepare(layout).value();
-  auto cpu = CpuBackend::Create({2});
-  auto cpu_model = cpu->Prepare(layout).value();
-  const int num_slots = 2;
-  const int64_t head_bytes = layout.head_layout().head_bytes;
-  std::mt19937 rng(5);
-  const std::vector<float> states = RandomStates(geo, num_slots, rng);
-  std::vector<uint8_t> host(num_slots * layout.slot_bytes(), 0);
-  const PoolView host_pool{host.data(), num_slots, geo.layers, geo.h_v, head_bytes};
-  const std::vector<int32_t> slots = {1, 0};
-  ASSERT_TRUE(cpu->PackStates(*cpu_model, host_pool, slots.data(), 2, states.data()).ok());
-  std::vector<float> cpu_out(states.size());
-  ASSERT_TRUE(cpu->UnpackStates(*cpu_model, host_pool, slots.data(), 2, cpu_out.data()).ok());
-  DeviceArray pool_arr = DeviceArray::From(host);
-  const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
-  DeviceArray d_slots = DeviceArray::From(slots);
-  DeviceArray d_out = DeviceArray::From(std::vector<float>(states.size(), 3.0f));
-  ASSERT_TRUE(Gpu()->UnpackStates(*model, pool, d_slots.ptr<int32_t>(), 2, d_out.ptr<float>()).ok());
-  const std::vector<float> got = d_out.To<float>(states.size());
+  const TwoPackedSlots t(MakeLayout(c.arch, c.format, 128, 128, 3), 5);
+  std::vector<float> cpu_out(t.states.size());
+  ASSERT_TRUE(t.cpu->UnpackStates(*t.cpu_model, t.host_pool, t.slots.data(), 2, cpu_out.data()).ok());
+  DeviceArray d_out = DeviceArray::From(std::vector<float>(t.states.size(), 3.0f));
+  ASSERT_TRUE(Gpu()->UnpackStates(*t.gpu_model, t.pool, t.d_slots.ptr<int32_t>(), 2,
+                                  d_out.ptr<float>()).ok());
+  const std::vector<float> got = d_out.To<float>(t.states.size());
   int64_t diff = 0;
   for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &cpu_out[i], 4) != 0;
   EXPECT_EQ(diff, 0);
   if (c.format == StateFormat::kFp32 && c.arch == Arch::kGdn) {
-    EXPECT_EQ(0, std::memcmp(got.data(), states.data(), states.size() * 4)) << "fp32 round trip";
+    EXPECT_EQ(0, std::memcmp(got.data(), t.states.data(), t.states.size() * 4)) << "fp32 round trip";
   }
 }
 
@@ -463,40 +477,29 @@ TEST_P(GpuAgreementTest, CloseToCpuBackend) {
   SKIP_WITHOUT_GPU();
   const Case c = GetParam();
   if (c.dtype != DType::kFp32) GTEST_SKIP();
-  const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 17);
-  const ModelGeometry& geo = layout.geometry();
-  auto model = Gpu()->Prepare(layout).value();
-  auto cpu = CpuBackend::Create({2});
-  auto cpu_model = cpu->Prepare(layout).value();
-  const int num_slots = 2;
-  const int64_t head_bytes = layout.head_layout().head_bytes;
-  std::mt19937 rng(8);
-  const std::vector<float> states = RandomStates(geo, num_slots, rng);
-  std::vector<uint8_t> host(num_slots * layout.slot_bytes(), 0);
-  const PoolView host_pool{host.data(), num_slots, geo.layers, geo.h_v, head_bytes};
-  const std::vector<int32_t> slots = {0, 1};
-  ASSERT_TRUE(cpu->PackStates(*cpu_model, host_pool, slots.data(), 2, states.data()).ok());
-  DeviceArray pool_arr = DeviceArray::From(host);
-  const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
+  TwoPackedSlots t(MakeLayout(c.arch, c.format, 128, 128, 17), 8);
+  const ModelGeometry& geo = t.geo;
+  std::mt19937 rng(9);
   HostInputs in = HostInputs::Random(geo, 2, DType::kFp32, rng);
   DeviceInputs din(in);
-  DeviceArray d_slots = DeviceArray::From(slots);
   DeviceArray d_o = DeviceArray::From(std::vector<float>(2 * geo.h_v * geo.d_v, 0.0f));
-  DecodeInputs di{2, d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(), din.k.buf->data(),
+  DecodeInputs di{2, t.d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(), din.k.buf->data(),
                   din.v.buf->data(), din.g.ptr<float>(), din.beta.ptr<float>(), d_o.ptr<float>()};
-  ASSERT_TRUE(Gpu()->DecodeUpdate(*model, pool, 0, di).ok());
+  ASSERT_TRUE(Gpu()->DecodeUpdate(*t.gpu_model, t.pool, 0, di).ok());
   std::vector<float> cpu_o(2 * geo.h_v * geo.d_v);
-  DecodeInputs ci{2, slots.data(), DType::kFp32, in.q.data(), in.k.data(), in.v.data(),
+  DecodeInputs ci{2, t.slots.data(), DType::kFp32, in.q.data(), in.k.data(), in.v.data(),
                   in.g.data(), in.beta.data(), cpu_o.data()};
-  ASSERT_TRUE(cpu->DecodeUpdate(*cpu_model, host_pool, 0, ci).ok());
+  ASSERT_TRUE(t.cpu->DecodeUpdate(*t.cpu_model, t.host_pool, 0, ci).ok());
   const double o_err = MaxRelError(d_o.To<float>(cpu_o.size()), cpu_o);
   EXPECT_LT(o_err, 1e-4);
   // States: unpack both and compare.
-  std::vector<float> cpu_states(states.size()), gpu_states;
-  ASSERT_TRUE(cpu->UnpackStates(*cpu_model, host_pool, slots.data(), 2, cpu_states.data()).ok());
-  DeviceArray d_states = DeviceArray::From(std::vector<float>(states.size(), 0.0f));
-  ASSERT_TRUE(Gpu()->UnpackStates(*model, pool, d_slots.ptr<int32_t>(), 2, d_states.ptr<float>()).ok());
-  gpu_states = d_states.To<float>(states.size());
+  std::vector<float> cpu_states(t.states.size());
+  ASSERT_TRUE(
+      t.cpu->UnpackStates(*t.cpu_model, t.host_pool, t.slots.data(), 2, cpu_states.data()).ok());
+  DeviceArray d_states = DeviceArray::From(std::vector<float>(t.states.size(), 0.0f));
+  ASSERT_TRUE(Gpu()->UnpackStates(*t.gpu_model, t.pool, t.d_slots.ptr<int32_t>(), 2,
+                                  d_states.ptr<float>()).ok());
+  const std::vector<float> gpu_states = d_states.To<float>(t.states.size());
   // Quantized formats may land one code apart where FP32 rounding differs.
   const double tol = c.format == StateFormat::kFp32 ? 1e-5 : 0.2;
   EXPECT_LT(MaxRelError(gpu_states, cpu_states), tol);
