@@ -11,8 +11,11 @@
 //    CTAs, 2 per SM; each walks items (batch item, value head) with a stride
 //    of gridDim.x. The next item's packed head and its inputs (q, k, v, KDA
 //    gates, permutation, damp-sr maps) are fetched into shared memory by the
-//    bulk-copy engine (cp.async.bulk, completing on an mbarrier) while the
-//    current item computes, so DRAM streams continuously. Per pass: one CTA
+//    copy engine (the fixed shape's head by 2D tensor-map copies with the
+//    128-byte swizzle, the rest by cp.async.bulk; all complete on an
+//    mbarrier) while the current item computes, so DRAM streams
+//    continuously; the decay of the token is folded into the decode
+//    (decode_math.h). Per pass: one CTA
 //    barrier (the cross-warp column sums), after which the freed stage is
 //    refilled; the per-item scalars are fetched a pass ahead; each lane pair
 //    converts its rows' inputs once (a fixed input dtype is a template
@@ -267,9 +270,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
 
 // ---- Pipelined decode kernel -------------------------------------------------
 
-// Byte offsets inside one shared-memory stage (all multiples of 16).
+// Byte offsets inside one shared-memory stage (all multiples of 16; the
+// stage itself is 1024-byte aligned and a multiple of 1024 bytes).
 struct StageLayout {
-  int header = 0;      // int32 slot of the staged item
+  int header = 0;      // int32 slot of the staged item (after the inputs)
   int head = 0;        // packed head [head_bytes], 1024-byte aligned
   int tma_rows = 0;    // > 0: the head arrives by tensor-map copies of tma_rows
                        // 128-byte rows each, 128-byte swizzled (Src::kSwizzled)
