@@ -235,15 +235,7 @@ class Reference {
   std::vector<float> Update(int layer, const Step& s) {
     std::vector<float> o(kOCount);
     std::vector<int32_t> slots = {0, 1, 2};
-    DecodeInputs in;
-    in.batch = kB;
-    in.slots = slots.data();
-    in.q = s.q.data();
-    in.k = s.k.data();
-    in.v = s.v.data();
-    in.g = s.g.data();
-    in.beta = s.beta.data();
-    in.o = o.data();
+    const DecodeInputs in = DecodeInputsFor(s, Geo(), slots.data(), kB, o.data());
     EXPECT_TRUE(backend_->DecodeUpdate(*prepared_, view_, layer, in).ok());
     return o;
   }
