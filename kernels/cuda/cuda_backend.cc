@@ -156,38 +156,31 @@ absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& poo
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error,
                                  void* stream) {
+  // The token inputs have the same names in both kernels' parameters.
+  const auto set_inputs = [&](auto& kp) {
+    kp.layer = layer;
+    kp.batch = batch;
+    kp.tokens = tokens;
+    kp.slots = slots;
+    kp.dtype = static_cast<int>(dtype);
+    kp.q = q;
+    kp.k = k;
+    kp.v = v;
+    kp.g = g;
+    kp.beta = beta;
+    kp.o = o;
+    kp.abort_if_error = abort_if_error;
+  };
   if (IsStepQuantFormat(m.layout().format().format)) {
     ci::StepKernelParams sp = m.StepParams(pool);
-    sp.layer = layer;
-    sp.batch = batch;
-    sp.tokens = tokens;
-    sp.slots = slots;
-    sp.dtype = static_cast<int>(dtype);
-    sp.q = q;
-    sp.k = k;
-    sp.v = v;
-    sp.g = g;
-    sp.beta = beta;
-    sp.o = o;
-    sp.abort_if_error = abort_if_error;
+    set_inputs(sp);
     return CudaStatus(ci::LaunchStepRecurrence(sp, stream), "stepquant recurrence kernel");
   }
   ci::RecurrenceParams p;
-  p.abort_if_error = abort_if_error;
   p.geo = m.Geometry();
   p.maps = m.Maps(layer);
   p.pool = PoolOf(pool);
-  p.layer = layer;
-  p.batch = batch;
-  p.tokens = tokens;
-  p.slots = slots;
-  p.dtype = static_cast<int>(dtype);
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.g = g;
-  p.beta = beta;
-  p.o = o;
+  set_inputs(p);
   return CudaStatus(ci::LaunchRecurrence(p, stream), "recurrence kernel");
 }
 
