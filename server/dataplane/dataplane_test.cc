@@ -23,6 +23,7 @@
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "kernels/testing/token_batch.h"
+#include "server/dataplane/testing/reference_pool.h"
 #include "server/server.h"
 
 namespace statecache {
@@ -31,56 +32,13 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-constexpr int kB = 3;
-constexpr char kModel[] = "dp";
-
-ModelGeometry Geo() {
-  ModelGeometry g;
-  g.arch = Arch::kGdn;
-  g.layers = 2;
-  g.h_qk = 2;
-  g.h_v = 4;
-  g.d_k = 32;
-  g.d_v = 32;
-  return g;
-}
-
-// One step's inputs for kB slots, natural layout (kernels/testing).
+using dataplane_testing::ReferencePool;
 using Step = TokenBatch;
-
-Step MakeStep(std::mt19937* rng) { return RandomTokenBatch(Geo(), kB, (*rng)()); }
-
-// In-process reference: the same backend code on a private pool.
-class Reference {
- public:
-  Reference() {
-    backend_ = *CreateBackend("cpu");
-    layout_ = std::make_unique<StateLayout>(*StateLayout::Identity(Geo(), *ParseFormatSpec("damp:8")));
-    prepared_ = *backend_->Prepare(*layout_);
-    arena_ = *backend_->Allocate(kB * layout_->slot_bytes());
-    view_.base = arena_->data();
-    view_.num_slots = kB;
-    view_.layers = Geo().layers;
-    view_.heads = Geo().h_v;
-    view_.head_bytes = layout_->head_layout().head_bytes;
-  }
-  std::vector<float> Update(int layer, const Step& s, std::vector<int32_t> slots = {0, 1, 2}) {
-    std::vector<float> o(kB * Geo().h_v * Geo().d_v);
-    const DecodeInputs in = DecodeInputsFor(s, Geo(), slots.data(), kB, o.data());
-    EXPECT_TRUE(backend_->DecodeUpdate(*prepared_, view_, layer, in).ok());
-    return o;
-  }
-  std::string Packed(int slot) const {
-    return std::string(reinterpret_cast<const char*>(view_.slot(slot)), layout_->slot_bytes());
-  }
-
- private:
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<StateLayout> layout_;
-  std::unique_ptr<PreparedModel> prepared_;
-  std::unique_ptr<BackendBuffer> arena_;
-  PoolView view_;
-};
+constexpr int kB = dataplane_testing::kTestSlots;
+constexpr char kModel[] = "dp";
+ModelGeometry Geo() { return dataplane_testing::TestGeometry(); }
+Step MakeStep(std::mt19937* rng) { return dataplane_testing::MakeTestStep(rng); }
+using Reference = ReferencePool;
 
 class DataPlaneTest : public ::testing::Test {
  protected:

@@ -31,6 +31,7 @@
 #include "kernels/testing/token_batch.h"
 #include "server/dataplane/data_plane.h"
 #include "server/dataplane/shm_region.h"
+#include "server/dataplane/testing/reference_pool.h"
 #include "server/model_registry.h"
 
 namespace statecache {
@@ -39,20 +40,11 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-constexpr int kB = 3;       // slots per update
+constexpr int kB = dataplane_testing::kTestSlots;  // slots per update
 constexpr int kSlots = 4;   // allocated (the 4th is never updated)
 constexpr char kModel[] = "dp";
 
-ModelGeometry Geo() {
-  ModelGeometry g;
-  g.arch = Arch::kGdn;
-  g.layers = 2;
-  g.h_qk = 2;
-  g.h_v = 4;
-  g.d_k = 32;
-  g.d_v = 32;
-  return g;
-}
+ModelGeometry Geo() { return dataplane_testing::TestGeometry(); }
 
 // ---- A backend with a thread-backed DecodeQueue ----------------------------
 
@@ -211,45 +203,12 @@ class QueueBackend : public Backend {
 
 // ---- Inputs and the in-process reference ----------------------------------
 
-// One step's inputs for kB slots, natural layout (kernels/testing).
 using Step = TokenBatch;
-
-Step MakeStep(std::mt19937* rng) { return RandomTokenBatch(Geo(), kB, (*rng)()); }
+Step MakeStep(std::mt19937* rng) { return dataplane_testing::MakeTestStep(rng); }
 
 constexpr int64_t kOCount = int64_t{kB} * 4 * 32;  // kB * h_v * d_v
 
-class Reference {
- public:
-  Reference() {
-    backend_ = *CreateBackend("cpu");
-    layout_ = std::make_unique<StateLayout>(
-        *StateLayout::Identity(Geo(), *ParseFormatSpec("damp:8")));
-    prepared_ = *backend_->Prepare(*layout_);
-    arena_ = *backend_->Allocate(kB * layout_->slot_bytes());
-    view_.base = arena_->data();
-    view_.num_slots = kB;
-    view_.layers = Geo().layers;
-    view_.heads = Geo().h_v;
-    view_.head_bytes = layout_->head_layout().head_bytes;
-  }
-  std::vector<float> Update(int layer, const Step& s) {
-    std::vector<float> o(kOCount);
-    std::vector<int32_t> slots = {0, 1, 2};
-    const DecodeInputs in = DecodeInputsFor(s, Geo(), slots.data(), kB, o.data());
-    EXPECT_TRUE(backend_->DecodeUpdate(*prepared_, view_, layer, in).ok());
-    return o;
-  }
-  std::string Packed(int slot) const {
-    return std::string(reinterpret_cast<const char*>(view_.slot(slot)), layout_->slot_bytes());
-  }
-
- private:
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<StateLayout> layout_;
-  std::unique_ptr<PreparedModel> prepared_;
-  std::unique_ptr<BackendBuffer> arena_;
-  PoolView view_;
-};
+using Reference = dataplane_testing::ReferencePool;
 
 // ---- The stream driver -----------------------------------------------------
 
