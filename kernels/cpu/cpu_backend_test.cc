@@ -14,6 +14,7 @@
 #include "kernels/formats/numeric.h"
 #include "kernels/io/safetensors.h"
 #include "kernels/io/test_data.h"
+#include "kernels/testing/test_pool.h"
 #include "kernels/testing/token_batch.h"
 
 namespace statecache {
@@ -69,25 +70,6 @@ double RelativeError(const A& got, const B& want) {
   return std::sqrt(e / std::max(r, 1e-300));
 }
 
-// A pool of `slots` slots for `layout` on `backend`.
-struct TestPool {
-  std::unique_ptr<BackendBuffer> buf;
-  std::unique_ptr<PreparedModel> model;
-  PoolView view;
-  std::vector<uint8_t> Bytes() const {
-    return std::vector<uint8_t>(view.base, view.base + view.num_slots * view.slot_bytes());
-  }
-};
-
-TestPool MakePool(CpuBackend& backend, const StateLayout& layout, int slots) {
-  TestPool p;
-  p.buf = *backend.Allocate(layout.slot_bytes() * slots);
-  p.model = *backend.Prepare(layout);
-  p.view = PoolView{p.buf->data(), slots, layout.geometry().layers, layout.geometry().h_v,
-                    layout.head_layout().head_bytes};
-  return p;
-}
-
 std::unique_ptr<CpuBackend> Backend2() { return CpuBackend::Create({.threads = 2}); }
 
 // ---------------------------------------------------------------------------
@@ -125,7 +107,7 @@ TEST_P(GoldenTest, Fp32FormatMatchesNaiveRecurrenceAndGoldenFinalStates) {
     const int tokens = 64;
     ASSERT_EQ(q.size(), size_t{tokens} * geo.h_qk * geo.d_k);
     ASSERT_EQ(g.size(), size_t{tokens} * geo.h_v * geo.GateWidth());
-    TestPool pool = MakePool(*backend, layout, 1);
+    TestPool pool = MakeTestPool(*backend, layout, 1);
     NaiveModel naive(geo);
     const int32_t slot = 0;
     std::vector<float> o(geo.h_v * geo.d_v);
@@ -213,7 +195,7 @@ TEST_P(ArchTest, KeyPermutationIsInvisibleInFp32) {
   StateLayout permuted =
       *StateLayout::Create(geo, {StateFormat::kFp32, 0}, RandomKeyPerms(geo, 5), {}, {});
   ASSERT_FALSE(permuted.identity_key_perm());
-  TestPool a = MakePool(*backend, plain, 2), b = MakePool(*backend, permuted, 2);
+  TestPool a = MakeTestPool(*backend, plain, 2), b = MakeTestPool(*backend, permuted, 2);
   const int steps = 20, batch = 2;
   TokenBatch in = RandomBatch(geo, steps * batch, 11);
   const int32_t slots[2] = {1, 0};
@@ -237,7 +219,7 @@ TEST_P(ArchTest, PrefillEqualsTokenByTokenDecodeInFp32) {
   const ModelGeometry geo = GetParam();
   auto backend = Backend2();
   StateLayout layout = *StateLayout::Create(geo, {StateFormat::kFp32, 0}, RandomKeyPerms(geo, 2), {}, {});
-  TestPool a = MakePool(*backend, layout, 1), b = MakePool(*backend, layout, 1);
+  TestPool a = MakeTestPool(*backend, layout, 1), b = MakeTestPool(*backend, layout, 1);
   const int tokens = 9;
   TokenBatch in = RandomBatch(geo, tokens, 3);
   const int32_t slot = 0;
@@ -257,7 +239,7 @@ TEST_P(ArchTest, SlotsOutsideTheBatchAndSkippedEntriesAreUntouched) {
   const ModelGeometry geo = GetParam();
   auto backend = Backend2();
   StateLayout layout = *StateLayout::Identity(geo, {StateFormat::kDamp, 8});
-  TestPool pool = MakePool(*backend, layout, 5);
+  TestPool pool = MakeTestPool(*backend, layout, 5);
   // Give every slot non-zero content first.
   const int32_t all[5] = {0, 1, 2, 3, 4};
   TokenBatch warm = RandomBatch(geo, 5, 1);
@@ -285,7 +267,7 @@ TEST_P(ArchTest, Bf16InputsEqualFp32InputsOfTheRoundedValues) {
   const ModelGeometry geo = GetParam();
   auto backend = Backend2();
   StateLayout layout = *StateLayout::Identity(geo, {StateFormat::kDamp, 16});
-  TestPool a = MakePool(*backend, layout, 1), b = MakePool(*backend, layout, 1);
+  TestPool a = MakeTestPool(*backend, layout, 1), b = MakeTestPool(*backend, layout, 1);
   TokenBatch in = RandomBatch(geo, 1, 9);
   std::vector<uint16_t> q16(in.q.size()), k16(in.k.size()), v16(in.v.size());
   for (size_t i = 0; i < in.q.size(); ++i) in.q[i] = Bf16BitsToFloat(q16[i] = FloatToBf16Bits(in.q[i]));
@@ -318,7 +300,7 @@ TEST_P(ArchTest, PackUnpackRoundTrips) {
     StateLayout layout = spec.format == StateFormat::kDampSr
                              ? *StateLayout::Identity(geo, spec)
                              : *StateLayout::Create(geo, spec, RandomKeyPerms(geo, 8), {}, {});
-    TestPool pool = MakePool(*backend, layout, 3);
+    TestPool pool = MakeTestPool(*backend, layout, 3);
     ASSERT_TRUE(backend->PackStates(*pool.model, pool.view, slots, 2, states.data()).ok());
     std::vector<float> back(states.size());
     ASSERT_TRUE(backend->UnpackStates(*pool.model, pool.view, slots, 2, back.data()).ok());
@@ -348,7 +330,7 @@ TEST_P(ArchTest, ValueTransformsPreserveTheRecurrence) {
   StateLayout damp = *StateLayout::Create(geo, {StateFormat::kDamp, geo.d_k}, RandomKeyPerms(geo, 1), {}, {});
   StateLayout sr = *StateLayout::Create(geo, {StateFormat::kDampSr, geo.d_k}, RandomKeyPerms(geo, 2),
                                         order, scale);
-  TestPool ref = MakePool(*backend, ref_layout, 1), a = MakePool(*backend, damp, 1), b = MakePool(*backend, sr, 1);
+  TestPool ref = MakeTestPool(*backend, ref_layout, 1), a = MakeTestPool(*backend, damp, 1), b = MakeTestPool(*backend, sr, 1);
   const int steps = 16;
   TokenBatch in = RandomBatch(geo, steps, 5);
   const int32_t slot = 0;
@@ -372,7 +354,7 @@ TEST(CpuBackendErrorsTest, BadInputIsRejectedAndNothingIsWritten) {
   const ModelGeometry geo = kKdaSmall;
   auto backend = Backend2();
   StateLayout layout = *StateLayout::Identity(geo, {StateFormat::kDamp, 16});
-  TestPool pool = MakePool(*backend, layout, 3);
+  TestPool pool = MakeTestPool(*backend, layout, 3);
   const int32_t slots[2] = {0, 2};
   TokenBatch good = RandomBatch(geo, 2, 1);
   std::vector<float> o(2 * geo.h_v * geo.d_v);

@@ -53,10 +53,17 @@
 #include "kernels/formats/format.h"
 #include "kernels/formats/numeric.h"
 #include "kernels/layout/state_layout.h"
+#include "kernels/testing/test_pool.h"
 #include "kernels/testing/token_batch.h"
 
 namespace statecache {
 namespace {
+
+// kernels/testing's STEPQuant layout with this test's pivot heads (head 1 of
+// every layer).
+StateLayout MixedLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) {
+  return MixedStepQuantLayout(geo, f, seed, /*pivot_head_per_layer=*/true);
+}
 
 constexpr double kMaxDifferingByteFraction = 1e-3;
 constexpr double kOutputRelTol = 1e-5;
@@ -88,66 +95,6 @@ std::vector<T> FromGpu(const BackendBuffer& buf, size_t n) {
   std::vector<T> out(n);
   EXPECT_TRUE(Gpu()->CopyOut(out.data(), buf.data(), n * sizeof(T)).ok());
   return out;
-}
-
-struct Pool {
-  Backend* backend = nullptr;
-  std::unique_ptr<BackendBuffer> buf;
-  std::unique_ptr<PreparedModel> model;
-  PoolView view;
-  int64_t bytes() const { return view.num_slots * view.slot_bytes(); }
-  std::vector<uint8_t> Bytes() const {
-    std::vector<uint8_t> out(bytes());
-    EXPECT_TRUE(backend->CopyOut(out.data(), view.base, bytes()).ok());
-    return out;
-  }
-  void SetBytes(const std::vector<uint8_t>& b) {
-    ASSERT_EQ(static_cast<int64_t>(b.size()), bytes());
-    ASSERT_TRUE(backend->CopyIn(view.base, b.data(), bytes()).ok());
-  }
-};
-
-Pool MakePool(Backend& backend, const StateLayout& layout, int slots) {
-  Pool p;
-  p.backend = &backend;
-  p.buf = backend.Allocate(layout.slot_bytes() * slots).value();
-  absl::StatusOr<std::unique_ptr<PreparedModel>> m = backend.Prepare(layout);
-  EXPECT_TRUE(m.ok()) << m.status();
-  if (m.ok()) p.model = std::move(m).value();
-  p.view = PoolView{p.buf->data(), slots, layout.geometry().layers, layout.geometry().h_v,
-                    layout.head_layout().head_bytes};
-  return p;
-}
-
-// A calibrated-looking layout: random key permutations; GDN one width per
-// head (head 1 of each layer an FP16 pivot head), KDA mixed rows with two
-// pivots per head; random row impact in (0.05, 1].
-StateLayout MixedLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(0.05f, 1.0f);
-  const std::vector<int> cand =
-      f == kStepQuant6 ? std::vector<int>{4, 6, 8} : std::vector<int>{3, 4, 6, 8};
-  std::vector<int32_t> perm;
-  std::vector<int8_t> bits;
-  std::vector<float> impact;
-  for (int64_t h = 0; h < geo.HeadsPerSlot(); ++h) {
-    std::vector<int32_t> p(geo.d_k);
-    std::iota(p.begin(), p.end(), 0);
-    std::shuffle(p.begin(), p.end(), rng);
-    perm.insert(perm.end(), p.begin(), p.end());
-    std::vector<int8_t> b(geo.d_k);
-    if (geo.arch == Arch::kGdn) {
-      std::fill(b.begin(), b.end(), h % geo.h_v == 1 ? 16 : cand[h % cand.size()]);
-    } else {
-      for (int r = 0; r < geo.d_k; ++r) b[r] = r < 2 ? 16 : cand[rng() % cand.size()];
-      std::sort(b.begin(), b.end(), std::greater<int8_t>());
-    }
-    bits.insert(bits.end(), b.begin(), b.end());
-    for (int r = 0; r < geo.d_k; ++r) impact.push_back(u(rng));
-  }
-  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(geo, {f, 0}, perm, bits, impact);
-  EXPECT_TRUE(l.ok()) << l.status();
-  return *l;
 }
 
 // The batch's arrays on the device.
@@ -197,8 +144,8 @@ class StepCudaTest : public ::testing::TestWithParam<Param> {
     std::tie(geo_, format_) = GetParam();
     layout_ = std::make_unique<StateLayout>(MixedLayout(geo_, format_, 7));
     cpu_ = CpuBackend::Create({2});
-    cpu_pool_ = MakePool(*cpu_, *layout_, kSlots);
-    gpu_pool_ = MakePool(*Gpu(), *layout_, kSlots);
+    cpu_pool_ = MakeTestPool(*cpu_, *layout_, kSlots);
+    gpu_pool_ = MakeTestPool(*Gpu(), *layout_, kSlots);
     ASSERT_NE(gpu_pool_.model, nullptr);
     // Same starting bytes in both pools: every slot packed on the CPU.
     const std::vector<float> states = RandomStates(geo_, kSlots, 11);
@@ -216,7 +163,7 @@ class StepCudaTest : public ::testing::TestWithParam<Param> {
   StateFormat format_;
   std::unique_ptr<StateLayout> layout_;
   std::unique_ptr<CpuBackend> cpu_;
-  Pool cpu_pool_, gpu_pool_;
+  TestPool cpu_pool_, gpu_pool_;
   std::vector<uint8_t> start_;
 };
 
@@ -453,9 +400,9 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
   constexpr int kSlots = 300;
   constexpr int kBatch = 280;  // 1,120 items > 2 CTAs x 132 SMs
   auto cpu = CpuBackend::Create({2});
-  Pool cpu_pool = MakePool(*cpu, layout, kSlots);
-  Pool fast_pool = MakePool(*Gpu(), layout, kSlots);
-  Pool slow_pool = MakePool(*Gpu(), layout, kSlots);
+  TestPool cpu_pool = MakeTestPool(*cpu, layout, kSlots);
+  TestPool fast_pool = MakeTestPool(*Gpu(), layout, kSlots);
+  TestPool slow_pool = MakeTestPool(*Gpu(), layout, kSlots);
   ASSERT_NE(fast_pool.model, nullptr);
   std::vector<int32_t> all(kSlots);
   std::iota(all.begin(), all.end(), 0);
@@ -507,7 +454,7 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
     std::vector<float> outs[2];
     for (int fast = 1; fast >= 0; --fast) {
       ScopedFastPath path(fast == 1);
-      Pool& pool = fast == 1 ? fast_pool : slow_pool;
+      TestPool& pool = fast == 1 ? fast_pool : slow_pool;
       const absl::Status st = Gpu()->DecodeUpdate(
           *pool.model, pool.view, layer,
           DecodeInputs{kBatch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
@@ -676,8 +623,8 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
   constexpr int kSlots = 300;
   constexpr int kBatch = 280;  // 1,120 items > 2 CTAs x 132 SMs
   auto cpu = CpuBackend::Create({2});
-  Pool cpu_pool = MakePool(*cpu, layout, kSlots);
-  Pool gpu_pool = MakePool(*Gpu(), layout, kSlots);
+  TestPool cpu_pool = MakeTestPool(*cpu, layout, kSlots);
+  TestPool gpu_pool = MakeTestPool(*Gpu(), layout, kSlots);
   ASSERT_NE(gpu_pool.model, nullptr);
   std::vector<int32_t> all(kSlots);
   std::iota(all.begin(), all.end(), 0);

@@ -4,7 +4,6 @@
 // slots, bad input - plus accuracy against an FP32 replay.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <random>
 #include <vector>
 
@@ -12,58 +11,17 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/formats/stepquant_codec.h"
 #include "kernels/stepquant/calibration.h"
+#include "kernels/testing/test_pool.h"
 #include "kernels/testing/token_batch.h"
 #include "kernels/trajectory/synthetic.h"
 
 namespace statecache {
 namespace {
 
-struct TestPool {
-  std::unique_ptr<BackendBuffer> buf;
-  std::unique_ptr<PreparedModel> model;
-  PoolView view;
-  std::vector<uint8_t> Bytes() const {
-    return std::vector<uint8_t>(view.base, view.base + view.num_slots * view.slot_bytes());
-  }
-};
-
-TestPool MakePool(Backend& backend, const StateLayout& layout, int slots) {
-  TestPool p;
-  p.buf = *backend.Allocate(layout.slot_bytes() * slots);
-  p.model = *backend.Prepare(layout);
-  p.view = PoolView{p.buf->data(), slots, layout.geometry().layers, layout.geometry().h_v,
-                    layout.head_layout().head_bytes};
-  return p;
-}
-
-// A calibrated-looking layout: random key permutations, per-head widths
-// (GDN: one width per head, one FP16 pivot head; KDA: mixed rows with
-// pivots), random row impact.
+// kernels/testing's STEPQuant layout with this test's pivot heads (head 1 of
+// the slot).
 StateLayout MixedLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(0.05f, 1.0f);
-  const std::vector<int> cand = StepQuantCandidateBits(f);
-  std::vector<int32_t> perm;
-  std::vector<int8_t> bits;
-  std::vector<float> impact;
-  for (int64_t h = 0; h < geo.HeadsPerSlot(); ++h) {
-    std::vector<int32_t> p(geo.d_k);
-    std::iota(p.begin(), p.end(), 0);
-    std::shuffle(p.begin(), p.end(), rng);
-    perm.insert(perm.end(), p.begin(), p.end());
-    std::vector<int8_t> b(geo.d_k);
-    if (geo.arch == Arch::kGdn) {
-      std::fill(b.begin(), b.end(), h == 1 ? 16 : cand[h % cand.size()]);
-    } else {
-      for (int r = 0; r < geo.d_k; ++r) b[r] = r < 2 ? 16 : cand[rng() % cand.size()];
-      std::sort(b.begin(), b.end(), std::greater<int8_t>());
-    }
-    bits.insert(bits.end(), b.begin(), b.end());
-    for (int r = 0; r < geo.d_k; ++r) impact.push_back(u(rng));
-  }
-  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(geo, {f, 0}, perm, bits, impact);
-  EXPECT_TRUE(l.ok()) << l.status();
-  return *l;
+  return MixedStepQuantLayout(geo, f, seed, /*pivot_head_per_layer=*/false);
 }
 
 const ModelGeometry kGdnSmall{Arch::kGdn, 2, 2, 4, 64, 64};
@@ -75,7 +33,7 @@ TEST_P(StepCpuTest, HeadsSitAtTheLayoutOffsets) {
   const auto [geo, f] = GetParam();
   const StateLayout layout = MixedLayout(geo, f, 1);
   auto backend = CpuBackend::Create({2});
-  TestPool pool = MakePool(*backend, layout, 2);
+  TestPool pool = MakeTestPool(*backend, layout, 2);
   // Pack a state whose heads are distinct, then decode each head directly
   // from the bytes at slot + head_offset with its own StepHeadLayout.
   std::vector<float> states(2 * geo.HeadsPerSlot() * geo.d_k * geo.d_v);
@@ -115,7 +73,7 @@ TEST_P(StepCpuTest, PackUnpackRoundTripsAndIsDeterministic) {
   const StateLayout layout = MixedLayout(geo, f, 3);
   auto b1 = CpuBackend::Create({1});
   auto b2 = CpuBackend::Create({2});
-  TestPool p1 = MakePool(*b1, layout, 3), p2 = MakePool(*b2, layout, 3);
+  TestPool p1 = MakeTestPool(*b1, layout, 3), p2 = MakeTestPool(*b2, layout, 3);
   std::vector<float> states(3 * geo.HeadsPerSlot() * geo.d_k * geo.d_v);
   std::mt19937 rng(4);
   std::normal_distribution<float> n(0.0f, 1.0f);
@@ -152,7 +110,7 @@ TEST_P(StepCpuTest, DecodeIsByteDeterministicAndPrefillOfOneTokenMatches) {
   const StateLayout layout = MixedLayout(geo, f, 5);
   auto b1 = CpuBackend::Create({1});
   auto b2 = CpuBackend::Create({2});
-  TestPool p1 = MakePool(*b1, layout, 4), p2 = MakePool(*b2, layout, 4), p3 = MakePool(*b1, layout, 4);
+  TestPool p1 = MakeTestPool(*b1, layout, 4), p2 = MakeTestPool(*b2, layout, 4), p3 = MakeTestPool(*b1, layout, 4);
   const int steps = 6, batch = 3;
   TokenBatch in = RandomTokenBatch(geo, steps * batch, 6);
   const int32_t slots[3] = {3, 0, 2};
@@ -186,7 +144,7 @@ TEST_P(StepCpuTest, SlotsOutsideTheBatchAndSkippedEntriesAreUntouched) {
   const auto [geo, f] = GetParam();
   const StateLayout layout = MixedLayout(geo, f, 7);
   auto backend = CpuBackend::Create({2});
-  TestPool pool = MakePool(*backend, layout, 5);
+  TestPool pool = MakeTestPool(*backend, layout, 5);
   const int32_t all[5] = {0, 1, 2, 3, 4};
   TokenBatch warm = RandomTokenBatch(geo, 5, 1);
   std::vector<float> o(5 * geo.h_v * geo.d_v);
@@ -218,7 +176,7 @@ TEST_P(StepCpuTest, DecodeTracksTheFp32Recurrence) {
   const StateLayout layout = MixedLayout(geo, f, 9);
   const StateLayout fp32 = *StateLayout::Identity(geo, {StateFormat::kFp32, 0});
   auto backend = CpuBackend::Create({2});
-  TestPool a = MakePool(*backend, layout, 1), b = MakePool(*backend, fp32, 1);
+  TestPool a = MakeTestPool(*backend, layout, 1), b = MakeTestPool(*backend, fp32, 1);
   const int steps = 40;
   TokenBatch in = RandomTokenBatch(geo, steps, 10);
   const int32_t slot = 0;
@@ -250,7 +208,7 @@ TEST(StepCpuErrorsTest, BadInputIsRejectedAndNothingIsWritten) {
   const ModelGeometry geo = kKdaSmall;
   const StateLayout layout = MixedLayout(geo, kStepQuant4, 11);
   auto backend = CpuBackend::Create({2});
-  TestPool pool = MakePool(*backend, layout, 3);
+  TestPool pool = MakeTestPool(*backend, layout, 3);
   const int32_t slots[2] = {0, 2};
   TokenBatch good = RandomTokenBatch(geo, 2, 1);
   std::vector<float> o(2 * geo.h_v * geo.d_v);
@@ -291,7 +249,7 @@ TEST(StepCpuCalibratedTest, CalibratedLayoutRunsOnTheBackend) {
   absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant({*t}, {kStepQuant6, 0}, opts);
   ASSERT_TRUE(cal.ok()) << cal.status();
   auto backend = CpuBackend::Create({2});
-  TestPool pool = MakePool(*backend, cal->layout, 1);
+  TestPool pool = MakeTestPool(*backend, cal->layout, 1);
   TokenBatch in = RandomTokenBatch(kKdaSmall, 1, 3);
   const int32_t slot = 0;
   std::vector<float> o(kKdaSmall.h_v * kKdaSmall.d_v);
