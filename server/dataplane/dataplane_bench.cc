@@ -380,11 +380,13 @@ absl::StatusOr<Timing> RunCapi(const ServerHandle& s, const ModelGeometry& geo,
       });
 }
 
-absl::StatusOr<Timing> RunBuffers(const ServerHandle& s, const ModelGeometry& geo,
-                                  const Inputs& in, int b) {
-  ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
-  ASSIGN_OR_RETURN(std::vector<SlotHandle> h, client->AllocateSlots("bench", b));
-  ASSIGN_OR_RETURN(auto session, DataPlaneSession::Open(client.get()));
+// The registered-buffer modes' staging: q, k, v, g, beta written into one
+// worker buffer (256-byte aligned parts) and an output buffer for o; the
+// returned call references them for `slots` (layer left to the caller);
+// *out is the output buffer.
+absl::StatusOr<RefUpdateCall> StageInputs(DataPlaneSession* session, const Inputs& in,
+                                          const std::vector<SlotHandle>& slots,
+                                          WorkerBuffer** out_buffer) {
   auto up = [](int64_t x) { return (x + 255) / 256 * 256; };
   const int64_t q = 0, k = up(4 * in.q.size()), v = k + up(4 * in.k.size()),
                 g = v + up(4 * in.v.size()), beta = g + up(4 * in.g.size()),
@@ -397,13 +399,24 @@ absl::StatusOr<Timing> RunBuffers(const ServerHandle& s, const ModelGeometry& ge
   RETURN_IF_ERROR(buf->Write(g, in.g.data(), 4 * in.g.size()));
   RETURN_IF_ERROR(buf->Write(beta, in.beta.data(), 4 * in.beta.size()));
   RefUpdateCall c;
-  c.slots = h;
+  c.slots = slots;
   c.q = {buf, q};
   c.k = {buf, k};
   c.v = {buf, v};
   c.g = {buf, g};
   c.beta = {buf, beta};
   c.o = {out, 0};
+  *out_buffer = out;
+  return c;
+}
+
+absl::StatusOr<Timing> RunBuffers(const ServerHandle& s, const ModelGeometry& geo,
+                                  const Inputs& in, int b) {
+  ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
+  ASSIGN_OR_RETURN(std::vector<SlotHandle> h, client->AllocateSlots("bench", b));
+  ASSIGN_OR_RETURN(auto session, DataPlaneSession::Open(client.get()));
+  WorkerBuffer* out = nullptr;
+  ASSIGN_OR_RETURN(RefUpdateCall c, StageInputs(session.get(), in, h, &out));
   std::vector<v1::UpdateRequest> reqs(geo.layers);
   for (int l = 0; l < geo.layers; ++l) {
     c.layer = l;
@@ -429,31 +442,12 @@ absl::StatusOr<Timing> RunStream(const ServerHandle& s, const ModelGeometry& geo
   ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
   ASSIGN_OR_RETURN(std::vector<SlotHandle> h, client->AllocateSlots("bench", b));
   ASSIGN_OR_RETURN(auto session, DataPlaneSession::Open(client.get()));
-  auto up = [](int64_t x) { return (x + 255) / 256 * 256; };
-  const int64_t q = 0, k = up(4 * in.q.size()), v = k + up(4 * in.k.size()),
-                g = v + up(4 * in.v.size()), beta = g + up(4 * in.g.size()),
-                total = beta + up(4 * in.beta.size());
-  ASSIGN_OR_RETURN(WorkerBuffer * buf, session->CreateBuffer(total));
-  ASSIGN_OR_RETURN(WorkerBuffer * out, session->CreateBuffer(4 * in.o_count));
+  WorkerBuffer* out = nullptr;
+  ASSIGN_OR_RETURN(RefUpdateCall staged, StageInputs(session.get(), in, h, &out));
   ASSIGN_OR_RETURN(WorkerBuffer * done, session->CreateBuffer(256));
-  RETURN_IF_ERROR(buf->Write(q, in.q.data(), 4 * in.q.size()));
-  RETURN_IF_ERROR(buf->Write(k, in.k.data(), 4 * in.k.size()));
-  RETURN_IF_ERROR(buf->Write(v, in.v.data(), 4 * in.v.size()));
-  RETURN_IF_ERROR(buf->Write(g, in.g.data(), 4 * in.g.size()));
-  RETURN_IF_ERROR(buf->Write(beta, in.beta.data(), 4 * in.beta.size()));
   ASSIGN_OR_RETURN(auto sub, UpdateSubmitter::Open(session.get(), "bench", {done, 0}));
-  std::vector<RefUpdateCall> calls(geo.layers);
-  for (int l = 0; l < geo.layers; ++l) {
-    RefUpdateCall& c = calls[l];
-    c.layer = l;
-    c.slots = h;
-    c.q = {buf, q};
-    c.k = {buf, k};
-    c.v = {buf, v};
-    c.g = {buf, g};
-    c.beta = {buf, beta};
-    c.o = {out, 0};
-  }
+  std::vector<RefUpdateCall> calls(geo.layers, staged);
+  for (int l = 0; l < geo.layers; ++l) calls[l].layer = l;
   // The worker's stream: the legacy default stream (nullptr), where
   // WorkerBuffer::Write put the inputs.
   auto t = TimeSteps(
