@@ -42,12 +42,40 @@ struct AffineParams {
   float z;          // zero point as float
 };
 
+// x / d for the affine ranges (x >= 0 or NaN, d = qmax), correctly rounded:
+// one multiply by the rounded reciprocal and one FMA correction (Markstein),
+// so device code runs three instructions instead of the division's checked
+// path. Bit-identical to the IEEE quotient for every non-negative float and
+// NaN with d = 15 or 255 (group_quant_test checks all 2^31 inputs of each);
+// infinity takes the uncorrected product (also infinity).
+SC_HD float QuotientByReciprocal(float x, int d) {
+  const float r = d == 255 ? 1.0f / 255.0f : (d == 15 ? 1.0f / 15.0f : 1.0f / static_cast<float>(d));
+  const float q0 = x * r;
+  const float q = Fma(Fma(-static_cast<float>(d), q0, x), r, q0);
+  return x <= 3.40282347e38f ? q : q0;
+}
+
+// 1 / s for a positive finite FP16 value s (as float: exponent in
+// [-24, 15]), correctly rounded. On CUDA: the instruction sequence of the
+// compiler's rcp.rn fast path (MUFU.RCP, then one Newton step), which is
+// exact for inputs of this exponent range, without its range check and
+// slow-path call; elsewhere a division.
+SC_HD float ReciprocalOfHalf(float s) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+  return Fma(r, Fma(-s, r, 1.0f), r);
+#else
+  return 1.0f / s;
+#endif
+}
+
 // From the group's min and max (any order of reduction gives the same values).
 SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) {
   const float mn = group_min < 0.0f ? group_min : 0.0f;
   const float mx = group_max > 0.0f ? group_max : 0.0f;
   AffineParams p;
-  p.s_bits = FloatToHalfBits((mx - mn) / static_cast<float>(qmax));
+  p.s_bits = FloatToHalfBits(QuotientByReciprocal(mx - mn, qmax));
   const float s = HalfBitsToFloat(p.s_bits);
   if (!(s > 0.0f)) {
     p.s_bits = 0;
@@ -56,7 +84,7 @@ SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) 
     p.z = 0.0f;
     return p;
   }
-  p.inv_s = 1.0f / s;
+  p.inv_s = ReciprocalOfHalf(s);
   p.z = Clamp(RoundEven(-mn * p.inv_s), 0.0f, static_cast<float>(qmax));
   p.z_bits = FloatToHalfBits(p.z);
   return p;

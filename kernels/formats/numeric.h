@@ -96,11 +96,11 @@ SC_HD float HalfBitsToFloatPortable(uint16_t h) {
 
 SC_HD uint16_t FloatToHalfBits(float f) {
 #if defined(__CUDA_ARCH__)
-  // CUDA: the hardware RNE conversion, identical once clamped (GPU tests
-  // compare against the portable path's bytes).
+  // CUDA: the hardware RNE conversion saturating to the finite range (one
+  // instruction; the same bits as clamping first; GPU tests compare against
+  // the portable path's bytes).
   unsigned short h;
-  const float c = fminf(fmaxf(f, -kFp16Max), kFp16Max);
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(c));
+  asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
 #elif defined(__F16C__)
   // x86 F16C: RNE conversion, identical once clamped to the finite range.

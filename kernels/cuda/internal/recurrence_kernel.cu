@@ -148,6 +148,14 @@ __device__ __forceinline__ HeadGeometry EffectiveGeometry(const HeadGeometry& in
   return g;
 }
 
+// n / d for the pipelined kernel's index math: a shift when d is a power of
+// two (`shift` = log2 d: the common head counts), else a division (~20
+// instructions).
+__device__ __forceinline__ int DivIndex(int n, int d, int shift) {
+  return shift >= 0 ? n >> shift : n / d;
+}
+__device__ __forceinline__ int Log2IfPow2(int d) { return (d & (d - 1)) == 0 ? __ffs(d) - 1 : -1; }
+
 __device__ __forceinline__ uint8_t* HeadPtr(const RecurrenceParams& p, const HeadGeometry& geo,
                                            int32_t slot, int h) {
   return p.pool.base + slot * p.pool.slot_bytes +
@@ -303,9 +311,10 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
     MbarrierArrive(bar);
     return;
   }
-  const int b = item / geo.h_v;
-  const int h = item % geo.h_v;
-  const int kh = h / (geo.h_v / geo.h_qk);
+  const int b = DivIndex(item, geo.h_v, Log2IfPow2(geo.h_v));
+  const int h = item - b * geo.h_v;
+  const int group = geo.h_v / geo.h_qk;
+  const int kh = DivIndex(h, group, Log2IfPow2(group));
   const int ds = p.dtype == 0 ? 4 : 2;
   const int hb = static_cast<int>(geo.layout.head_bytes);
   int total = hb + 2 * geo.d_k * ds + geo.d_v * ds;
@@ -406,7 +415,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       const int item = blockIdx.x + s * stride;
       if (item < items) {
         IssueItem(p, geo, sl, &tmap, stage_base + s * sl.bytes, &bars[s], item,
-                  p.slots[item / geo.h_v]);
+                  p.slots[DivIndex(item, geo.h_v, Log2IfPow2(geo.h_v))]);
       }
     }
   }
@@ -417,7 +426,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   // ahead_*[pass parity], completed before the pass's barrier), so no warp
   // waits on a dependent DRAM read and no registers are held across a pass.
   // ahead_*[n & 1] is read in pass n and rewritten in pass n + 1, after the
-  // barrier of pass n.
+  // barrier of pass n. GDN's head decay exp(g) is computed once, by thread
+  // 0 after the wait (ahead_g holds g, then exp(g)).
   __shared__ float ahead_beta[2], ahead_g[2];
   __shared__ int32_t ahead_slot[2];
   const auto fetch_ahead = [&](int parity, int it) {
@@ -427,11 +437,19 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       if (!geo.kda) CopyAsync4(&ahead_g[parity], p.g + it);
     }
     const int staged = it + sl.stages * stride;  // the item refilled in `it`'s pass
-    if (staged < items) CopyAsync4(&ahead_slot[parity], p.slots + staged / geo.h_v);
+    if (staged < items) {
+      CopyAsync4(&ahead_slot[parity], p.slots + DivIndex(staged, geo.h_v, Log2IfPow2(geo.h_v)));
+    }
     CpAsyncCommit();
   };
+  // Thread 0: completes the pass-ahead copies of `parity`.
+  const auto fetched_ahead = [&](int parity) {
+    if (threadIdx.x != 0) return;
+    CpAsyncWaitAll();
+    if (!geo.kda) ahead_g[parity] = DecayExp(ahead_g[parity]);
+  };
   fetch_ahead(0, blockIdx.x);
-  if (threadIdx.x == 0) CpAsyncWaitAll();
+  fetched_ahead(0);
   __syncthreads();
 
   // The item's value head, kept incrementally (a runtime modulo per use
@@ -444,7 +462,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     const uint32_t parity = static_cast<uint32_t>((sl.stages == 2 ? n >> 1 : n) & 1);
     uint8_t* stage = stage_base + st * sl.bytes;
     const float beta = ahead_beta[n & 1];
-    const float g_head = geo.kda ? 0.0f : ahead_g[n & 1];
+    const float a_head = geo.kda ? 0.0f : ahead_g[n & 1];  // exp(g)
     // Refills this pass's stage with the item `stages` passes ahead. Derived
     // from (n, item) only, so nothing extra stays live across TokenStep.
     const auto refill = [&] {
@@ -456,9 +474,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       }
     };
     fetch_ahead((n + 1) & 1, item + stride);
-    const auto fetched = [&] {
-      if (threadIdx.x == 0) CpAsyncWaitAll();
-    };
+    const auto fetched = [&] { fetched_ahead((n + 1) & 1); };
     MbarrierWait(&bars[st], parity);
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
     float* o = p.o + int64_t{item} * geo.d_v;
@@ -481,7 +497,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
           p.maps.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + sl.perm) : nullptr,
           p.dtype, stage + sl.q, stage + sl.k,
           geo.kda ? reinterpret_cast<const float*>(stage + sl.g) : nullptr,
-          geo.kda ? 0.0f : DecayExp(g_head), geo.scale, WarpRows(scratch, t, geo.d_v, m), kk,
+          a_head, geo.scale, WarpRows(scratch, t, geo.d_v, m), kk,
           qs, a);
       float s[kTileSteps][kTileColsPerLane];
       LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);

@@ -360,11 +360,8 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       if constexpr (C == RowCodec::kFp16) {
-        // Saturate first: then the hardware RNE conversion equals FloatToHalfBits.
-        const float a = fminf(fmaxf(x[2 * e], -kFp16Max), kFp16Max);
-        const float b = fminf(fmaxf(x[2 * e + 1], -kFp16Max), kFp16Max);
-        const __half2 h = __floats2half2_rn(a, b);
-        w[e] = *reinterpret_cast<const uint32_t*>(&h);
+        // RNE saturating to the finite range: FloatToHalfBits of both.
+        asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(w[e]) : "f"(x[2 * e + 1]), "f"(x[2 * e]));
       } else {
         w[e] = static_cast<uint32_t>(FloatToBf16Bits(x[2 * e])) |
                (static_cast<uint32_t>(FloatToBf16Bits(x[2 * e + 1])) << 16);
