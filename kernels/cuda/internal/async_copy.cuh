@@ -85,6 +85,15 @@ __device__ __forceinline__ void CpAsyncCommit() {
 }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Named barriers (id 1..15; 0 is __syncthreads) over `threads` threads, a
+// multiple of 32: NamedSync blocks, NamedArrive only signals.
+__device__ __forceinline__ void NamedSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace cuda_internal
 }  // namespace statecache
 

@@ -15,12 +15,14 @@
 //    128-byte swizzle, the rest by cp.async.bulk; all complete on an
 //    mbarrier) while the current item computes, so DRAM streams
 //    continuously; the decay of the token is folded into the decode
-//    (decode_math.h). Per pass: one CTA
-//    barrier (the cross-warp column sums), after which the freed stage is
-//    refilled; the per-item scalars are fetched a pass ahead; each lane pair
-//    converts its rows' inputs once (a fixed input dtype is a template
-//    argument); the fixed 128 x 128 shape uses branch-free tile code whose
-//    affine group parameters are derived once per lane pair.
+//    (decode_math.h). Up to three stages; no CTA-wide barrier per item: the
+//    two row warps of a stripe exchange column sums through their own named
+//    barrier, every warp releases a stage after its last read (an mbarrier
+//    arrival) and thread 0 refills it; the item's scalars ride in the stage
+//    header. Each lane pair converts its rows' inputs once (a fixed input
+//    dtype is a template argument); the fixed 128 x 128 shape uses
+//    branch-free tile code whose affine group parameters are derived once
+//    per lane pair.
 //  - RecurrenceKernel (prefill, and decode when pointers / sizes are not
 //    16-byte aligned): one CTA per item, direct loads, T tokens.
 #include <cuda.h>  // CUtensorMap and its encoder's types (the encoder is fetched at run time)
@@ -162,7 +164,7 @@ __device__ __forceinline__ uint8_t* HeadPtr(const RecurrenceParams& p, const Hea
          (int64_t{p.layer} * geo.h_v + h) * geo.layout.head_bytes;
 }
 
-// Scratch: [2 parities] x (red_k, red_q [row_warps][d_v], red_qk [row_warps]),
+// Scratch: [2 parities] x (red_k, red_q [row_warps][d_v], red_qk [warps]),
 // wbuf [warps][32], red [warps] (rounded up to 4), then per warp
 // kWarpScratchFloats: the reduce-scatter buffer and (pipelined kernel) the
 // warp's 64 staged row inputs (float4 each).
@@ -171,7 +173,7 @@ inline constexpr int kWarpRowsFloats = 4 * kTileRowsPerWarp;
 inline constexpr int kWarpScratchFloats = kWarpReduceFloats + kWarpRowsFloats;
 
 __host__ __device__ inline int64_t ScratchPer(const DecodeTiling& t, int d_v) {
-  return (2 * int64_t{t.row_warps} * d_v + t.row_warps + 3) / 4 * 4;
+  return (2 * int64_t{t.row_warps} * d_v + t.warps + 3) / 4 * 4;  // red_qk per stripe
 }
 __host__ __device__ inline int64_t WarpScratchOffset(const DecodeTiling& t, int d_v) {
   return 2 * ScratchPer(t, d_v) + t.warps * 32 + (t.warps + 3) / 4 * 4;
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
 // Byte offsets inside one shared-memory stage (all multiples of 16; the
 // stage itself is 1024-byte aligned and a multiple of 1024 bytes).
 struct StageLayout {
-  int header = 0;      // int32 slot of the staged item (after the inputs)
+  int header = 0;      // the staged item's int32 slot, float beta, float exp(g) (GDN)
   int head = 0;        // packed head [head_bytes], 1024-byte aligned
   int tma_rows = 0;    // > 0: the head arrives by tensor-map copies of tma_rows
                        // 128-byte rows each, 128-byte swizzled (Src::kSwizzled)
@@ -292,21 +294,27 @@ struct StageLayout {
   int order = 0;       // damp-sr [d_v] int32
   int scale = 0;       // damp-sr [d_v] fp32
   int bytes = 0;       // stage size
-  int stages = 1;      // 1 or 2
+  int stages = 1;      // 1 .. kMaxStages
   int64_t scratch_bytes = 0;
 };
+
+inline constexpr int kMaxStages = 3;
 
 // Bulk copies of a head are split into chunks (one 64 KB copy streams slower
 // than several 4 KB ones; one copy per 128-byte row is slower still, and so is
 // spreading the issue over a warp: measured on the H200).
 inline constexpr int kBulkChunk = 4096;
 
-// Thread 0 only: stage item `item` (pool slot `slot`) into `stage`: the packed
-// head, then one copy per input vector; all complete on `bar`.
+// Thread 0 only: stage item `item` (pool slot `slot`) into `stage`: its
+// scalars into the header, the packed head, then one copy per input vector;
+// all complete on `bar` (whose arrival publishes the header).
 __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadGeometry& geo,
                                           const StageLayout& sl, const CUtensorMap* tmap,
-                                          uint8_t* stage, uint64_t* bar, int item, int32_t slot) {
+                                          uint8_t* stage, uint64_t* bar, int item, int32_t slot,
+                                          float beta, float a_head) {
   *reinterpret_cast<int32_t*>(stage + sl.header) = slot;
+  reinterpret_cast<float*>(stage + sl.header)[1] = beta;
+  reinterpret_cast<float*>(stage + sl.header)[2] = a_head;
   if (slot < 0) {
     MbarrierArrive(bar);
     return;
@@ -379,18 +387,21 @@ __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t
 
 // kDtype: the input dtype when fixed at compile time (kFixed), else -1.
 //
-// Barriers: with two stages there is one __syncthreads per item, the one
-// inside TokenStep; thread 0 refills the item's stage right after it (every
-// thread has read the stage by then) and the reduction scratch alternates
-// between two parities, so the next item's writes never race this item's
-// reads. With one stage (large heads) the stage is refilled as early as
-// possible, after a barrier that follows the reads.
+// Synchronization (no CTA-wide barrier per item): the two row warps of a
+// column stripe exchange their column sums through a named barrier of their
+// own (TokenStep<.., true>); a stage is released by each warp after its last
+// read of it (an arrival on empty[stage], expected from every warp), and
+// thread 0 refills it for a later item once that phase completed. The
+// item's scalars (slot, beta, exp(g)) ride in the stage header, published by
+// the stage's full barrier. So warps of different stripes drift freely
+// within the two staged items and never wait on each other's work.
 template <StateFormat F, bool kFixed, int kDtype>
 __global__ void __launch_bounds__(kMaxTileThreads, 2)
     PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl,
                           const __grid_constant__ CUtensorMap tmap) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t bars[2];
+  __shared__ __align__(8) uint64_t full[kMaxStages];   // stage staged (thread 0 + copies)
+  __shared__ __align__(8) uint64_t empty[kMaxStages];  // stage read by every warp
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
@@ -406,129 +417,119 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   // the GPU tests would also see wrong bytes).
   uint8_t* stage_base = smem_raw + sl.scratch_bytes;
 
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < sl.stages; ++s) {
-      MbarrierInit(&bars[s], 1);
-    }
-    FenceMbarrierInit();
-    for (int s = 0; s < sl.stages; ++s) {
-      const int item = blockIdx.x + s * stride;
-      if (item < items) {
-        IssueItem(p, geo, sl, &tmap, stage_base + s * sl.bytes, &bars[s], item,
-                  p.slots[DivIndex(item, geo.h_v, Log2IfPow2(geo.h_v))]);
-      }
-    }
-  }
-  __syncthreads();
-
-  // Per-item scalars (beta, GDN's g) and the slot of the item that the pass
-  // refills are fetched one pass ahead by thread 0 (4-byte cp.async into
-  // ahead_*[pass parity], completed before the pass's barrier), so no warp
-  // waits on a dependent DRAM read and no registers are held across a pass.
-  // ahead_*[n & 1] is read in pass n and rewritten in pass n + 1, after the
-  // barrier of pass n. GDN's head decay exp(g) is computed once, by thread
-  // 0 after the wait (ahead_g holds g, then exp(g)).
-  __shared__ float ahead_beta[2], ahead_g[2];
-  __shared__ int32_t ahead_slot[2];
-  const auto fetch_ahead = [&](int parity, int it) {
-    if (threadIdx.x != 0) return;
+  // Thread 0's scalars of the next item to stage, fetched one staging ahead
+  // (4-byte cp.async, completed by thread 0 itself before it stages the item),
+  // so the producer never waits on a dependent DRAM read.
+  __shared__ float ahead_beta, ahead_g;
+  __shared__ int32_t ahead_slot;
+  const auto fetch_ahead = [&](int it) {
     if (it < items) {
-      CopyAsync4(&ahead_beta[parity], p.beta + it);
-      if (!geo.kda) CopyAsync4(&ahead_g[parity], p.g + it);
-    }
-    const int staged = it + sl.stages * stride;  // the item refilled in `it`'s pass
-    if (staged < items) {
-      CopyAsync4(&ahead_slot[parity], p.slots + DivIndex(staged, geo.h_v, Log2IfPow2(geo.h_v)));
+      CopyAsync4(&ahead_beta, p.beta + it);
+      if (!geo.kda) CopyAsync4(&ahead_g, p.g + it);
+      CopyAsync4(&ahead_slot, p.slots + DivIndex(it, geo.h_v, Log2IfPow2(geo.h_v)));
     }
     CpAsyncCommit();
   };
-  // Thread 0: completes the pass-ahead copies of `parity`.
-  const auto fetched_ahead = [&](int parity) {
-    if (threadIdx.x != 0) return;
+  // Thread 0: stage item `it` (fetched ahead) into stage `s`, then fetch the
+  // scalars of this CTA's next item.
+  const auto stage_item = [&](int s, int it) {
     CpAsyncWaitAll();
-    if (!geo.kda) ahead_g[parity] = DecayExp(ahead_g[parity]);
+    IssueItem(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s], it, ahead_slot, ahead_beta,
+              geo.kda ? 0.0f : DecayExp(ahead_g));
+    fetch_ahead(it + stride);
   };
-  fetch_ahead(0, blockIdx.x);
-  fetched_ahead(0);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < sl.stages; ++s) {
+      MbarrierInit(&full[s], 1);
+      MbarrierInit(&empty[s], t.warps);
+    }
+    FenceMbarrierInit();
+    fetch_ahead(blockIdx.x);
+    for (int s = 0; s < sl.stages; ++s) {
+      const int item = blockIdx.x + s * stride;
+      if (item < items) stage_item(s, item);
+    }
+  }
   __syncthreads();
 
   // The item's value head, kept incrementally (a runtime modulo per use
   // costs ~20 instructions).
   const int h_step = stride % geo.h_v;
   int h = blockIdx.x % geo.h_v;
+  // Pass n uses stage st = n % stages in phase parity (n / stages) & 1.
+  int st = 0;
+  uint32_t parity = 0;
   for (int n = 0, item = blockIdx.x; item < items;
-       ++n, item += stride, h = h + h_step >= geo.h_v ? h + h_step - geo.h_v : h + h_step) {
-    const int st = sl.stages == 2 ? (n & 1) : 0;
-    const uint32_t parity = static_cast<uint32_t>((sl.stages == 2 ? n >> 1 : n) & 1);
+       ++n, item += stride, h = h + h_step >= geo.h_v ? h + h_step - geo.h_v : h + h_step,
+           parity ^= st + 1 == sl.stages ? 1u : 0u, st = st + 1 == sl.stages ? 0 : st + 1) {
     uint8_t* stage = stage_base + st * sl.bytes;
-    const float beta = ahead_beta[n & 1];
-    const float a_head = geo.kda ? 0.0f : ahead_g[n & 1];  // exp(g)
-    // Refills this pass's stage with the item `stages` passes ahead. Derived
-    // from (n, item) only, so nothing extra stays live across TokenStep.
-    const auto refill = [&] {
-      const int nx = item + sl.stages * static_cast<int>(gridDim.x);
-      if (threadIdx.x == 0 && nx < p.batch * geo.h_v) {
-        const int sx = sl.stages == 2 ? (n & 1) : 0;
-        IssueItem(p, geo, sl, &tmap, stage_base + sx * sl.bytes, &bars[sx], nx,
-                  ahead_slot[n & 1]);
-      }
+    // After this warp's last read of the stage.
+    const auto release = [&] {
+      __syncwarp();
+      if (m.lane == 0) MbarrierArrive(&empty[st]);
     };
-    fetch_ahead((n + 1) & 1, item + stride);
-    const auto fetched = [&] { fetched_ahead((n + 1) & 1); };
-    MbarrierWait(&bars[st], parity);
+    // Thread 0 (after its column-sum exchange, where the sums' registers
+    // are free): with several stages, refills the stage of the previous
+    // item, which every warp released long ago (so it never waits), with
+    // the item stages - 1 passes ahead; with one stage, refills this item's
+    // stage once every warp released it.
+    const auto refill = [&] {
+      if (threadIdx.x != 0) return;
+      const bool one = sl.stages == 1;
+      const int nx = item + (one ? 1 : sl.stages - 1) * stride;
+      if ((!one && n == 0) || nx >= items) return;  // n == 0: staged up front
+      const int sx = one ? st : (st == 0 ? sl.stages - 1 : st - 1);
+      MbarrierWait(&empty[sx], one || st > 0 ? parity : parity ^ 1u);
+      stage_item(sx, nx);
+    };
+    MbarrierWait(&full[st], parity);
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
     float* o = p.o + int64_t{item} * geo.d_v;
     if (slot < 0) {
       if (m.row_warp == 0) o[m.jc] = 0.0f;
-      fetched();
-      __syncthreads();
+      release();
       refill();
-    } else {
-      // Registers <- staged inputs, then the staged head decoded with the
-      // decay folded in (decode_math.h).
-      const uint8_t* head_s = stage + sl.head;
-      const float global_scale =
-          !l.has_global_scale ? 0.0f
-          : kFixed            ? LdMeta<Src::kSwizzled, float>(head_s + l.global_offset)
-                              : LdMeta<Src::kShared, float>(head_s + l.global_offset);
-      float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
-      GatherRowsPaired<kDtype, kFixed>(
-          m, geo.d_k,
-          p.maps.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + sl.perm) : nullptr,
-          p.dtype, stage + sl.q, stage + sl.k,
-          geo.kda ? reinterpret_cast<const float*>(stage + sl.g) : nullptr,
-          a_head, geo.scale, WarpRows(scratch, t, geo.d_v, m), kk,
-          qs, a);
-      float s[kTileSteps][kTileColsPerLane];
-      LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
-      const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
-      const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
-      const float vp = StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s);
-      const bool one_stage = sl.stages == 1 || t.row_warps == 1;
-      fetched();  // a barrier follows (here or in TokenStep)
-      if (one_stage) {
-        __syncthreads();  // the stage is free: fetch the next item into it
-        refill();
-      }
-      const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
-      const float os = TokenStep<true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
-      // The barrier in TokenStep ordered every thread's stage reads first.
-      if (!one_stage) refill();
-      if (m.row_warp == 0) {
-        // damp-sr: the stage may be refilled by now; its maps are per-layer
-        // constants, read from global memory (L2-resident) instead.
-        StoreOutput<kVt>(m, os, o,
-                         kVt == ValueTransform::kScaleReorder ? p.maps.value_order + h * geo.d_v
-                                                              : nullptr,
-                         kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
-                                                              : nullptr);
-      }
-      uint8_t* head = HeadPtr(p, geo, slot, h);
-      const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
-      StoreItemTile<F, kFixed>(l, head, m, gs, s);
-      if (l.has_global_scale && threadIdx.x == 0) {
-        *reinterpret_cast<float*>(head + l.global_offset) = gs;
-      }
+      continue;
+    }
+    const float beta = reinterpret_cast<const float*>(stage + sl.header)[1];
+    const float a_head = reinterpret_cast<const float*>(stage + sl.header)[2];  // exp(g)
+    // Registers <- staged inputs, then the staged head decoded with the
+    // decay folded in (decode_math.h).
+    const uint8_t* head_s = stage + sl.head;
+    const float global_scale =
+        !l.has_global_scale ? 0.0f
+        : kFixed            ? LdMeta<Src::kSwizzled, float>(head_s + l.global_offset)
+                            : LdMeta<Src::kShared, float>(head_s + l.global_offset);
+    float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
+    GatherRowsPaired<kDtype, kFixed>(
+        m, geo.d_k,
+        p.maps.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + sl.perm) : nullptr,
+        p.dtype, stage + sl.q, stage + sl.k,
+        geo.kda ? reinterpret_cast<const float*>(stage + sl.g) : nullptr, a_head, geo.scale,
+        WarpRows(scratch, t, geo.d_v, m), kk, qs, a);
+    float s[kTileSteps][kTileColsPerLane];
+    LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
+    const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
+    const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
+    const float vp = StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s);
+    release();
+    const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
+    const float os = TokenStep<true, true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
+    refill();
+    if (m.row_warp == 0) {
+      // damp-sr: the stage is released by now; its maps are per-layer
+      // constants, read from global memory (L2-resident) instead.
+      StoreOutput<kVt>(m, os, o,
+                       kVt == ValueTransform::kScaleReorder ? p.maps.value_order + h * geo.d_v
+                                                            : nullptr,
+                       kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
+                                                            : nullptr);
+    }
+    uint8_t* head = HeadPtr(p, geo, slot, h);
+    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
+    StoreItemTile<F, kFixed>(l, head, m, gs, s);
+    if (l.has_global_scale && threadIdx.x == 0) {
+      *reinterpret_cast<float*>(head + l.global_offset) = gs;
     }
   }
   if (threadIdx.x == 0 && (SmemAddr(stage_base) & 1023u) != 0) __trap();
@@ -582,15 +583,19 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm) {
   sl.header = off;
   off += 16;
   sl.bytes = static_cast<int>(AlignUp(off, 1024));
-  // Two stages when two CTAs per SM still fit, else one.
-  sl.stages = 2 * (sl.scratch_bytes + 2 * sl.bytes + 1024) + 2048 <= max_smem_per_sm ? 2 : 1;
-  // STATECACHE_CUDA_STAGES=2 forces two stages (then large heads run one CTA
+  // As many stages (up to kMaxStages) as leave two CTAs per SM.
+  sl.stages = 1;
+  while (sl.stages < kMaxStages &&
+         2 * (sl.scratch_bytes + (sl.stages + 1) * sl.bytes + 1024) + 2048 <= max_smem_per_sm) {
+    ++sl.stages;
+  }
+  // STATECACHE_CUDA_STAGES=1..3 forces the stage count (then large heads run one CTA
   // per SM); for A/B benchmarks.
   static const int forced = [] {
     const char* e = std::getenv("STATECACHE_CUDA_STAGES");
     return e == nullptr ? 0 : std::atoi(e);
   }();
-  if (forced == 1 || forced == 2) sl.stages = forced;
+  if (forced >= 1 && forced <= kMaxStages) sl.stages = forced;
   return sl;
 }
 

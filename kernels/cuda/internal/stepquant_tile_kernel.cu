@@ -105,13 +105,6 @@ enum InfoField {
   kInFields
 };
 
-__device__ __forceinline__ void NamedSync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void NamedArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 __device__ __forceinline__ bool TAborted(const int32_t* errors) {
   if (errors == nullptr) return false;
   bool bad = false;

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/decode_math.h"
+#include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/tile_codec.cuh"
 #include "kernels/formats/format.h"
@@ -348,7 +349,7 @@ __device__ __forceinline__ float WarpMaxScatter16Smem(const float (&p)[16], floa
 struct StepScratch {
   float* red_k;   // [row_warps][d_v]
   float* red_q;   // [row_warps][d_v]
-  float* red_qk;  // [row_warps]
+  float* red_qk;  // [row_warps], or [stripes][row_warps] with kStripeBarrier
   float* wbuf;    // [32] of this warp
   float* wred;    // [kWarpReduceFloats] of this warp (WarpReduceScatter16Smem)
 };
@@ -359,7 +360,10 @@ struct StepScratch {
 // __syncthreads when row_warps > 1: every thread of the CTA must call it.
 // kFolded: the state was decoded with the decay folded in (LoadTile's
 // row_scale = a), so this token's a is not applied again.
-template <bool kFolded = false>
+// kStripeBarrier: the column sums are exchanged with a named barrier
+// (id 1 + stripe) among the row warps of the lane's stripe only, which are
+// the only warps that share columns; then only those warps must call it.
+template <bool kFolded = false, bool kStripeBarrier = false>
 __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLane],
                                            const float (&kk)[kTileSteps],
                                            const float (&qs)[kTileSteps],
@@ -393,17 +397,23 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
 #pragma unroll
   for (int off = 16; off >= 2; off >>= 1) qk = qk + __shfl_xor_sync(0xffffffffu, qk, off);
   if (t.row_warps > 1) {
+    // Every stripe computes the same qk; with stripe barriers each keeps its own.
+    float* red_qk = kStripeBarrier ? sc.red_qk + m.stripe * t.row_warps : sc.red_qk;
     sc.red_k[m.row_warp * d_v + m.jc] = ks;
     sc.red_q[m.row_warp * d_v + m.jc] = qsum;
-    if (m.stripe == 0 && m.lane == 0) sc.red_qk[m.row_warp] = qk;
-    __syncthreads();
+    if ((kStripeBarrier || m.stripe == 0) && m.lane == 0) red_qk[m.row_warp] = qk;
+    if constexpr (kStripeBarrier) {
+      NamedSync(1 + m.stripe, 32 * t.row_warps);
+    } else {
+      __syncthreads();
+    }
     ks = sc.red_k[m.jc];
     qsum = sc.red_q[m.jc];
-    qk = sc.red_qk[0];
+    qk = red_qk[0];
     for (int w = 1; w < t.row_warps; ++w) {
       ks = ks + sc.red_k[w * d_v + m.jc];
       qsum = qsum + sc.red_q[w * d_v + m.jc];
-      qk = qk + sc.red_qk[w];
+      qk = qk + red_qk[w];
     }
   }
   const float db = beta * (vp - ks);
