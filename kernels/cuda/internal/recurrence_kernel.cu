@@ -29,7 +29,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <cstdint>
 
 #include "kernels/cuda/internal/async_copy.cuh"
@@ -609,8 +611,8 @@ using TensorMapEncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint
                                        CUtensorMapSwizzle, CUtensorMapL2promotion,
                                        CUtensorMapFloatOOBfill);
 
-bool MakePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* map,
-                       int* box_rows) {
+bool EncodePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* map,
+                         int* box_rows) {
   static const TensorMapEncodeFn encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -639,19 +641,64 @@ bool MakePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* 
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// EncodePoolTensorMap through a per-host-thread cache of the last pool and
+// head size (a decode loop launches every layer on one pool; encoding costs
+// host microseconds per launch).
+bool MakePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* map,
+                       int* box_rows) {
+  struct Cached {
+    const uint8_t* base = nullptr;
+    int64_t num_slots = -1, slot_bytes = -1, head_bytes = -1;
+    bool ok = false;
+    int box_rows = 0;
+    CUtensorMap map;
+  };
+  thread_local Cached cache;
+  if (cache.base != pool.base || cache.num_slots != pool.num_slots ||
+      cache.slot_bytes != pool.slot_bytes || cache.head_bytes != head_bytes) {
+    cache.ok = EncodePoolTensorMap(pool, head_bytes, &cache.map, &cache.box_rows);
+    cache.base = pool.base;
+    cache.num_slots = pool.num_slots;
+    cache.slot_bytes = pool.slot_bytes;
+    cache.head_bytes = head_bytes;
+  }
+  if (cache.ok) {
+    *map = cache.map;
+    *box_rows = cache.box_rows;
+  }
+  return cache.ok;
+}
+
 // Launches the pipelined kernel (kDtype fixed or -1); cudaErrorNotSupported
 // when it cannot be resident (the caller falls back to RecurrenceKernel).
+// The shared-memory attribute (only ever raised, under a lock, so a launch
+// never sees it below its size) and the occupancy query run once per
+// instantiation and shared-memory size; the last (size, blocks per SM) pair
+// is cached (it changes only with the dtype / gates / maps of a call). Like
+// DeviceLimits, this assumes the process drives one device.
 template <StateFormat F, bool kFixed, int kDtype>
 int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
                      size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
-  cudaError_t e = cudaFuncSetAttribute(PipelinedDecodeKernel<F, kFixed, kDtype>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
-  int per_sm = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PipelinedDecodeKernel<F, kFixed, kDtype>,
-                                                    threads, smem);
-  if (e != cudaSuccess) return e;
+  static std::mutex mu;
+  static size_t attribute_smem = 0;            // guarded by mu
+  static std::atomic<uint64_t> last_config{0};  // (smem << 32) | blocks per SM; 0 = none
+  const uint64_t c = last_config.load(std::memory_order_acquire);
+  int per_sm = static_cast<int>(c & 0xffffffffu);
+  if (c == 0 || (c >> 32) != smem) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (smem > attribute_smem) {
+      const cudaError_t e = cudaFuncSetAttribute(PipelinedDecodeKernel<F, kFixed, kDtype>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+      attribute_smem = smem;
+    }
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, PipelinedDecodeKernel<F, kFixed, kDtype>, threads, smem);
+    if (e != cudaSuccess) return e;
+    last_config.store((uint64_t{smem} << 32) | static_cast<uint32_t>(per_sm),
+                      std::memory_order_release);
+  }
   if (per_sm == 0) return cudaErrorNotSupported;
   const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
   PipelinedDecodeKernel<F, kFixed, kDtype>
