@@ -5,9 +5,13 @@
 // a slot copy of the same packed bytes (snapshot / restore), and a large
 // device-to-device memcpy (the copy-bandwidth ceiling). Cold L2: the pool is
 // --pool_mib MiB (several times the 60 MB L2) and every launch uses the next
-// disjoint set of B slots. Timing: CUDA events around --iters back-to-back
-// launches, median of --reps repetitions. q, k, v are bf16 (as a model worker
-// sends them), g and beta fp32, o fp32.
+// disjoint set of B slots. Timing: the --iters launches are captured in one
+// CUDA graph and replayed (as serving engines replay decode steps, and as
+// fla_bench.py times FLA), CUDA events around each replay, median of --reps
+// replays (RESULT lines, mode=graph); the same launches enqueued one by one
+// from the host are reported too (EAGER lines: at small B they include the
+// host's launch cost). q, k, v are bf16 (as a model worker sends them), g and
+// beta fp32, o fp32.
 //
 //   decode_bench --batches=1,8,32,64,128,256,512 --formats=fp32,damp,bf16
 //
@@ -120,6 +124,32 @@ class Timer {
       CHECK_CUDA(ci::EventElapsedMs(start_, stop_, &ms));
       us.push_back(1000.0 * ms / iters);
     }
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+  }
+
+  // The same measurement with the `iters` calls captured once in a CUDA
+  // graph and the graph replayed (the host's launch cost drops out).
+  template <typename Fn>
+  double MedianGraphUs(int iters, int reps, Fn fn) {
+    for (int i = 0; i < 3; ++i) fn(i);  // warm up (and configure the kernels)
+    CHECK_CUDA(ci::StreamSynchronize(stream_));
+    void* exec = nullptr;
+    CHECK_CUDA(ci::GraphCaptureBegin(stream_));
+    for (int i = 0; i < iters; ++i) fn(3 + i);
+    CHECK_CUDA(ci::GraphCaptureEnd(stream_, &exec));
+    CHECK_CUDA(ci::GraphLaunch(exec, stream_));  // warm up the graph
+    std::vector<double> us;
+    for (int r = 0; r < reps; ++r) {
+      CHECK_CUDA(ci::EventRecord(start_, stream_));
+      CHECK_CUDA(ci::GraphLaunch(exec, stream_));
+      CHECK_CUDA(ci::EventRecord(stop_, stream_));
+      CHECK_CUDA(ci::EventSynchronize(stop_));
+      float ms = 0;
+      CHECK_CUDA(ci::EventElapsedMs(start_, stop_, &ms));
+      us.push_back(1000.0 * ms / iters);
+    }
+    CHECK_CUDA(ci::GraphExecDestroy(exec));
     std::sort(us.begin(), us.end());
     return us[us.size() / 2];
   }
@@ -273,11 +303,15 @@ int Main(int argc, char** argv) {
         // One validated call first (also checks the inputs).
         in.slots = reinterpret_cast<int32_t*>(d_sets->data());
         CHECK_OK(be.DecodeUpdate(*model, pool, 0, in));
-        const double us = timer.MedianUs(flags.iters, flags.reps, [&](int i) {
+        const auto launch = [&](int i) {
           DecodeInputs it = in;
           it.slots = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{i % sets} * batch;
           CHECK_OK(CudaEnqueueDecodeUnchecked(be, *model, pool, 0, it));
-        });
+        };
+        const double us = timer.MedianGraphUs(flags.iters, flags.reps, launch);
+        const double eager_us = timer.MedianUs(flags.iters, flags.reps, launch);
+        std::printf("EAGER arch=%s format=%s B=%d us=%.2f\n", arch_name.c_str(), fmt.c_str(), batch,
+                    eager_us);
         // The full binding (validation kernels + one 44-byte read-back + the
         // kernel + stream sync), host wall clock, median of 15 calls.
         {
@@ -300,13 +334,13 @@ int Main(int argc, char** argv) {
                                          4.0 * geo.h_v * geo.GateWidth() + 4.0 * geo.h_v +
                                          4.0 * geo.h_v * geo.d_v);
         rows.push_back({arch_name, fmt, batch, us, state_bytes + io_bytes, state_bytes});
-        std::printf("RESULT arch=%s format=%s B=%d us=%.2f state_bytes=%.0f bytes=%.0f\n",
+        std::printf("RESULT arch=%s format=%s B=%d us=%.2f state_bytes=%.0f bytes=%.0f mode=graph\n",
                     arch_name.c_str(), fmt.c_str(), batch, us, state_bytes,
                     state_bytes + io_bytes);
         // Snapshot / restore of the same slots at copy speed (GDN only: the
         // bytes do not depend on the arch).
         if (arch == Arch::kGdn) {
-          const double cus = timer.MedianUs(flags.iters, flags.reps, [&](int i) {
+          const double cus = timer.MedianGraphUs(flags.iters, flags.reps, [&](int i) {
             const int a = i % sets, b2 = (i + sets / 2) % sets;
             const int32_t* src = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{a} * batch;
             const int32_t* dst = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{b2} * batch;

@@ -83,6 +83,27 @@ int EventSynchronize(void* event) { return cudaEventSynchronize(static_cast<cuda
 int EventElapsedMs(void* start, void* stop, float* ms) {
   return cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop));
 }
+int GraphCaptureBegin(void* stream) {
+  return cudaStreamBeginCapture(static_cast<cudaStream_t>(stream),
+                                cudaStreamCaptureModeThreadLocal);
+}
+int GraphCaptureEnd(void* stream, void** graph_exec) {
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph);
+  if (e != cudaSuccess) return e;
+  cudaGraphExec_t exec = nullptr;
+  e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  *graph_exec = exec;
+  return e;
+}
+int GraphLaunch(void* graph_exec, void* stream) {
+  return cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec),
+                         static_cast<cudaStream_t>(stream));
+}
+int GraphExecDestroy(void* graph_exec) {
+  return cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec));
+}
 
 }  // namespace cuda_internal
 }  // namespace statecache

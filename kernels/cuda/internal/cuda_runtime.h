@@ -47,6 +47,13 @@ int EventDestroy(void* event);
 int EventRecord(void* event, void* stream);
 int EventSynchronize(void* event);
 int EventElapsedMs(void* start, void* stop, float* ms);
+// CUDA graphs (the benchmark times launch sequences the way serving engines
+// replay them): capture the work enqueued on `stream` between Begin and End
+// (thread-local capture mode) into an executable graph.
+int GraphCaptureBegin(void* stream);
+int GraphCaptureEnd(void* stream, void** graph_exec);
+int GraphLaunch(void* graph_exec, void* stream);
+int GraphExecDestroy(void* graph_exec);
 
 }  // namespace cuda_internal
 }  // namespace statecache

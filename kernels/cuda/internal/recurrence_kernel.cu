@@ -302,6 +302,35 @@ struct StageLayout {
 
 inline constexpr int kMaxStages = 3;
 
+// The offsets and size of one stage for a head of head_bytes and the inputs
+// present (ds: bytes per q / k / v element). The fixed-shape kernels pass
+// true for every optional input, so their offsets follow from template
+// arguments alone and fold into the shared-memory instructions.
+__host__ __device__ inline StageLayout StageOffsets(int64_t head_bytes, int d_k, int d_v, int ds,
+                                                    bool kda, bool perm, bool order) {
+  StageLayout sl;
+  int off = 0;
+  sl.head = off;  // first: the stage base is 1024-byte aligned
+  off += static_cast<int>((head_bytes + 15) / 16 * 16);
+  sl.q = off;
+  off += d_k * ds;
+  sl.k = off;
+  off += d_k * ds;
+  sl.v = off;
+  off += d_v * ds;
+  sl.g = off;
+  if (kda) off += d_k * 4;
+  sl.perm = off;
+  if (perm) off += d_k * 4;
+  sl.order = off;
+  sl.scale = off + d_v * 4;
+  if (order) off += 2 * d_v * 4;
+  sl.header = off;
+  off += 16;
+  sl.bytes = (off + 1023) / 1024 * 1024;
+  return sl;
+}
+
 // Bulk copies of a head are split into chunks (one 64 KB copy streams slower
 // than several 4 KB ones; one copy per 128-byte row is slower still, and so is
 // spreading the issue over a warp: measured on the H200).
@@ -361,6 +390,25 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   }
 }
 
+// The stage layout a pipelined kernel uses: the launcher's, with the
+// offsets of MakeStageLayout(.., fixed = true) as compile-time constants for
+// the fixed shape (its stage count, scratch size and tensor-map rows stay).
+template <StateFormat F, bool kFixed, int kDtype>
+__device__ __forceinline__ StageLayout FixedStageLayout(const StageLayout& in,
+                                                        const PackedHeadLayout& l) {
+  if constexpr (!kFixed) {
+    return in;
+  } else {
+    static_assert(kDtype >= 0, "the fixed-shape kernels fix the input dtype");
+    StageLayout sl = StageOffsets(l.head_bytes, 128, 128, kDtype == 0 ? 4 : 2, true, true,
+                                  ValueTransformOf(F) == ValueTransform::kScaleReorder);
+    sl.stages = in.stages;
+    sl.scratch_bytes = in.scratch_bytes;
+    sl.tma_rows = in.tma_rows;
+    return sl;
+  }
+}
+
 // Tile load / store of the pipelined kernel: the fixed shape runs the
 // branch-free LoadTileFixed / StoreTileFixed (step 0 of row warp 0 holds the
 // hi rows of a mixed format: a warp-uniform choice).
@@ -399,7 +447,7 @@ __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t
 // within the two staged items and never wait on each other's work.
 template <StateFormat F, bool kFixed, int kDtype>
 __global__ void __launch_bounds__(kMaxTileThreads, 2)
-    PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl,
+    PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl_in,
                           const __grid_constant__ CUtensorMap tmap) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];   // stage staged (thread 0 + copies)
@@ -409,6 +457,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
   const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
   constexpr ValueTransform kVt = ValueTransformOf(F);
+  const StageLayout sl = FixedStageLayout<F, kFixed, kDtype>(sl_in, l);
   const int items = p.batch * geo.h_v;
   const int stride = gridDim.x;
   if (ValidationFailed(p)) return;
@@ -560,31 +609,16 @@ bool PipelineEligible(const RecurrenceParams& p) {
   return !geo.kda || Aligned16(p.g);
 }
 
-StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm) {
+// fixed: the layout of the fixed-shape kernels (FixedStageLayout).
+StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm, bool fixed) {
   const HeadGeometry& geo = p.geo;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
-  const int ds = p.dtype == 0 ? 4 : 2;
-  StageLayout sl;
+  StageLayout sl = StageOffsets(
+      geo.layout.head_bytes, geo.d_k, geo.d_v, p.dtype == 0 ? 4 : 2, fixed || geo.kda,
+      fixed || p.maps.key_perm != nullptr,
+      fixed ? ValueTransformOf(geo.format) == ValueTransform::kScaleReorder
+            : p.maps.value_order != nullptr);
   sl.scratch_bytes = AlignUp(ScratchFloats(t, geo.d_v) * 4, 1024);
-  int off = 0;
-  sl.head = off;  // first: the stage base is 1024-byte aligned
-  off += static_cast<int>(AlignUp(geo.layout.head_bytes, 16));
-  sl.q = off;
-  off += geo.d_k * ds;
-  sl.k = off;
-  off += geo.d_k * ds;
-  sl.v = off;
-  off += geo.d_v * ds;
-  sl.g = off;
-  if (geo.kda) off += geo.d_k * 4;
-  sl.perm = off;
-  if (p.maps.key_perm != nullptr) off += geo.d_k * 4;
-  sl.order = off;
-  sl.scale = off + geo.d_v * 4;
-  if (p.maps.value_order != nullptr) off += 2 * geo.d_v * 4;
-  sl.header = off;
-  off += 16;
-  sl.bytes = static_cast<int>(AlignUp(off, 1024));
   // As many stages (up to kMaxStages) as leave two CTAs per SM.
   sl.stages = 1;
   while (sl.stages < kMaxStages &&
@@ -744,16 +778,16 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
     }();
     const int sms = limits.sms;
     const int max_smem_per_sm = limits.max_smem_per_sm;
-    StageLayout sl = MakeStageLayout(p, max_smem_per_sm);
-    const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
     CUtensorMap tmap{};
-    int e;
-    if (kFixed && MakePoolTensorMap(p.pool, p.geo.layout.head_bytes, &tmap, &sl.tma_rows)) {
-      e = LaunchPipelined<F, true>(p, sl, tmap, smem, sms, t.threads, items, st);
-    } else {  // the fixed tile code expects swizzled heads; run the general one
-      sl.tma_rows = 0;
-      e = LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, t.threads, items, st);
-    }
+    int tma_rows = 0;
+    // The fixed tile code expects swizzled heads; without them the general one runs.
+    const bool fixed =
+        kFixed && MakePoolTensorMap(p.pool, p.geo.layout.head_bytes, &tmap, &tma_rows);
+    StageLayout sl = MakeStageLayout(p, max_smem_per_sm, fixed);
+    sl.tma_rows = tma_rows;
+    const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
+    const int e = fixed ? LaunchPipelined<F, true>(p, sl, tmap, smem, sms, t.threads, items, st)
+                        : LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, t.threads, items, st);
     if (e != cudaErrorNotSupported) return e;
   }
   const size_t smem = sizeof(float) * ScratchFloats(t, p.geo.d_v);
