@@ -30,9 +30,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
-#include <cstdint>
 
 #include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/launchers.h"
@@ -444,7 +444,9 @@ __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t
 // thread 0 refills it for a later item once that phase completed. The
 // item's scalars (slot, beta, exp(g)) ride in the stage header, published by
 // the stage's full barrier. So warps of different stripes drift freely
-// within the two staged items and never wait on each other's work.
+// within the staged items and never wait on each other's work (thread 0
+// alone waits, for a stage every warp released long before, except with a
+// single stage).
 template <StateFormat F, bool kFixed, int kDtype>
 __global__ void __launch_bounds__(kMaxTileThreads, 2)
     PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl_in,
