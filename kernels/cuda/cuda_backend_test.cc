@@ -25,21 +25,10 @@
 #include "kernels/formats/numeric.h"
 #include "kernels/formats/value_transform.h"
 #include "kernels/layout/state_layout.h"
+#include "kernels/testing/gpu_backend.h"
 
 namespace statecache {
 namespace {
-
-std::unique_ptr<Backend>& Gpu() {
-  static auto* backend = new std::unique_ptr<Backend>([] {
-    absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend();
-    if (!b.ok()) return std::unique_ptr<Backend>();
-    return std::move(b).value();
-  }());
-  return *backend;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (Gpu() == nullptr) GTEST_SKIP() << "no usable CUDA device"
 
 // A device buffer with host staging.
 struct DeviceArray {
@@ -47,16 +36,16 @@ struct DeviceArray {
   template <typename T>
   static DeviceArray From(const std::vector<T>& host) {
     DeviceArray a;
-    a.buf = Gpu()->Allocate(static_cast<int64_t>(host.size() * sizeof(T))).value();
+    a.buf = TestGpu()->Allocate(static_cast<int64_t>(host.size() * sizeof(T))).value();
     if (!host.empty()) {
-      EXPECT_TRUE(Gpu()->CopyIn(a.buf->data(), host.data(), host.size() * sizeof(T)).ok());
+      EXPECT_TRUE(TestGpu()->CopyIn(a.buf->data(), host.data(), host.size() * sizeof(T)).ok());
     }
     return a;
   }
   template <typename T>
   std::vector<T> To(size_t n) const {
     std::vector<T> out(n);
-    EXPECT_TRUE(Gpu()->CopyOut(out.data(), buf->data(), n * sizeof(T)).ok());
+    EXPECT_TRUE(TestGpu()->CopyOut(out.data(), buf->data(), n * sizeof(T)).ok());
     return out;
   }
   template <typename T>
@@ -284,18 +273,18 @@ class GpuAgreementTest : public ::testing::TestWithParam<Case> {};
 // Pack (vs the CPU backend), N decode steps (vs the reference), slots outside
 // the batch untouched, -1 skipped with o zeroed.
 TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   const Case c = GetParam();
   const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 11);
   const ModelGeometry& geo = layout.geometry();
-  auto gpu_model = Gpu()->Prepare(layout).value();
+  auto gpu_model = TestGpu()->Prepare(layout).value();
   auto cpu = CpuBackend::Create({2});
   auto cpu_model = cpu->Prepare(layout).value();
 
   const int num_slots = 6;
   const int64_t head_bytes = layout.head_layout().head_bytes;
   const int64_t pool_bytes = num_slots * layout.slot_bytes();
-  auto gpu_pool_buf = Gpu()->Allocate(pool_bytes).value();
+  auto gpu_pool_buf = TestGpu()->Allocate(pool_bytes).value();
   auto cpu_pool_buf = cpu->Allocate(pool_bytes).value();
   const PoolView gpu_pool{gpu_pool_buf->data(), num_slots, geo.layers, geo.h_v, head_bytes};
   const PoolView cpu_pool{cpu_pool_buf->data(), num_slots, geo.layers, geo.h_v, head_bytes};
@@ -305,12 +294,12 @@ TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
   const std::vector<float> states = RandomStates(geo, num_slots, rng);
   DeviceArray d_states = DeviceArray::From(states);
   DeviceArray d_all = DeviceArray::From(all_slots);
-  ASSERT_TRUE(Gpu()->PackStates(*gpu_model, gpu_pool, d_all.ptr<int32_t>(), num_slots,
+  ASSERT_TRUE(TestGpu()->PackStates(*gpu_model, gpu_pool, d_all.ptr<int32_t>(), num_slots,
                                 d_states.ptr<float>()).ok());
   ASSERT_TRUE(cpu->PackStates(*cpu_model, cpu_pool, all_slots.data(), num_slots, states.data()).ok());
   std::vector<uint8_t> ref(cpu_pool_buf->data(), cpu_pool_buf->data() + pool_bytes);
   std::vector<uint8_t> got(pool_bytes);
-  ASSERT_TRUE(Gpu()->CopyOut(got.data(), gpu_pool_buf->data(), pool_bytes).ok());
+  ASSERT_TRUE(TestGpu()->CopyOut(got.data(), gpu_pool_buf->data(), pool_bytes).ok());
   ASSERT_EQ(CountMismatches(got, ref), 0) << "pack bytes differ from the CPU backend";
 
   // Upload the packed pool again into a fresh buffer we keep.
@@ -337,7 +326,7 @@ TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
     di.g = din.g.ptr<float>();
     di.beta = din.beta.ptr<float>();
     di.o = d_o.ptr<float>();
-    const absl::Status s = Gpu()->DecodeUpdate(*gpu_model, pool, layer, di);
+    const absl::Status s = TestGpu()->DecodeUpdate(*gpu_model, pool, layer, di);
     ASSERT_TRUE(s.ok()) << s;
     const PoolView host_pool{ref.data(), num_slots, geo.layers, geo.h_v, head_bytes};
     ReferenceLayer(layout, host_pool, layer, batch_slots, 1, in, true, &o_ref);
@@ -374,11 +363,11 @@ TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
 
 // Prefill of T tokens (quantized once) equals the reference.
 TEST_P(GpuAgreementTest, PrefillMatchesReference) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   const Case c = GetParam();
   const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 5);
   const ModelGeometry& geo = layout.geometry();
-  auto model = Gpu()->Prepare(layout).value();
+  auto model = TestGpu()->Prepare(layout).value();
   const int num_slots = 3, tokens = 5;
   const int64_t head_bytes = layout.head_layout().head_bytes;
   const int64_t pool_bytes = num_slots * layout.slot_bytes();
@@ -415,7 +404,7 @@ TEST_P(GpuAgreementTest, PrefillMatchesReference) {
   pi.g = din.g.ptr<float>();
   pi.beta = din.beta.ptr<float>();
   pi.o = d_o.ptr<float>();
-  const absl::Status s = Gpu()->Prefill(*model, pool, 0, pi);
+  const absl::Status s = TestGpu()->Prefill(*model, pool, 0, pi);
   ASSERT_TRUE(s.ok()) << s;
   ReferenceLayer(layout, host_pool, 0, slots, tokens, in, false, &o_ref);
   EXPECT_EQ(CountMismatches(pool_arr.To<uint8_t>(pool_bytes), host), 0);
@@ -428,7 +417,7 @@ struct TwoPackedSlots {
   TwoPackedSlots(const StateLayout& layout, uint32_t seed)
       : geo(layout.geometry()), cpu(CpuBackend::Create({2})) {
     const int64_t head_bytes = layout.head_layout().head_bytes;
-    gpu_model = Gpu()->Prepare(layout).value();
+    gpu_model = TestGpu()->Prepare(layout).value();
     cpu_model = cpu->Prepare(layout).value();
     std::mt19937 rng(seed);
     states = RandomStates(geo, 2, rng);
@@ -452,14 +441,14 @@ struct TwoPackedSlots {
 
 // Unpack equals the CPU backend's unpack, bit for bit.
 TEST_P(GpuAgreementTest, UnpackMatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   const Case c = GetParam();
   if (c.dtype != DType::kFp32) GTEST_SKIP() << "dtype does not matter here";
   const TwoPackedSlots t(MakeLayout(c.arch, c.format, 128, 128, 3), 5);
   std::vector<float> cpu_out(t.states.size());
   ASSERT_TRUE(t.cpu->UnpackStates(*t.cpu_model, t.host_pool, t.slots.data(), 2, cpu_out.data()).ok());
   DeviceArray d_out = DeviceArray::From(std::vector<float>(t.states.size(), 3.0f));
-  ASSERT_TRUE(Gpu()->UnpackStates(*t.gpu_model, t.pool, t.d_slots.ptr<int32_t>(), 2,
+  ASSERT_TRUE(TestGpu()->UnpackStates(*t.gpu_model, t.pool, t.d_slots.ptr<int32_t>(), 2,
                                   d_out.ptr<float>()).ok());
   const std::vector<float> got = d_out.To<float>(t.states.size());
   int64_t diff = 0;
@@ -474,7 +463,7 @@ TEST_P(GpuAgreementTest, UnpackMatchesCpu) {
 // FMA) to FP32 rounding for fp32 states: checks the semantics (GVA, KDA
 // gates, permutations, transforms) independently of decode_math.h.
 TEST_P(GpuAgreementTest, CloseToCpuBackend) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   const Case c = GetParam();
   if (c.dtype != DType::kFp32) GTEST_SKIP();
   TwoPackedSlots t(MakeLayout(c.arch, c.format, 128, 128, 17), 8);
@@ -485,7 +474,7 @@ TEST_P(GpuAgreementTest, CloseToCpuBackend) {
   DeviceArray d_o = DeviceArray::From(std::vector<float>(2 * geo.h_v * geo.d_v, 0.0f));
   DecodeInputs di{2, t.d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(), din.k.buf->data(),
                   din.v.buf->data(), din.g.ptr<float>(), din.beta.ptr<float>(), d_o.ptr<float>()};
-  ASSERT_TRUE(Gpu()->DecodeUpdate(*t.gpu_model, t.pool, 0, di).ok());
+  ASSERT_TRUE(TestGpu()->DecodeUpdate(*t.gpu_model, t.pool, 0, di).ok());
   std::vector<float> cpu_o(2 * geo.h_v * geo.d_v);
   DecodeInputs ci{2, t.slots.data(), DType::kFp32, in.q.data(), in.k.data(), in.v.data(),
                   in.g.data(), in.beta.data(), cpu_o.data()};
@@ -497,7 +486,7 @@ TEST_P(GpuAgreementTest, CloseToCpuBackend) {
   ASSERT_TRUE(
       t.cpu->UnpackStates(*t.cpu_model, t.host_pool, t.slots.data(), 2, cpu_states.data()).ok());
   DeviceArray d_states = DeviceArray::From(std::vector<float>(t.states.size(), 0.0f));
-  ASSERT_TRUE(Gpu()->UnpackStates(*t.gpu_model, t.pool, t.d_slots.ptr<int32_t>(), 2,
+  ASSERT_TRUE(TestGpu()->UnpackStates(*t.gpu_model, t.pool, t.d_slots.ptr<int32_t>(), 2,
                                   d_states.ptr<float>()).ok());
   const std::vector<float> gpu_states = d_states.To<float>(t.states.size());
   // Quantized formats may land one code apart where FP32 rounding differs.
@@ -509,12 +498,12 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, GpuAgreementTest, ::testing::ValuesIn(AllCa
 
 // Shapes other than 128 x 128: masked rows (d_k = 100), two stripes.
 TEST(GpuShapeTest, OddShapesMatchReference) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   for (StateFormat f : {StateFormat::kDamp, StateFormat::kFp32, StateFormat::kNvfp4}) {
     for (auto [d_k, d_v] : {std::pair<int, int>{100, 64}, {64, 256}, {32, 32}}) {
       const StateLayout layout = MakeLayout(Arch::kKda, f, d_k, d_v, 21);
       const ModelGeometry& geo = layout.geometry();
-      auto model = Gpu()->Prepare(layout).value();
+      auto model = TestGpu()->Prepare(layout).value();
       const int num_slots = 2;
       const int64_t head_bytes = layout.head_layout().head_bytes;
       std::mt19937 rng(d_k * 1000 + d_v);
@@ -542,7 +531,7 @@ TEST(GpuShapeTest, OddShapesMatchReference) {
       DecodeInputs di{2, d_slots.ptr<int32_t>(), dtype, din.q.buf->data(),
                       din.k.buf->data(), din.v.buf->data(), din.g.ptr<float>(),
                       din.beta.ptr<float>(), d_o.ptr<float>()};
-      ASSERT_TRUE(Gpu()->DecodeUpdate(*model, pool, 1, di).ok());
+      ASSERT_TRUE(TestGpu()->DecodeUpdate(*model, pool, 1, di).ok());
       ReferenceLayer(layout, host_pool, 1, slots, 1, in, true, &o_ref);
       EXPECT_EQ(CountMismatches(pool_arr.To<uint8_t>(host.size()), host), 0)
           << FormatName(f) << " " << d_k << "x" << d_v;
@@ -554,9 +543,9 @@ TEST(GpuShapeTest, OddShapesMatchReference) {
 class GpuBindingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (Gpu() == nullptr) GTEST_SKIP() << "no usable CUDA device";
+    if (TestGpu() == nullptr) GTEST_SKIP() << "no usable CUDA device";
     layout_ = std::make_unique<StateLayout>(MakeLayout(Arch::kGdn, StateFormat::kDamp, 128, 128, 1));
-    model_ = Gpu()->Prepare(*layout_).value();
+    model_ = TestGpu()->Prepare(*layout_).value();
     const ModelGeometry& geo = layout_->geometry();
     std::mt19937 rng(3);
     std::vector<uint8_t> bytes(4 * layout_->slot_bytes());
@@ -574,7 +563,7 @@ class GpuBindingTest : public ::testing::Test {
     DeviceArray d_o = DeviceArray::From(std::vector<float>(2 * 4 * 128, 0.0f));
     DecodeInputs di{2, d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(), din.k.buf->data(),
                     din.v.buf->data(), din.g.ptr<float>(), din.beta.ptr<float>(), d_o.ptr<float>()};
-    return Gpu()->DecodeUpdate(*model_, pool_, layer, di);
+    return TestGpu()->DecodeUpdate(*model_, pool_, layer, di);
   }
   bool PoolUnchanged() { return pool_arr_.To<uint8_t>(before_.size()) == before_; }
 
@@ -621,7 +610,7 @@ TEST_F(GpuBindingTest, RejectsBadSlotsAndInputsWithoutWriting) {
   null_q.batch = 1;
   DeviceArray d_slots = DeviceArray::From(std::vector<int32_t>{0});
   null_q.slots = d_slots.ptr<int32_t>();
-  s = Gpu()->DecodeUpdate(*model_, pool_, 0, null_q);
+  s = TestGpu()->DecodeUpdate(*model_, pool_, 0, null_q);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(s.message()).find("q: null"), std::string::npos) << s;
   EXPECT_TRUE(Decode({0, -1}, in_).ok());
@@ -630,40 +619,40 @@ TEST_F(GpuBindingTest, RejectsBadSlotsAndInputsWithoutWriting) {
 
 TEST_F(GpuBindingTest, CopySlotsAndZeroSlots) {
   const int64_t sb = layout_->slot_bytes();
-  auto snap_buf = Gpu()->Allocate(3 * sb).value();
+  auto snap_buf = TestGpu()->Allocate(3 * sb).value();
   const PoolView snap{snap_buf->data(), 3, pool_.layers, pool_.heads, pool_.head_bytes};
   DeviceArray src = DeviceArray::From(std::vector<int32_t>{3, 1});
   DeviceArray dst = DeviceArray::From(std::vector<int32_t>{0, 2});
-  ASSERT_TRUE(Gpu()->CopySlots(pool_, src.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2).ok());
+  ASSERT_TRUE(TestGpu()->CopySlots(pool_, src.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2).ok());
   std::vector<uint8_t> got(3 * sb);
-  ASSERT_TRUE(Gpu()->CopyOut(got.data(), snap_buf->data(), 3 * sb).ok());
+  ASSERT_TRUE(TestGpu()->CopyOut(got.data(), snap_buf->data(), 3 * sb).ok());
   EXPECT_EQ(0, std::memcmp(got.data(), before_.data() + 3 * sb, sb));
   EXPECT_EQ(0, std::memcmp(got.data() + 2 * sb, before_.data() + 1 * sb, sb));
   for (int64_t i = sb; i < 2 * sb; ++i) ASSERT_EQ(got[i], 0) << "slot 1 of the snapshot pool";
   // Restore into slot 0 of the pool and zero slot 2.
   DeviceArray one = DeviceArray::From(std::vector<int32_t>{0});
-  ASSERT_TRUE(Gpu()->CopySlots(snap, one.ptr<int32_t>(), pool_, one.ptr<int32_t>(), 1).ok());
+  ASSERT_TRUE(TestGpu()->CopySlots(snap, one.ptr<int32_t>(), pool_, one.ptr<int32_t>(), 1).ok());
   DeviceArray z = DeviceArray::From(std::vector<int32_t>{-1, 2});
-  ASSERT_TRUE(Gpu()->ZeroSlots(pool_, z.ptr<int32_t>(), 2).ok());
+  ASSERT_TRUE(TestGpu()->ZeroSlots(pool_, z.ptr<int32_t>(), 2).ok());
   std::vector<uint8_t> expect = before_;
   std::memcpy(expect.data(), before_.data() + 3 * sb, sb);
   std::memset(expect.data() + 2 * sb, 0, sb);
   EXPECT_EQ(pool_arr_.To<uint8_t>(expect.size()), expect);
   // Bad copies: out of range, -1, duplicate destinations, size mismatch.
   DeviceArray bad = DeviceArray::From(std::vector<int32_t>{0, 7});
-  absl::Status s = Gpu()->CopySlots(pool_, bad.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2);
+  absl::Status s = TestGpu()->CopySlots(pool_, bad.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(s.message()).find("src_slots[1]"), std::string::npos) << s;
   DeviceArray dup = DeviceArray::From(std::vector<int32_t>{1, 1});
-  s = Gpu()->CopySlots(pool_, src.ptr<int32_t>(), snap, dup.ptr<int32_t>(), 2);
+  s = TestGpu()->CopySlots(pool_, src.ptr<int32_t>(), snap, dup.ptr<int32_t>(), 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(s.message()).find("dst_slots[1]"), std::string::npos) << s;
   DeviceArray neg = DeviceArray::From(std::vector<int32_t>{-1, 1});
-  s = Gpu()->CopySlots(pool_, neg.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2);
+  s = TestGpu()->CopySlots(pool_, neg.ptr<int32_t>(), snap, dst.ptr<int32_t>(), 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   PoolView other = snap;
   other.heads = 2;
-  s = Gpu()->CopySlots(pool_, src.ptr<int32_t>(), other, dst.ptr<int32_t>(), 2);
+  s = TestGpu()->CopySlots(pool_, src.ptr<int32_t>(), other, dst.ptr<int32_t>(), 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(pool_arr_.To<uint8_t>(expect.size()), expect);
 }

@@ -53,6 +53,7 @@
 #include "kernels/formats/format.h"
 #include "kernels/formats/numeric.h"
 #include "kernels/layout/state_layout.h"
+#include "kernels/testing/gpu_backend.h"
 #include "kernels/testing/test_pool.h"
 #include "kernels/testing/token_batch.h"
 
@@ -68,32 +69,20 @@ StateLayout MixedLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) 
 constexpr double kMaxDifferingByteFraction = 1e-3;
 constexpr double kOutputRelTol = 1e-5;
 
-std::unique_ptr<Backend>& Gpu() {
-  static auto* backend = new std::unique_ptr<Backend>([] {
-    absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend();
-    if (!b.ok()) return std::unique_ptr<Backend>();
-    return std::move(b).value();
-  }());
-  return *backend;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (Gpu() == nullptr) GTEST_SKIP() << "no usable CUDA device"
-
 // A device copy of a host vector.
 template <typename T>
 std::unique_ptr<BackendBuffer> ToGpu(const std::vector<T>& host) {
   std::unique_ptr<BackendBuffer> buf =
-      Gpu()->Allocate(static_cast<int64_t>(std::max<size_t>(1, host.size()) * sizeof(T))).value();
+      TestGpu()->Allocate(static_cast<int64_t>(std::max<size_t>(1, host.size()) * sizeof(T))).value();
   if (!host.empty()) {
-    EXPECT_TRUE(Gpu()->CopyIn(buf->data(), host.data(), host.size() * sizeof(T)).ok());
+    EXPECT_TRUE(TestGpu()->CopyIn(buf->data(), host.data(), host.size() * sizeof(T)).ok());
   }
   return buf;
 }
 template <typename T>
 std::vector<T> FromGpu(const BackendBuffer& buf, size_t n) {
   std::vector<T> out(n);
-  EXPECT_TRUE(Gpu()->CopyOut(out.data(), buf.data(), n * sizeof(T)).ok());
+  EXPECT_TRUE(TestGpu()->CopyOut(out.data(), buf.data(), n * sizeof(T)).ok());
   return out;
 }
 
@@ -138,14 +127,14 @@ using Param = std::tuple<ModelGeometry, StateFormat>;
 class StepCudaTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
-    SKIP_WITHOUT_GPU();
+    STATECACHE_SKIP_WITHOUT_GPU();
     // CPU-order decode kernel (the default tiled kernel has its own test).
     setenv("STATECACHE_STEPQUANT_VARIANT", "h2", 1);
     std::tie(geo_, format_) = GetParam();
     layout_ = std::make_unique<StateLayout>(MixedLayout(geo_, format_, 7));
     cpu_ = CpuBackend::Create({2});
     cpu_pool_ = MakeTestPool(*cpu_, *layout_, kSlots);
-    gpu_pool_ = MakeTestPool(*Gpu(), *layout_, kSlots);
+    gpu_pool_ = MakeTestPool(*TestGpu(), *layout_, kSlots);
     ASSERT_NE(gpu_pool_.model, nullptr);
     // Same starting bytes in both pools: every slot packed on the CPU.
     const std::vector<float> states = RandomStates(geo_, kSlots, 11);
@@ -173,7 +162,7 @@ TEST_P(StepCudaTest, DecodeStepsMatchCpuBytes) {
   const int batch = static_cast<int>(slots.size());
   auto gpu_slots = ToGpu(slots);
   const int64_t o_count = int64_t{batch} * geo_.h_v * geo_.d_v;
-  auto gpu_o = Gpu()->Allocate(o_count * 4).value();
+  auto gpu_o = TestGpu()->Allocate(o_count * 4).value();
   for (int step = 0; step < kSteps; ++step) {
     const TokenBatch b = RandomTokenBatch(geo_, batch, 100 + step);
     GpuBatch gb(b);
@@ -191,7 +180,7 @@ TEST_P(StepCudaTest, DecodeStepsMatchCpuBytes) {
                                                   b.beta.data(), cpu_o.data()})
                       .ok());
     }
-    absl::Status st = Gpu()->DecodeUpdate(
+    absl::Status st = TestGpu()->DecodeUpdate(
         *gpu_pool_.model, gpu_pool_.view, 0,
         DecodeInputs{batch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
                      DType::kFp32, gb.q->data(), gb.k->data(), gb.v->data(),
@@ -200,7 +189,7 @@ TEST_P(StepCudaTest, DecodeStepsMatchCpuBytes) {
                      reinterpret_cast<float*>(gpu_o->data())});
     ASSERT_TRUE(st.ok()) << st;
     if (layer != 0) {
-      st = Gpu()->DecodeUpdate(
+      st = TestGpu()->DecodeUpdate(
           *gpu_pool_.model, gpu_pool_.view, layer,
           DecodeInputs{batch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
                        DType::kFp32, gb.q->data(), gb.k->data(), gb.v->data(),
@@ -239,14 +228,14 @@ TEST_P(StepCudaTest, PrefillMatchesCpuBytes) {
   auto gpu_slots = ToGpu(slots);
   const int64_t o_count = int64_t{batch} * kTokens * geo_.h_v * geo_.d_v;
   std::vector<float> cpu_o(o_count);
-  auto gpu_o = Gpu()->Allocate(o_count * 4).value();
+  auto gpu_o = TestGpu()->Allocate(o_count * 4).value();
   const int layer = geo_.layers - 1;
   ASSERT_TRUE(cpu_->Prefill(*cpu_pool_.model, cpu_pool_.view, layer,
                             PrefillInputs{batch, kTokens, slots.data(), DType::kFp32, b.q.data(),
                                           b.k.data(), b.v.data(), b.g.data(), b.beta.data(),
                                           cpu_o.data()})
                   .ok());
-  const absl::Status st = Gpu()->Prefill(
+  const absl::Status st = TestGpu()->Prefill(
       *gpu_pool_.model, gpu_pool_.view, layer,
       PrefillInputs{batch, kTokens, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
                     DType::kFp32, gb.q->data(), gb.k->data(), gb.v->data(),
@@ -276,7 +265,7 @@ TEST_P(StepCudaTest, PackMatchesCpuBytesExactly) {
                   .ok());
   auto gpu_slots = ToGpu(slots);
   auto gpu_states = ToGpu(states);
-  const absl::Status st = Gpu()->PackStates(
+  const absl::Status st = TestGpu()->PackStates(
       *gpu_pool_.model, gpu_pool_.view,
       static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())), n,
       reinterpret_cast<const float*>(gpu_states->data()));
@@ -300,7 +289,7 @@ TEST_P(StepCudaTest, UnpackMatchesCpuExactly) {
           .ok());
   auto gpu_slots = ToGpu(slots);
   auto gpu_states = ToGpu(std::vector<float>(count, 7.0f));
-  const absl::Status st = Gpu()->UnpackStates(
+  const absl::Status st = TestGpu()->UnpackStates(
       *gpu_pool_.model, gpu_pool_.view,
       static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())), n,
       reinterpret_cast<float*>(gpu_states->data()));
@@ -338,8 +327,9 @@ class ScopedFastPath {
   ~ScopedFastPath() { unsetenv("STATECACHE_STEPQUANT_FAST"); }
 };
 
-TEST(StepFastDecodeTest, EligibilityFollowsShapeTokensAndAlignment) {
-  alignas(16) static uint8_t buf[64];
+// Parameters of a 128 x 128 decode step whose pointers all point at `buf`
+// (16-byte aligned): eligible for both fast kernels.
+cuda_internal::StepKernelParams AlignedDecodeParams(uint8_t* buf) {
   cuda_internal::StepKernelParams p;
   p.d_k = p.d_v = 128;
   p.h_qk = 2;
@@ -350,6 +340,12 @@ TEST(StepFastDecodeTest, EligibilityFollowsShapeTokensAndAlignment) {
   p.pool_base = buf;
   p.slot_bytes = 4096;
   p.q = p.k = p.v = buf;
+  return p;
+}
+
+TEST(StepFastDecodeTest, EligibilityFollowsShapeTokensAndAlignment) {
+  alignas(16) static uint8_t buf[64];
+  const cuda_internal::StepKernelParams p = AlignedDecodeParams(buf);
   EXPECT_TRUE(cuda_internal::StepFastDecodeEligible(p));
   cuda_internal::StepKernelParams t = p;
   t.tokens = 2;
@@ -392,7 +388,7 @@ using FastParam = std::tuple<Arch, StateFormat, DType, std::string>;
 class StepFastDecodeBatchTest : public ::testing::TestWithParam<FastParam> {};
 
 TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   const auto [arch, format, dtype, variant] = GetParam();
   ScopedVariant scoped_variant(variant.c_str());
   const ModelGeometry geo{arch, 2, arch == Arch::kGdn ? 2 : 4, 4, 128, 128};
@@ -401,8 +397,8 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
   constexpr int kBatch = 280;  // 1,120 items > 2 CTAs x 132 SMs
   auto cpu = CpuBackend::Create({2});
   TestPool cpu_pool = MakeTestPool(*cpu, layout, kSlots);
-  TestPool fast_pool = MakeTestPool(*Gpu(), layout, kSlots);
-  TestPool slow_pool = MakeTestPool(*Gpu(), layout, kSlots);
+  TestPool fast_pool = MakeTestPool(*TestGpu(), layout, kSlots);
+  TestPool slow_pool = MakeTestPool(*TestGpu(), layout, kSlots);
   ASSERT_NE(fast_pool.model, nullptr);
   std::vector<int32_t> all(kSlots);
   std::iota(all.begin(), all.end(), 0);
@@ -422,7 +418,7 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
   }
   auto gpu_slots = ToGpu(slots);
   const int64_t o_count = int64_t{kBatch} * geo.h_v * geo.d_v;
-  auto gpu_o = Gpu()->Allocate(o_count * 4).value();
+  auto gpu_o = TestGpu()->Allocate(o_count * 4).value();
   for (int step = 0; step < 3; ++step) {
     const int layer = step % geo.layers;
     TokenBatch b = RandomTokenBatch(geo, kBatch, 200 + step);
@@ -455,7 +451,7 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
     for (int fast = 1; fast >= 0; --fast) {
       ScopedFastPath path(fast == 1);
       TestPool& pool = fast == 1 ? fast_pool : slow_pool;
-      const absl::Status st = Gpu()->DecodeUpdate(
+      const absl::Status st = TestGpu()->DecodeUpdate(
           *pool.model, pool.view, layer,
           DecodeInputs{kBatch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
                        dtype, dq->data(), dk->data(), dv->data(),
@@ -614,7 +610,7 @@ using TileParam = std::tuple<Arch, StateFormat, DType, bool>;
 class StepTileDecodeTest : public ::testing::TestWithParam<TileParam> {};
 
 TEST_P(StepTileDecodeTest, MatchesTileReference) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   const auto [arch, format, dtype, all_widths] = GetParam();
   const ModelGeometry geo{arch, 2, arch == Arch::kGdn ? 2 : 4, 4, 128, 128};
   const StateLayout layout =
@@ -624,7 +620,7 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
   constexpr int kBatch = 280;  // 1,120 items > 2 CTAs x 132 SMs
   auto cpu = CpuBackend::Create({2});
   TestPool cpu_pool = MakeTestPool(*cpu, layout, kSlots);
-  TestPool gpu_pool = MakeTestPool(*Gpu(), layout, kSlots);
+  TestPool gpu_pool = MakeTestPool(*TestGpu(), layout, kSlots);
   ASSERT_NE(gpu_pool.model, nullptr);
   std::vector<int32_t> all(kSlots);
   std::iota(all.begin(), all.end(), 0);
@@ -643,7 +639,7 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
   }
   auto gpu_slots = ToGpu(slots);
   const int64_t o_count = int64_t{kBatch} * geo.h_v * geo.d_v;
-  auto gpu_o = Gpu()->Allocate(o_count * 4).value();
+  auto gpu_o = TestGpu()->Allocate(o_count * 4).value();
   ScopedFastPath fast(true);
   for (int step = 0; step < 3; ++step) {
     const int layer = step % geo.layers;
@@ -666,7 +662,7 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
     auto dbeta = ToGpu(b.beta);
     std::vector<float> ref_o(o_count, -1.0f);
     TileReferenceStep(layout, layer, slots, b, ref, ref_o);
-    const absl::Status st = Gpu()->DecodeUpdate(
+    const absl::Status st = TestGpu()->DecodeUpdate(
         *gpu_pool.model, gpu_pool.view, layer,
         DecodeInputs{kBatch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
                      dtype, dq->data(), dk->data(), dv->data(),
@@ -725,16 +721,7 @@ INSTANTIATE_TEST_SUITE_P(
 // names still select the CPU-order builds.
 TEST(StepTileDecodeEligibilityTest, NeedsAlignedHeadTable) {
   alignas(16) static uint8_t buf[64];
-  cuda_internal::StepKernelParams p;
-  p.d_k = p.d_v = 128;
-  p.h_qk = 2;
-  p.h_v = 4;
-  p.tokens = 1;
-  p.heads = reinterpret_cast<const StepHeadLayout*>(buf);
-  p.head_offsets = reinterpret_cast<const int64_t*>(buf);
-  p.pool_base = buf;
-  p.slot_bytes = 4096;
-  p.q = p.k = p.v = buf;
+  const cuda_internal::StepKernelParams p = AlignedDecodeParams(buf);
   EXPECT_TRUE(cuda_internal::StepTileDecodeEligible(p));
   cuda_internal::StepKernelParams t = p;
   t.heads = reinterpret_cast<const StepHeadLayout*>(buf + 8);
@@ -821,10 +808,10 @@ TEST(StepTileReferenceTest, TreeSumIsWarpTreeSum) {
 // Prepare accepts STEPQuant layouts now (it answered kUnimplemented before
 // the kernel existed).
 TEST(StepCudaPrepareTest, AcceptsStepQuantLayouts) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   for (StateFormat f : {kStepQuant6, kStepQuant4}) {
     const StateLayout layout = MixedLayout(ModelGeometry{Arch::kGdn, 1, 1, 2, 128, 128}, f, 3);
-    absl::StatusOr<std::unique_ptr<PreparedModel>> m = Gpu()->Prepare(layout);
+    absl::StatusOr<std::unique_ptr<PreparedModel>> m = TestGpu()->Prepare(layout);
     EXPECT_TRUE(m.ok()) << m.status();
   }
 }

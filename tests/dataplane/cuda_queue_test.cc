@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
+#include "kernels/testing/gpu_backend.h"
 #include "server/dataplane/stream_wait.h"
 
 namespace statecache {
@@ -33,18 +34,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-std::unique_ptr<Backend>& Gpu() {
-  static auto* backend = new std::unique_ptr<Backend>([] {
-    absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend();
-    if (!b.ok()) return std::unique_ptr<Backend>();
-    return std::move(b).value();
-  }());
-  return *backend;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (Gpu() == nullptr) GTEST_SKIP() << "no usable CUDA device"
 
 constexpr int kB = 3;
 constexpr int kSlots = 4;  // slot 3 is never in a batch
@@ -61,14 +50,14 @@ ModelGeometry Geo() {
 }
 
 std::unique_ptr<BackendBuffer> Upload(const void* host, int64_t bytes) {
-  auto b = Gpu()->Allocate(bytes).value();
-  EXPECT_TRUE(Gpu()->CopyIn(b->data(), host, bytes).ok());
+  auto b = TestGpu()->Allocate(bytes).value();
+  EXPECT_TRUE(TestGpu()->CopyIn(b->data(), host, bytes).ok());
   return b;
 }
 template <typename T>
 std::vector<T> Download(const BackendBuffer& b, size_t n) {
   std::vector<T> out(n);
-  EXPECT_TRUE(Gpu()->CopyOut(out.data(), b.data(), n * sizeof(T)).ok());
+  EXPECT_TRUE(TestGpu()->CopyOut(out.data(), b.data(), n * sizeof(T)).ok());
   return out;
 }
 
@@ -103,7 +92,7 @@ Step MakeStep(std::mt19937* rng, bool nan_in_v = false) {
   s.v = Upload(v.data(), v.size() * 4);
   s.g = Upload(g.data(), g.size() * 4);
   s.beta = Upload(beta.data(), beta.size() * 4);
-  s.o = Gpu()->Allocate(int64_t{kB} * geo.h_v * geo.d_v * 4).value();
+  s.o = TestGpu()->Allocate(int64_t{kB} * geo.h_v * geo.d_v * 4).value();
   return s;
 }
 
@@ -125,7 +114,7 @@ struct Pool {
   std::unique_ptr<BackendBuffer> arena;
   PoolView view;
   explicit Pool(const StateLayout& layout) {
-    arena = Gpu()->Allocate(kSlots * layout.slot_bytes()).value();
+    arena = TestGpu()->Allocate(kSlots * layout.slot_bytes()).value();
     view.base = arena->data();
     view.num_slots = kSlots;
     view.layers = Geo().layers;
@@ -145,10 +134,10 @@ struct Pool {
 class CudaQueueTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (Gpu() == nullptr) return;
+    if (TestGpu() == nullptr) return;
     layout_ = std::make_unique<StateLayout>(
         *StateLayout::Identity(Geo(), *ParseFormatSpec("damp:16")));
-    prepared_ = Gpu()->Prepare(*layout_).value();
+    prepared_ = TestGpu()->Prepare(*layout_).value();
     const std::vector<int32_t> slots = {0, 1, 2};
     slots_ = Upload(slots.data(), slots.size() * 4);
     const std::vector<int32_t> dup = {0, 1, 0};
@@ -178,7 +167,7 @@ struct Record {
 };
 
 TEST_F(CudaQueueTest, InOrderIdenticalToSyncAndAFailingUpdateWritesNothing) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(17);
   constexpr int kSteps = 6;
   constexpr int kBad = 3;  // seq 4: NaN in v
@@ -189,8 +178,8 @@ TEST_F(CudaQueueTest, InOrderIdenticalToSyncAndAFailingUpdateWritesNothing) {
   for (int i = 0; i < kSteps; ++i) ref_steps.push_back(MakeStep(&rng2, i == kBad));
 
   Pool pool(*layout_), ref(*layout_);
-  auto done_word = Gpu()->Allocate(8).value();
-  auto queue = Gpu()->NewDecodeQueue();
+  auto done_word = TestGpu()->Allocate(8).value();
+  auto queue = TestGpu()->NewDecodeQueue();
   ASSERT_TRUE(queue.ok()) << queue.status();
   Record rec;
   for (int i = 0; i < kSteps; ++i) {
@@ -223,7 +212,7 @@ TEST_F(CudaQueueTest, InOrderIdenticalToSyncAndAFailingUpdateWritesNothing) {
   EXPECT_EQ(Download<uint64_t>(*done_word, 1)[0], static_cast<uint64_t>(kSteps));
   // Reference: synchronous calls; the bad one fails there too.
   for (int i = 0; i < kSteps; ++i) {
-    absl::Status s = Gpu()->DecodeUpdate(*prepared_, ref.view, i % 2, Inputs(ref_steps[i], slots()));
+    absl::Status s = TestGpu()->DecodeUpdate(*prepared_, ref.view, i % 2, Inputs(ref_steps[i], slots()));
     EXPECT_EQ(s.ok(), i != kBad) << s;
   }
   const size_t o_count = static_cast<size_t>(kB) * Geo().h_v * Geo().d_v;
@@ -238,11 +227,11 @@ TEST_F(CudaQueueTest, InOrderIdenticalToSyncAndAFailingUpdateWritesNothing) {
 }
 
 TEST_F(CudaQueueTest, SlotErrorsAndHostChecks) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(5);
   Step s = MakeStep(&rng);
   Pool pool(*layout_);
-  auto queue = Gpu()->NewDecodeQueue();
+  auto queue = TestGpu()->NewDecodeQueue();
   ASSERT_TRUE(queue.ok()) << queue.status();
   Record rec;
   // Host check: nothing enqueued, no callback.
@@ -275,7 +264,7 @@ TEST_F(CudaQueueTest, SlotErrorsAndHostChecks) {
 }
 
 TEST_F(CudaQueueTest, HostNeverWaitsAndAHeldQueueBlocksNoOtherWork) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(9);
   std::vector<Step> steps;
   for (int i = 0; i < 3; ++i) steps.push_back(MakeStep(&rng));
@@ -283,10 +272,10 @@ TEST_F(CudaQueueTest, HostNeverWaitsAndAHeldQueueBlocksNoOtherWork) {
   Pool pool(*layout_), other_pool(*layout_);
   uint32_t* words = nullptr;  // host memory: released without a CUDA call
   ASSERT_EQ(stream_wait::AllocGateWords(&words), 0);
-  auto queue = Gpu()->NewDecodeQueue();
+  auto queue = TestGpu()->NewDecodeQueue();
   ASSERT_TRUE(queue.ok()) << queue.status();
   // Warm the synchronous path (its bitmap allocation) first.
-  ASSERT_TRUE(Gpu()->DecodeUpdate(*prepared_, other_pool.view, 0, Inputs(other, slots())).ok());
+  ASSERT_TRUE(TestGpu()->DecodeUpdate(*prepared_, other_pool.view, 0, Inputs(other, slots())).ok());
   Record rec;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 3; ++i) {
@@ -309,7 +298,7 @@ TEST_F(CudaQueueTest, HostNeverWaitsAndAHeldQueueBlocksNoOtherWork) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(enqueue_ms, 500.0);
   // Other work on the backend's own stream proceeds while the queue waits.
-  EXPECT_TRUE(Gpu()->DecodeUpdate(*prepared_, other_pool.view, 1, Inputs(other, slots())).ok());
+  EXPECT_TRUE(TestGpu()->DecodeUpdate(*prepared_, other_pool.view, 1, Inputs(other, slots())).ok());
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(rec.size(), 0u);  // nothing completed: the gate holds the stream
   EXPECT_EQ(pool.Bytes(), std::vector<uint8_t>(kSlots * pool.view.slot_bytes(), 0));
@@ -318,7 +307,7 @@ TEST_F(CudaQueueTest, HostNeverWaitsAndAHeldQueueBlocksNoOtherWork) {
   {
     std::atomic<bool> freed{false};
     std::thread t([&] {
-      auto b = Gpu()->Allocate(1 << 20);
+      auto b = TestGpu()->Allocate(1 << 20);
       b->reset();
       freed = true;
     });
@@ -345,7 +334,7 @@ TEST_F(CudaQueueTest, HostNeverWaitsAndAHeldQueueBlocksNoOtherWork) {
 // abort word): gated updates run once the host releases the gate, and write
 // nothing once it aborts (that update and every later one: kAborted).
 TEST_F(CudaQueueTest, GatedUpdatesRunWhenReleasedAndWriteNothingWhenAborted) {
-  SKIP_WITHOUT_GPU();
+  STATECACHE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(23), rng2(23);
   std::vector<Step> steps, ref_steps;
   for (int i = 0; i < 4; ++i) steps.push_back(MakeStep(&rng));
@@ -353,7 +342,7 @@ TEST_F(CudaQueueTest, GatedUpdatesRunWhenReleasedAndWriteNothingWhenAborted) {
   Pool pool(*layout_), ref(*layout_);
   uint32_t* words = nullptr;
   ASSERT_EQ(stream_wait::AllocGateWords(&words), 0);
-  auto queue = Gpu()->NewDecodeQueue();
+  auto queue = TestGpu()->NewDecodeQueue();
   ASSERT_TRUE(queue.ok()) << queue.status();
   Record rec;
   for (int i = 0; i < 3; ++i) {
@@ -391,7 +380,7 @@ TEST_F(CudaQueueTest, GatedUpdatesRunWhenReleasedAndWriteNothingWhenAborted) {
       EXPECT_EQ(rec.done[i].second.code(), absl::StatusCode::kAborted) << rec.done[i].second;
     }
   }
-  ASSERT_TRUE(Gpu()->DecodeUpdate(*prepared_, ref.view, 0, Inputs(ref_steps[0], slots())).ok());
+  ASSERT_TRUE(TestGpu()->DecodeUpdate(*prepared_, ref.view, 0, Inputs(ref_steps[0], slots())).ok());
   const size_t o_count = static_cast<size_t>(kB) * Geo().h_v * Geo().d_v;
   EXPECT_EQ(Download<float>(*steps[0].o, o_count), Download<float>(*ref_steps[0].o, o_count));
   for (int i = 1; i < 4; ++i) {

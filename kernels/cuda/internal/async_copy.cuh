@@ -85,6 +85,21 @@ __device__ __forceinline__ void CpAsyncCommit() {
 }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Thread 0 of a CTA that walks items first, first + stride, ... through
+// `stages` double-buffered stages: initializes one mbarrier per stage (one
+// arrival: the issuer's) and issues the first items, issue(stage, item).
+// Every thread must __syncthreads() afterwards.
+template <typename Issue>
+__device__ __forceinline__ void StartStages(uint64_t* bars, int stages, int first, int stride,
+                                            int items, Issue issue) {
+  for (int s = 0; s < stages; ++s) MbarrierInit(&bars[s], 1);
+  FenceMbarrierInit();
+  for (int s = 0; s < stages; ++s) {
+    const int item = first + s * stride;
+    if (item < items) issue(s, item);
+  }
+}
+
 // Named barriers (id 1..15; 0 is __syncthreads) over `threads` threads, a
 // multiple of 32: NamedSync blocks, NamedArrive only signals.
 __device__ __forceinline__ void NamedSync(int id, int threads) {

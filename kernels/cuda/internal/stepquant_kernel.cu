@@ -498,14 +498,9 @@ __global__ void __launch_bounds__(kFastDim * kHalves, kMinBlocks)
   float4* const tab_enc = reinterpret_cast<float4*>(fsmem + kFastTableOff) + kTabEnc * kFastDim;
 
   if (t == 0) {
-    for (int s = 0; s < 2; ++s) {
-      MbarrierInit(&bars[s], 1);
-    }
-    FenceMbarrierInit();
-    for (int s = 0; s < 2; ++s) {
-      const int item = blockIdx.x + s * stride;
-      if (item < items) FastIssue(p, fsmem + s * kFsBytes, &bars[s], item);
-    }
+    StartStages(bars, 2, blockIdx.x, stride, items, [&](int s, int item) {
+      FastIssue(p, fsmem + s * kFsBytes, &bars[s], item);
+    });
   }
   __syncthreads();
 

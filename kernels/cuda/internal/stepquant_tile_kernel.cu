@@ -247,14 +247,9 @@ __global__ void __launch_bounds__(kTThreads, 2) StepTileDecodeKernel(const StepK
   const int tg = m.stripe * 32 + m.lane;
 
   if (t == 0) {
-    for (int s = 0; s < 2; ++s) {
-      MbarrierInit(&bars[s], 1);
-    }
-    FenceMbarrierInit();
-    for (int s = 0; s < 2; ++s) {
-      const int item = blockIdx.x + s * stride;
-      if (item < items) TileIssue(p, stages + s * kTsBytes, &bars[s], item);
-    }
+    StartStages(bars, 2, blockIdx.x, stride, items, [&](int s, int item) {
+      TileIssue(p, stages + s * kTsBytes, &bars[s], item);
+    });
   }
   __syncthreads();
 
