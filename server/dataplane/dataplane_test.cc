@@ -40,6 +40,18 @@ ModelGeometry Geo() { return dataplane_testing::TestGeometry(); }
 Step MakeStep(std::mt19937* rng) { return dataplane_testing::MakeTestStep(rng); }
 using Reference = ReferencePool;
 
+// The attached client's inputs for step s, o receiving the readout.
+DecodeInputs InputsOf(const Step& s, float* o) {
+  DecodeInputs in;
+  in.q = s.q.data();
+  in.k = s.k.data();
+  in.v = s.v.data();
+  in.g = s.g.data();
+  in.beta = s.beta.data();
+  in.o = o;
+  return in;
+}
+
 class DataPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -283,13 +295,7 @@ TEST_F(DataPlaneTest, AttachedModeIsBitIdenticalAndLeaseEnforced) {
   for (int step = 0; step < 3; ++step) {
     for (int layer = 0; layer < Geo().layers; ++layer) {
       const Step s = MakeStep(&rng);
-      DecodeInputs in;
-      in.q = s.q.data();
-      in.k = s.k.data();
-      in.v = s.v.data();
-      in.g = s.g.data();
-      in.beta = s.beta.data();
-      in.o = o.data();
+      const DecodeInputs in = InputsOf(s, o.data());
       ASSERT_TRUE((*attached)->DecodeUpdate(layer, h, in).ok());
       ASSERT_EQ(o, ref.Update(layer, s)) << "step " << step << " layer " << layer;
     }
@@ -349,13 +355,7 @@ TEST_F(DataPlaneTest, AttachedSlotListsChangeAndTheLeaseIsRenewed) {
   for (int call = 0; call < 6; ++call) {
     const bool permuted = call % 3 != 0;  // natural, perm, perm, natural, ...
     const Step s = MakeStep(&rng);
-    DecodeInputs in;
-    in.q = s.q.data();
-    in.k = s.k.data();
-    in.v = s.v.data();
-    in.g = s.g.data();
-    in.beta = s.beta.data();
-    in.o = o.data();
+    const DecodeInputs in = InputsOf(s, o.data());
     ASSERT_TRUE(attached->DecodeUpdate(call % 2, permuted ? perm : h, in).ok());
     ASSERT_EQ(o, ref.Update(call % 2, s, permuted ? std::vector<int32_t>{2, 0, 1}
                                                   : std::vector<int32_t>{0, 1, 2}))
@@ -366,13 +366,7 @@ TEST_F(DataPlaneTest, AttachedSlotListsChangeAndTheLeaseIsRenewed) {
   // first lease.
   absl::SleepFor(absl::Milliseconds(250));
   const Step s = MakeStep(&rng);
-  DecodeInputs in;
-  in.q = s.q.data();
-  in.k = s.k.data();
-  in.v = s.v.data();
-  in.g = s.g.data();
-  in.beta = s.beta.data();
-  in.o = o.data();
+  const DecodeInputs in = InputsOf(s, o.data());
   ASSERT_TRUE(attached->DecodeUpdate(0, h, in).ok());
   EXPECT_EQ(dp->ExpireSessions(absl::Now() + absl::Milliseconds(200)), 0);
   EXPECT_EQ(dp->attached_count(), kB);
