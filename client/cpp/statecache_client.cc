@@ -54,6 +54,17 @@ void SetHandle(SlotHandle h, v1::SlotHandle* out) {
   out->set_generation(h.generation);
 }
 
+// A snapshot request of `slot` with its aux blobs (the caller names the
+// prefix: by tokens or by key).
+v1::SnapshotRequest SnapshotRequestFor(absl::string_view model_id, SlotHandle slot,
+                                       const std::vector<std::string>& aux) {
+  v1::SnapshotRequest req;
+  req.set_model_id(std::string(model_id));
+  SetHandle(slot, req.mutable_slot());
+  for (const std::string& a : aux) req.add_aux(a);
+  return req;
+}
+
 absl::StatusOr<std::vector<float>> FloatsOf(const v1::Tensor& t, absl::string_view what) {
   if (t.dtype() != v1::DTYPE_FP32 || t.data().size() % 4 != 0) {
     return absl::InternalError(absl::StrCat(what, ": server returned a non-FP32 tensor"));
@@ -368,11 +379,8 @@ absl::Status StateCacheClient::PrefillStates(absl::string_view model_id,
 absl::StatusOr<PrefixKey> StateCacheClient::Snapshot(absl::string_view model_id, SlotHandle slot,
                                                      absl::Span<const int32_t> tokens,
                                                      const std::vector<std::string>& aux) {
-  v1::SnapshotRequest req;
-  req.set_model_id(std::string(model_id));
-  SetHandle(slot, req.mutable_slot());
+  v1::SnapshotRequest req = SnapshotRequestFor(model_id, slot, aux);
   req.mutable_tokens()->mutable_ids()->Add(tokens.begin(), tokens.end());
-  for (const std::string& a : aux) req.add_aux(a);
   v1::SnapshotResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -383,12 +391,9 @@ absl::StatusOr<PrefixKey> StateCacheClient::Snapshot(absl::string_view model_id,
 absl::StatusOr<PrefixKey> StateCacheClient::SnapshotKey(absl::string_view model_id,
                                                         SlotHandle slot, PrefixKey key,
                                                         const std::vector<std::string>& aux) {
-  v1::SnapshotRequest req;
-  req.set_model_id(std::string(model_id));
-  SetHandle(slot, req.mutable_slot());
+  v1::SnapshotRequest req = SnapshotRequestFor(model_id, slot, aux);
   req.mutable_key()->set_hash(key.hash);
   req.mutable_key()->set_num_tokens(key.num_tokens);
-  for (const std::string& a : aux) req.add_aux(a);
   v1::SnapshotResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
