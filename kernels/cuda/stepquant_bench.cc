@@ -56,6 +56,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/backend/backend.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/common/tool_main.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/internal/cuda_runtime.h"
 #include "kernels/formats/format.h"
@@ -343,12 +344,4 @@ absl::Status Run() {
 }  // namespace
 }  // namespace statecache
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  const absl::Status s = statecache::Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
-}
+int main(int argc, char** argv) { return statecache::ToolMain(argc, argv, statecache::Run); }

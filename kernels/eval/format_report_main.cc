@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend/backend.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/common/tool_main.h"
 #include "kernels/eval/format_report.h"
 #include "kernels/trajectory/golden.h"
 #include "kernels/trajectory/synthetic.h"
@@ -64,14 +65,8 @@ absl::Status Run() {
 }  // namespace statecache
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  return statecache::ToolMain(
+      argc, argv, statecache::Run,
       "Prints the storage table of every statecache state format and the error of each\n"
       "format on recorded (gdn-tiny) and SYNTHETIC decode trajectories against FP32 states.");
-  absl::ParseCommandLine(argc, argv);
-  const absl::Status s = statecache::Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
 }

@@ -29,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/common/tool_main.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/eval/format_report.h"
 #include "kernels/eval/replay.h"
@@ -216,12 +217,4 @@ absl::Status Run() {
 }  // namespace
 }  // namespace statecache
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  const absl::Status s = statecache::Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
-}
+int main(int argc, char** argv) { return statecache::ToolMain(argc, argv, statecache::Run); }

@@ -28,6 +28,7 @@
 #include "client/model/format_sweep.h"
 #include "client/model/model.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/common/tool_main.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/io/test_data.h"
 #include "kernels/stepquant/calibration.h"
@@ -158,12 +159,4 @@ absl::Status Run() {
 }  // namespace
 }  // namespace statecache
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  const absl::Status s = statecache::Run();
-  if (!s.ok()) {
-    std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
-}
+int main(int argc, char** argv) { return statecache::ToolMain(argc, argv, statecache::Run); }
