@@ -46,8 +46,9 @@ struct AffineParams {
 // one multiply by the rounded reciprocal and one FMA correction (Markstein),
 // so device code runs three instructions instead of the division's checked
 // path. Bit-identical to the IEEE quotient for every non-negative float and
-// NaN with d = 15 or 255 (group_quant_test checks all 2^31 inputs of each);
-// infinity takes the uncorrected product (also infinity).
+// NaN with d = 15 or 255 (group_quant_test checks all 2^31 inputs of each;
+// other d are not checked, and no caller passes one); infinity takes the
+// uncorrected product (also infinity).
 SC_HD float QuotientByReciprocal(float x, int d) {
   const float r = d == 255 ? 1.0f / 255.0f : (d == 15 ? 1.0f / 15.0f : 1.0f / static_cast<float>(d));
   const float q0 = x * r;
@@ -70,7 +71,8 @@ SC_HD float ReciprocalOfHalf(float s) {
 #endif
 }
 
-// From the group's min and max (any order of reduction gives the same values).
+// From the group's min and max (any order of reduction gives the same values);
+// qmax is 15 (uint4) or 255 (uint8).
 SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) {
   const float mn = group_min < 0.0f ? group_min : 0.0f;
   const float mx = group_max > 0.0f ? group_max : 0.0f;
