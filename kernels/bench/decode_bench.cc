@@ -113,19 +113,10 @@ class Timer {
   template <typename Fn>
   double MedianUs(int iters, int reps, Fn fn) {
     for (int i = 0; i < 3; ++i) fn(i);  // warm up
-    std::vector<double> us;
     int next = 3;
-    for (int r = 0; r < reps; ++r) {
-      CHECK_CUDA(ci::EventRecord(start_, stream_));
+    return MedianOfReps(iters, reps, [&] {
       for (int i = 0; i < iters; ++i) fn(next++);
-      CHECK_CUDA(ci::EventRecord(stop_, stream_));
-      CHECK_CUDA(ci::EventSynchronize(stop_));
-      float ms = 0;
-      CHECK_CUDA(ci::EventElapsedMs(start_, stop_, &ms));
-      us.push_back(1000.0 * ms / iters);
-    }
-    std::sort(us.begin(), us.end());
-    return us[us.size() / 2];
+    });
   }
 
   // The same measurement with the `iters` calls captured once in a CUDA
@@ -139,17 +130,27 @@ class Timer {
     for (int i = 0; i < iters; ++i) fn(3 + i);
     CHECK_CUDA(ci::GraphCaptureEnd(stream_, &exec));
     CHECK_CUDA(ci::GraphLaunch(exec, stream_));  // warm up the graph
+    const double us =
+        MedianOfReps(iters, reps, [&] { CHECK_CUDA(ci::GraphLaunch(exec, stream_)); });
+    CHECK_CUDA(ci::GraphExecDestroy(exec));
+    return us;
+  }
+
+ private:
+  // Median over reps of the time of one run() (which enqueues `iters`
+  // calls), divided by iters, in us.
+  template <typename Run>
+  double MedianOfReps(int iters, int reps, Run run) {
     std::vector<double> us;
     for (int r = 0; r < reps; ++r) {
       CHECK_CUDA(ci::EventRecord(start_, stream_));
-      CHECK_CUDA(ci::GraphLaunch(exec, stream_));
+      run();
       CHECK_CUDA(ci::EventRecord(stop_, stream_));
       CHECK_CUDA(ci::EventSynchronize(stop_));
       float ms = 0;
       CHECK_CUDA(ci::EventElapsedMs(start_, stop_, &ms));
       us.push_back(1000.0 * ms / iters);
     }
-    CHECK_CUDA(ci::GraphExecDestroy(exec));
     std::sort(us.begin(), us.end());
     return us[us.size() / 2];
   }

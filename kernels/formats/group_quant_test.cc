@@ -1,18 +1,11 @@
 #include "kernels/formats/group_quant.h"
 
 #include <cstdint>
-#include <cstring>
 
 #include "gtest/gtest.h"
 
 namespace statecache {
 namespace {
-
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 
 // The affine scale's quotient (mx - mn) / qmax runs as a multiply and one
 // FMA correction; it must equal IEEE division bit for bit on every input the
@@ -21,12 +14,11 @@ void ExpectQuotientMatchesDivision(int d) {
   uint64_t mismatches = 0;
   uint32_t first_bad = 0;
   for (uint64_t b = 0; b <= 0x7fffffffu; ++b) {
-    float x;
     const uint32_t u = static_cast<uint32_t>(b);
-    std::memcpy(&x, &u, 4);
+    const float x = BitsToFloat(u);
     const float want = x / static_cast<float>(d);
     const float got = QuotientByReciprocal(x, d);
-    const bool same = Bits(got) == Bits(want) || (want != want && got != got);
+    const bool same = FloatToBits(got) == FloatToBits(want) || (want != want && got != got);
     if (!same && mismatches++ == 0) first_bad = u;
   }
   EXPECT_EQ(mismatches, 0u) << "d = " << d << ", first input bits 0x" << std::hex << first_bad;
