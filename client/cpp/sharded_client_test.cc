@@ -39,14 +39,8 @@ std::vector<std::vector<std::string>> ReadVectors() {
 class ShardedClientTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto binary = FindStatecached("");
-    ASSERT_TRUE(binary.ok()) << binary.status();
     for (int i = 0; i < kServers; ++i) {
-      ChildServer::Options options;
-      options.binary = *binary;
-      options.args = {"--backend=cpu", "--state_memory_bytes=4194304",
-                      "--checkpoint_memory_bytes=4194304"};
-      auto server = ChildServer::Start(options);
+      auto server = StartCpuChild(4194304, 4194304);
       ASSERT_TRUE(server.ok()) << server.status();
       auto client = StateCacheClient::Connect((*server)->address());
       ASSERT_TRUE(client.ok()) << client.status();

@@ -193,4 +193,15 @@ ChildServer::~ChildServer() {
   }
 }
 
+absl::StatusOr<std::unique_ptr<ChildServer>> StartCpuChild(int64_t state_memory_bytes,
+                                                           int64_t checkpoint_memory_bytes) {
+  absl::StatusOr<std::string> binary = FindStatecached("");
+  if (!binary.ok()) return binary.status();
+  ChildServer::Options options;
+  options.binary = *binary;
+  options.args = {"--backend=cpu", absl::StrCat("--state_memory_bytes=", state_memory_bytes),
+                  absl::StrCat("--checkpoint_memory_bytes=", checkpoint_memory_bytes)};
+  return ChildServer::Start(options);
+}
+
 }  // namespace statecache

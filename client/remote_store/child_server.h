@@ -18,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,11 @@ class ChildServer {
   std::string log_path_;
   bool own_log_ = false;
 };
+
+// A CPU-backend child (FindStatecached("")) with the given state and
+// checkpoint budgets: the small servers of the worker-side tests.
+absl::StatusOr<std::unique_ptr<ChildServer>> StartCpuChild(int64_t state_memory_bytes,
+                                                           int64_t checkpoint_memory_bytes);
 
 }  // namespace statecache
 

@@ -63,13 +63,7 @@ class RemoteStateStoreTest : public ::testing::Test {
 
   void SetUp() override {
     ASSERT_NE(model_, nullptr);
-    auto binary = FindStatecached("");
-    ASSERT_TRUE(binary.ok()) << binary.status();
-    ChildServer::Options options;
-    options.binary = *binary;
-    options.args = {"--backend=cpu", "--state_memory_bytes=8388608",
-                    "--checkpoint_memory_bytes=4194304"};
-    auto server = ChildServer::Start(options);
+    auto server = StartCpuChild(8388608, 4194304);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     auto client = StateCacheClient::Connect(server_->address());
