@@ -54,6 +54,17 @@ struct QueueGate {
   int enqueued ABSL_GUARDED_BY(mu) = 0;
   int executed ABSL_GUARDED_BY(mu) = 0;
   int queues ABSL_GUARDED_BY(mu) = 0;
+
+  void SetPaused(bool p) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    paused = p;
+  }
+  // Waits (up to 10 s) until at least n updates were enqueued; false on timeout.
+  bool AwaitEnqueued(int n) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return enqueued >= n; };
+    return mu.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(10));
+  }
 };
 
 class ThreadQueue : public DecodeQueue {
@@ -465,10 +476,7 @@ TEST_F(AsyncSubmitTest, SlotsStayBusyUntilCompletionAndTheNextUpdateDoesNotWait)
   std::mt19937 rng(3);
   const Step s = MakeStep(&rng);
   WriteStep(0, s);
-  {
-    absl::MutexLock lock(&backend_.gate.mu);
-    backend_.gate.paused = true;
-  }
+  backend_.gate.SetPaused(true);
   Stream st(dp_.get());
   st.Send(Open(session_, buffer_));
   st.Send(Sub(1, 0, 0, 0));
@@ -476,11 +484,8 @@ TEST_F(AsyncSubmitTest, SlotsStayBusyUntilCompletionAndTheNextUpdateDoesNotWait)
   {
     // Both are queued although the first has not run: the second shares
     // the first's slot access instead of waiting for it on the host.
+    EXPECT_TRUE(backend_.gate.AwaitEnqueued(2));
     absl::MutexLock lock(&backend_.gate.mu);
-    auto both = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(backend_.gate.mu) {
-      return backend_.gate.enqueued >= 2;
-    };
-    EXPECT_TRUE(backend_.gate.mu.AwaitWithTimeout(absl::Condition(&both), absl::Seconds(10)));
     EXPECT_EQ(backend_.gate.executed, 0);
   }
   std::atomic<bool> acquired{false};
@@ -493,10 +498,7 @@ TEST_F(AsyncSubmitTest, SlotsStayBusyUntilCompletionAndTheNextUpdateDoesNotWait)
   EXPECT_FALSE(acquired.load());      // busy while the work is in flight
   EXPECT_EQ(st.reply_count(), 1u);    // only the open ack
   EXPECT_EQ(DoneWord(), 0u);          // the word follows the work
-  {
-    absl::MutexLock lock(&backend_.gate.mu);
-    backend_.gate.paused = false;
-  }
+  backend_.gate.SetPaused(false);
   other.join();
   EXPECT_TRUE(acquired.load());
   const auto replies = st.WaitReplies(3);
@@ -513,28 +515,16 @@ TEST_F(AsyncSubmitTest, CloseSessionWithWorkInFlightKeepsBuffersUntilItCompletes
   Reference ref;
   const Step s = MakeStep(&rng);
   WriteStep(0, s);
-  {
-    absl::MutexLock lock(&backend_.gate.mu);
-    backend_.gate.paused = true;
-  }
+  backend_.gate.SetPaused(true);
   Stream st(dp_.get());
   st.Send(Open(session_, buffer_));
   st.Send(Sub(1, 0, 0, 0));
-  {
-    absl::MutexLock lock(&backend_.gate.mu);
-    auto one = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(backend_.gate.mu) {
-      return backend_.gate.enqueued >= 1;
-    };
-    EXPECT_TRUE(backend_.gate.mu.AwaitWithTimeout(absl::Condition(&one), absl::Seconds(10)));
-  }
+  EXPECT_TRUE(backend_.gate.AwaitEnqueued(1));
   v1::CloseSessionRequest close;
   close.set_session_id(session_);
   ASSERT_TRUE(dp_->CloseSession("", close).ok());
   EXPECT_EQ(dp_->buffer_count(), 0);
-  {
-    absl::MutexLock lock(&backend_.gate.mu);
-    backend_.gate.paused = false;
-  }
+  backend_.gate.SetPaused(false);
   // The in-flight update still reads and writes the (still mapped) buffer.
   const auto replies = st.WaitReplies(2);
   ASSERT_EQ(replies.size(), 2u);
