@@ -220,10 +220,17 @@ void ReferenceLayer(const StateLayout& layout, const PoolView& host_pool, int la
   }
 }
 
-std::vector<float> RandomStates(const ModelGeometry& geo, int n, std::mt19937& rng) {
+// huge_rows: every 16th key row of each head is scaled by 1e10, so its
+// groups' FP16 scales saturate and |x| / s exceeds 2^14 (the affine
+// encoders' fast path would overflow; they must take the exact slow path).
+std::vector<float> RandomStates(const ModelGeometry& geo, int n, std::mt19937& rng,
+                                bool huge_rows = false) {
   std::normal_distribution<float> normal(0.0f, 0.5f);
   std::vector<float> s(int64_t{n} * geo.HeadsPerSlot() * geo.d_k * geo.d_v);
-  for (float& x : s) x = normal(rng);
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
+    const int64_t key_row = i / geo.d_v % geo.d_k;
+    s[i] = normal(rng) * (huge_rows && key_row % 16 == 5 ? 1e10f : 1.0f);
+  }
   return s;
 }
 
@@ -272,9 +279,7 @@ class GpuAgreementTest : public ::testing::TestWithParam<Case> {};
 
 // Pack (vs the CPU backend), N decode steps (vs the reference), slots outside
 // the batch untouched, -1 skipped with o zeroed.
-TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
-  STATECACHE_SKIP_WITHOUT_GPU();
-  const Case c = GetParam();
+void ExpectDecodeStepsMatchReference(const Case& c, bool huge_rows) {
   const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 11);
   const ModelGeometry& geo = layout.geometry();
   auto gpu_model = TestGpu()->Prepare(layout).value();
@@ -291,7 +296,7 @@ TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
 
   std::mt19937 rng(1234 + static_cast<int>(c.format) * 7 + static_cast<int>(c.arch));
   const std::vector<int32_t> all_slots = {0, 1, 2, 3, 4, 5};
-  const std::vector<float> states = RandomStates(geo, num_slots, rng);
+  const std::vector<float> states = RandomStates(geo, num_slots, rng, huge_rows);
   DeviceArray d_states = DeviceArray::From(states);
   DeviceArray d_all = DeviceArray::From(all_slots);
   ASSERT_TRUE(TestGpu()->PackStates(*gpu_model, gpu_pool, d_all.ptr<int32_t>(), num_slots,
@@ -360,6 +365,29 @@ TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
         << "layer 0 of slot " << slot << " changed";
   }
 }
+
+TEST_P(GpuAgreementTest, DecodeStepsMatchReferenceBytes) {
+  STATECACHE_SKIP_WITHOUT_GPU();
+  ExpectDecodeStepsMatchReference(GetParam(), false);
+}
+
+// Groups whose FP16 scale saturates take the affine encoders' exact slow
+// path (the fast path's 16-bit arithmetic would overflow): the bytes still
+// match the reference.
+class GpuSaturatedScaleTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuSaturatedScaleTest, DecodeStepsMatchReferenceBytes) {
+  STATECACHE_SKIP_WITHOUT_GPU();
+  ExpectDecodeStepsMatchReference(GetParam(), true);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AffineFormats, GpuSaturatedScaleTest,
+    ::testing::Values(Case{Arch::kGdn, StateFormat::kDamp, DType::kBf16},
+                      Case{Arch::kKda, StateFormat::kDampSr, DType::kFp32},
+                      Case{Arch::kGdn, StateFormat::kInt8Hadamard, DType::kFp32},
+                      Case{Arch::kGdn, StateFormat::kInt4Hadamard, DType::kFp32}),
+    CaseName);
 
 // Prefill of T tokens (quantized once) equals the reference.
 TEST_P(GpuAgreementTest, PrefillMatchesReference) {

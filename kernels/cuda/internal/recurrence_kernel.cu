@@ -18,8 +18,11 @@
 //    (decode_math.h). Up to three stages; no CTA-wide barrier per item: the
 //    two row warps of a stripe exchange column sums through their own named
 //    barrier, every warp releases a stage after its last read (an mbarrier
-//    arrival) and thread 0 refills it; the item's scalars ride in the stage
-//    header. Each lane pair converts its rows' inputs once (a fixed input
+//    arrival) and the producer of a later item (a role that rotates over
+//    the warps) refills it; the item's scalars ride in the stage header.
+//    The fixed shape's swizzled stage is addressed through SwizzledRef (the
+//    lane's position swizzled once, constant offsets per row block). Each
+//    lane pair converts its rows' inputs once (a fixed input
 //    dtype is a template argument); the fixed 128 x 128 shape uses
 //    branch-free tile code whose affine group parameters are derived once
 //    per lane pair.
@@ -301,6 +304,7 @@ struct StageLayout {
 };
 
 inline constexpr int kMaxStages = 3;
+static_assert(kMaxStages <= kMaxTileThreads / 32, "the prologue uses one scalar slot per stage");
 
 // The offsets and size of one stage for a head of head_bytes and the inputs
 // present (ds: bytes per q / k / v element). The fixed-shape kernels pass
@@ -418,7 +422,7 @@ __device__ __forceinline__ void LoadItemTile(const PackedHeadLayout& l, const ui
                                              float (&s)[kTileSteps][kTileColsPerLane],
                                              const float (&a)[kTileSteps]) {
   if constexpr (kFixed) {  // fixed-shape heads always arrive swizzled
-    LoadTileFixed<F, Src::kSwizzled>(l, head_s, m, global_scale, m.row_warp == 0, s, a);
+    LoadTileFixed<F, Src::kSwizzled>(l, SmemAddr(head_s), m, global_scale, m.row_warp == 0, s, a);
   } else {
     LoadTile<F, Src::kShared>(l, head_s, m, global_scale, s, a);
   }
@@ -441,18 +445,22 @@ __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t
 // column stripe exchange their column sums through a named barrier of their
 // own (TokenStep<.., true>); a stage is released by each warp after its last
 // read of it (an arrival on empty[stage], expected from every warp), and
-// thread 0 refills it for a later item once that phase completed. The
-// item's scalars (slot, beta, exp(g)) ride in the stage header, published by
-// the stage's full barrier. So warps of different stripes drift freely
-// within the staged items and never wait on each other's work (thread 0
-// alone waits, for a stage every warp released long before, except with a
-// single stage).
+// the producer of a later item (lane 0 of warp j % warps for the CTA's j-th
+// item) refills it once that phase completed. The item's scalars (slot,
+// beta, exp(g)) ride in the stage header, published by the stage's full
+// barrier. So warps of different stripes drift freely within the staged
+// items and never wait on each other's work; only a producer waits, for a
+// stage every warp released long before (except with a single stage).
+// No deadlock: the lowest warp, at pass n, waits only for item n's stage,
+// staged at pass n - stages + 1 < n by a warp that is at pass >= n, and a
+// producer's empty barrier needs releases of item n - 1, which every warp
+// at pass >= n has given.
 template <StateFormat F, bool kFixed, int kDtype>
 __global__ void __launch_bounds__(kMaxTileThreads, 2)
     PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl_in,
                           const __grid_constant__ CUtensorMap tmap) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t full[kMaxStages];   // stage staged (thread 0 + copies)
+  __shared__ __align__(8) uint64_t full[kMaxStages];   // stage staged (producer + copies)
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // stage read by every warp
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
@@ -470,26 +478,37 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   // the GPU tests would also see wrong bytes).
   uint8_t* stage_base = smem_raw + sl.scratch_bytes;
 
-  // Thread 0's scalars of the next item to stage, fetched one staging ahead
-  // (4-byte cp.async, completed by thread 0 itself before it stages the item),
-  // so the producer never waits on a dependent DRAM read.
-  __shared__ float ahead_beta, ahead_g;
-  __shared__ int32_t ahead_slot;
-  const auto fetch_ahead = [&](int it) {
+  // The producer role rotates: the CTA's j-th item (blockIdx.x + j * stride)
+  // is staged by lane 0 of warp j % warps (the first `stages` by thread 0
+  // up front), so the extra work is spread over all warps instead of pacing
+  // the CTA at warp 0's speed. Each producer fetches the scalars of its next
+  // item one staging ahead (4-byte cp.async into its own slot, completed by
+  // itself before it stages the item): no producer waits on a dependent
+  // DRAM read.
+  __shared__ float ahead_beta[kMaxTileThreads / 32], ahead_g[kMaxTileThreads / 32];
+  __shared__ int32_t ahead_slot[kMaxTileThreads / 32];
+  // Fetches the scalars of the CTA's j-th item into slot w.
+  const auto fetch_ahead = [&](int w, int j) {
+    const int it = blockIdx.x + j * stride;
     if (it < items) {
-      CopyAsync4(&ahead_beta, p.beta + it);
-      if (!geo.kda) CopyAsync4(&ahead_g, p.g + it);
-      CopyAsync4(&ahead_slot, p.slots + DivIndex(it, geo.h_v, Log2IfPow2(geo.h_v)));
+      CopyAsync4(&ahead_beta[w], p.beta + it);
+      if (!geo.kda) CopyAsync4(&ahead_g[w], p.g + it);
+      CopyAsync4(&ahead_slot[w], p.slots + DivIndex(it, geo.h_v, Log2IfPow2(geo.h_v)));
     }
     CpAsyncCommit();
   };
-  // Thread 0: stage item `it` (fetched ahead) into stage `s`, then fetch the
-  // scalars of this CTA's next item.
-  const auto stage_item = [&](int s, int it) {
+  // Stages the CTA's j-th item, whose scalars are in slot w (complete), into
+  // stage s.
+  const auto issue = [&](int s, int w, int j) {
+    IssueItem(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s], blockIdx.x + j * stride,
+              ahead_slot[w], ahead_beta[w], geo.kda ? 0.0f : DecayExp(ahead_g[w]));
+  };
+  // The producer of the CTA's j-th item (j >= stages): stages it into stage
+  // s, then fetches the scalars of its next one.
+  const auto stage_item = [&](int s, int j) {
     CpAsyncWaitAll();
-    IssueItem(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s], it, ahead_slot, ahead_beta,
-              geo.kda ? 0.0f : DecayExp(ahead_g));
-    fetch_ahead(it + stride);
+    issue(s, m.warp, j);
+    fetch_ahead(m.warp, j + t.warps);
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < sl.stages; ++s) {
@@ -497,13 +516,19 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       MbarrierInit(&empty[s], t.warps);
     }
     FenceMbarrierInit();
-    fetch_ahead(blockIdx.x);
-    for (int s = 0; s < sl.stages; ++s) {
-      const int item = blockIdx.x + s * stride;
-      if (item < items) stage_item(s, item);
-    }
+    // The first `stages` items: all scalars in one round trip (slot s of
+    // item s; stages <= warps), then their copies.
+#pragma unroll 1
+    for (int s = 0; s < sl.stages; ++s) fetch_ahead(s, s);
+    CpAsyncWaitAll();
+#pragma unroll 1  // one copy of IssueItem's code here (instruction cache)
+    for (int s = 0; s < sl.stages && blockIdx.x + s * stride < items; ++s) issue(s, s, s);
   }
-  __syncthreads();
+  __syncthreads();  // barriers initialized; the prologue's slots are read
+  // Every producer's first item j >= stages.
+  if (m.lane == 0) {
+    fetch_ahead(m.warp, sl.stages + (m.warp - sl.stages % t.warps + t.warps) % t.warps);
+  }
 
   // The item's value head, kept incrementally (a runtime modulo per use
   // costs ~20 instructions).
@@ -521,19 +546,19 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       __syncwarp();
       if (m.lane == 0) MbarrierArrive(&empty[st]);
     };
-    // Thread 0 (after its column-sum exchange, where the sums' registers
-    // are free): with several stages, refills the stage of the previous
-    // item, which every warp released long ago (so it never waits), with
-    // the item stages - 1 passes ahead; with one stage, refills this item's
-    // stage once every warp released it.
+    // The producer of the item to stage (after its column-sum exchange,
+    // where the sums' registers are free): with several stages, refills the
+    // stage of the previous item, which every warp released long ago (so it
+    // rarely waits), with the item stages - 1 passes ahead; with one stage,
+    // refills this item's stage once every warp released it.
     const auto refill = [&] {
-      if (threadIdx.x != 0) return;
       const bool one = sl.stages == 1;
-      const int nx = item + (one ? 1 : sl.stages - 1) * stride;
-      if ((!one && n == 0) || nx >= items) return;  // n == 0: staged up front
+      const int j = n + (one ? 1 : sl.stages - 1);  // the CTA-local item to stage
+      if (m.lane != 0 || j % t.warps != m.warp) return;
+      if ((!one && n == 0) || item + (j - n) * stride >= items) return;  // n == 0: staged up front
       const int sx = one ? st : (st == 0 ? sl.stages - 1 : st - 1);
       MbarrierWait(&empty[sx], one || st > 0 ? parity : parity ^ 1u);
-      stage_item(sx, nx);
+      stage_item(sx, j);
     };
     MbarrierWait(&full[st], parity);
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
@@ -549,10 +574,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     // Registers <- staged inputs, then the staged head decoded with the
     // decay folded in (decode_math.h).
     const uint8_t* head_s = stage + sl.head;
-    const float global_scale =
-        !l.has_global_scale ? 0.0f
-        : kFixed            ? LdMeta<Src::kSwizzled, float>(head_s + l.global_offset)
-                            : LdMeta<Src::kShared, float>(head_s + l.global_offset);
+    const SwizzledRef global_ref{SmemAddr(head_s), 0, static_cast<uint32_t>(l.global_offset)};
+    const float global_scale = !l.has_global_scale ? 0.0f
+                               : kFixed ? LdMeta<Src::kSwizzled, float>(global_ref)
+                                        : LdMeta<Src::kShared, float>(head_s + l.global_offset);
     float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
     GatherRowsPaired<kDtype, kFixed>(
         m, geo.d_k,
@@ -612,7 +637,9 @@ bool PipelineEligible(const RecurrenceParams& p) {
 }
 
 // fixed: the layout of the fixed-shape kernels (FixedStageLayout).
-StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm, bool fixed) {
+// max_smem_per_block: the opt-in limit of one CTA's shared memory.
+StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
+                            int max_smem_per_block, bool fixed) {
   const HeadGeometry& geo = p.geo;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
   StageLayout sl = StageOffsets(
@@ -627,13 +654,18 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm, bool
          2 * (sl.scratch_bytes + (sl.stages + 1) * sl.bytes + 1024) + 2048 <= max_smem_per_sm) {
     ++sl.stages;
   }
-  // STATECACHE_CUDA_STAGES=1..3 forces the stage count (then large heads run one CTA
-  // per SM); for A/B benchmarks.
+  // STATECACHE_CUDA_STAGES=1..3 forces the stage count (then large heads may run one
+  // CTA per SM; never more stages than one CTA holds); for A/B benchmarks.
   static const int forced = [] {
     const char* e = std::getenv("STATECACHE_CUDA_STAGES");
     return e == nullptr ? 0 : std::atoi(e);
   }();
   if (forced >= 1 && forced <= kMaxStages) sl.stages = forced;
+  // Never more than one CTA can hold (1 KB: the kernel's static shared memory).
+  while (sl.stages > 1 &&
+         sl.scratch_bytes + int64_t{sl.stages} * sl.bytes + 1024 > max_smem_per_block) {
+    --sl.stages;
+  }
   return sl;
 }
 
@@ -769,6 +801,7 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
     struct DeviceLimits {
       int sms = 0;
       int max_smem_per_sm = 0;
+      int max_smem_per_block = 0;
     };
     static const DeviceLimits limits = [] {
       DeviceLimits d;
@@ -776,6 +809,7 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
       cudaGetDevice(&dev);
       cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
       cudaDeviceGetAttribute(&d.max_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+      cudaDeviceGetAttribute(&d.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
       return d;
     }();
     const int sms = limits.sms;
@@ -785,11 +819,15 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
     // The fixed tile code expects swizzled heads; without them the general one runs.
     const bool fixed =
         kFixed && MakePoolTensorMap(p.pool, p.geo.layout.head_bytes, &tmap, &tma_rows);
-    StageLayout sl = MakeStageLayout(p, max_smem_per_sm, fixed);
+    StageLayout sl = MakeStageLayout(p, max_smem_per_sm, limits.max_smem_per_block, fixed);
     sl.tma_rows = tma_rows;
     const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
-    const int e = fixed ? LaunchPipelined<F, true>(p, sl, tmap, smem, sms, t.threads, items, st)
-                        : LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, t.threads, items, st);
+    // A head too large for one stage per CTA takes the direct kernel.
+    const bool fits = smem + 1024 <= static_cast<size_t>(limits.max_smem_per_block);
+    const int e =
+        !fits   ? cudaErrorNotSupported
+        : fixed ? LaunchPipelined<F, true>(p, sl, tmap, smem, sms, t.threads, items, st)
+                : LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, t.threads, items, st);
     if (e != cudaErrorNotSupported) return e;
   }
   const size_t smem = sizeof(float) * ScratchFloats(t, p.geo.d_v);

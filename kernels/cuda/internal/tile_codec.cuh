@@ -52,6 +52,63 @@ __device__ __forceinline__ void StStream8(uint8_t* p, uint2 v) {
 // consecutive rows hit 8 different bank groups).
 enum class Src { kGlobal, kShared, kSwizzled };
 
+// Keeps a parameter out of template argument deduction (std::type_identity_t).
+template <typename T>
+struct NonDeducedT {
+  using type = T;
+};
+template <typename T>
+using NonDeduced = typename NonDeducedT<T>::type;
+
+// The 128-byte swizzle of a byte offset inside a 1024-byte aligned region.
+__device__ __forceinline__ uint32_t Swizzle128(uint32_t off) {
+  return off ^ (((off >> 7) & 7u) << 4);
+}
+
+// A byte in a kSwizzled region: the region's shared address `base` (1024-byte
+// aligned) plus `block + in_block`, where block is a multiple of 128 and of
+// a power of two that in_block stays below (disjoint bits). Swizzle128 is
+// linear over XOR and leaves a block's bits above 7 alone, so the address is
+// (base + Swizzle128(in_block)) ^ x + block with x = Swizzle128(block) ^
+// block (bits 4-6): a tile's lane position (in_block, the same for all its
+// row blocks) is swizzled once per item, and each row block costs at most
+// one XOR with a constant plus an immediate offset.
+struct SwizzledRef {
+  uint32_t base = 0;
+  uint32_t block = 0;
+  uint32_t in_block = 0;
+  __device__ uint32_t addr() const {
+    const uint32_t lane = base + Swizzle128(in_block);
+    const uint32_t x = Swizzle128(block) ^ block;
+    return (x != 0 ? lane ^ x : lane) + block;
+  }
+};
+// Offsets inside a row (columns, metadata words) stay inside the block.
+__device__ __forceinline__ SwizzledRef operator+(SwizzledRef r, int64_t d) {
+  r.in_block += static_cast<uint32_t>(d);
+  return r;
+}
+
+// Row `r0 + rl` of a region of rows of row_bytes starting at `offset`
+// (r0 a multiple of 16, rl < 16): when span = 16 * row_bytes is a power of
+// two >= 128 that divides offset + r0 * row_bytes, the row block and the
+// lane's row inside it split as SwizzledRef needs; otherwise everything goes
+// into in_block (exact, without the savings). For a fixed layout every
+// operand but rl is a compile-time constant, so the test folds away.
+__device__ __forceinline__ SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes,
+                                              int r0, int rl) {
+  const int64_t span = 16 * row_bytes;
+  const int64_t block = offset + r0 * row_bytes;
+  if (span >= 128 && (span & (span - 1)) == 0 && block % span == 0) {
+    return SwizzledRef{base, static_cast<uint32_t>(block), static_cast<uint32_t>(rl * row_bytes)};
+  }
+  return SwizzledRef{base, 0, static_cast<uint32_t>(block + rl * row_bytes)};
+}
+__device__ __forceinline__ const uint8_t* RowRef(const uint8_t* base, int64_t offset,
+                                                 int64_t row_bytes, int r0, int rl) {
+  return base + offset + (r0 + rl) * row_bytes;
+}
+
 // The 32-bit shared-memory address of p, swizzled for kSwizzled.
 template <Src S>
 __device__ __forceinline__ uint32_t SmemAt(const uint8_t* p) {
@@ -59,9 +116,15 @@ __device__ __forceinline__ uint32_t SmemAt(const uint8_t* p) {
   if constexpr (S == Src::kSwizzled) return a ^ (((a >> 7) & 7u) << 4);
   return a;
 }
-
 template <Src S>
-__device__ __forceinline__ uint4 Ld16(const uint8_t* p) {
+__device__ __forceinline__ uint32_t SmemAt(const SwizzledRef& r) {
+  static_assert(S == Src::kSwizzled, "a SwizzledRef addresses a swizzled region");
+  return r.addr();
+}
+
+// Loads from a pointer (every Src) or a SwizzledRef (kSwizzled).
+template <Src S, typename P>
+__device__ __forceinline__ uint4 Ld16(const P& p) {
   if constexpr (S == Src::kGlobal) {
     return LdStream(p);
   } else if constexpr (S == Src::kShared) {
@@ -75,8 +138,8 @@ __device__ __forceinline__ uint4 Ld16(const uint8_t* p) {
     return v;
   }
 }
-template <Src S>
-__device__ __forceinline__ uint2 Ld8(const uint8_t* p) {
+template <Src S, typename P>
+__device__ __forceinline__ uint2 Ld8(const P& p) {
   if constexpr (S == Src::kGlobal) {
     return LdStream8(p);
   } else if constexpr (S == Src::kShared) {
@@ -88,8 +151,8 @@ __device__ __forceinline__ uint2 Ld8(const uint8_t* p) {
   }
 }
 // A metadata word (uint32_t, float or uint8_t) of a row.
-template <Src S, typename T>
-__device__ __forceinline__ T LdMeta(const uint8_t* p) {
+template <Src S, typename T, typename P>
+__device__ __forceinline__ T LdMeta(const P& p) {
   if constexpr (S != Src::kSwizzled) {
     return *reinterpret_cast<const T*>(p);
   } else if constexpr (sizeof(T) == 1) {
@@ -161,10 +224,11 @@ __device__ __forceinline__ int ChunkCol(int v, int n) {
 // codes: start of this row's codes; meta: start of this row's metadata;
 // col0: the lane's first column, stripe * 32 + cl * W.
 
-template <RowCodec C, Src S = Src::kGlobal, int W = 16>
+// P: const uint8_t*, or SwizzledRef for kSwizzled.
 // row_scale: DecodeRow's per-row factor (head_codec.h), folded into the
 // group scale of quantized codecs; 1 decodes the stored values.
-__device__ __forceinline__ void LoadRow16(const uint8_t* codes, const uint8_t* meta, int col0,
+template <RowCodec C, Src S = Src::kGlobal, int W = 16, typename P = const uint8_t*>
+__device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& meta, int col0,
                                           float global_scale, float* x, float row_scale = 1.0f) {
   if constexpr (C == RowCodec::kFp32) {
 #pragma unroll
@@ -273,11 +337,15 @@ __device__ __forceinline__ uint32_t AffineMetaWord(const AffineParams& p) {
 }
 
 // The fast encoder below works on 16-bit integers: exact when
-// |x / s| < 2^14, always true unless the FP16 scale saturated (then the
-// shared encoder runs instead).
-__device__ __forceinline__ bool AffineFastPathExact(float group_min, float group_max,
-                                                    float inv_s) {
-  return fmaxf(fabsf(group_min), fabsf(group_max)) * inv_s < 16384.0f;
+// |x / s| < 2^14 for every x of the group, which holds unless the FP16
+// scale saturated (s_bits == 0x7BFF; then the shared encoder runs instead).
+// Proof: MakeAffineParams widens [min, max] to contain 0, so |x| <= D =
+// mx - mn, and s = fp16(RN(D / qmax)) unsaturated is >= D / qmax * (1 -
+// 2^-11) (normal) or >= D / qmax - 2^-25 >= 2^-24 (subnormal, s > 0), so
+// |x| * inv_s <= 1.5 * qmax * (1 + 2^-23) < 2^14; s == 0 gives inv_s == 0.
+// (mn and mx are never NaN: fminf / fmaxf skip NaN elements.)
+__device__ __forceinline__ bool AffineFastPathExact(const AffineParams& p) {
+  return p.s_bits != 0x7BFFu;
 }
 
 // Encodes and stores the lane's 16 values of a row, bit-exact with
@@ -375,7 +443,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     const AffineParams p = MakeAffineParams(mn, mx, AffineQmax<C>());
-    EncodeAffineRow<C>(codes, col0, x, p.inv_s, p.z, AffineFastPathExact(mn, mx, p.inv_s));
+    EncodeAffineRow<C>(codes, col0, x, p.inv_s, p.z, AffineFastPathExact(p));
     if (write_meta) {
       *reinterpret_cast<uint32_t*>(meta + 4 * (col0 / kGroupSize)) = AffineMetaWord(p);
     }

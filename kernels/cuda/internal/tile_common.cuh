@@ -142,22 +142,26 @@ __device__ __forceinline__ void StoreTile(const PackedHeadLayout& l, uint8_t* he
 // row codecs are compile-time everywhere else (no per-row branches).
 static_assert(kDefaultKHi == kTileRowsPerStep, "fixed tiles put the hi rows in one step");
 
-template <StateFormat F, Src S>
-__device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, const uint8_t* head,
-                                              const LaneMap& m, float global_scale,
-                                              bool hi_step0,
+// H: the head's start as a pointer, or (kSwizzled) its shared address as
+// uint32_t, addressed through SwizzledRef (RowRef: the lane's position is
+// swizzled once, each row block adds a constant).
+template <StateFormat F, Src S, typename H>
+__device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, H head, const LaneMap& m,
+                                              float global_scale, bool hi_step0,
                                               float (&s)[kTileSteps][kTileColsPerLane],
                                               const float (&row_scale)[kTileSteps]) {
   constexpr int W = LaneWidth<F>();
+  // Row block of step i: rows r0 .. r0 + 15, the lane's row r0 + rl.
+  const auto r0 = [&](int i) { return m.row(i) - m.rl; };
   const auto load_lo = [&](int i) {
-    const int lr = m.row(i) - l.k_hi;
-    LoadRow16<LoRowCodec(F), S, W>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
-                                   head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0,
-                                   global_scale, s[i], row_scale[i]);
+    LoadRow16<LoRowCodec(F), S, W>(
+        RowRef(head, l.lo_codes_offset, l.lo_code_row_bytes, r0(i) - l.k_hi, m.rl),
+        RowRef(head, l.lo_meta_offset, l.lo_meta_row_bytes, r0(i) - l.k_hi, m.rl), m.col0,
+        global_scale, s[i], row_scale[i]);
   };
   if (IsMixedFormat(F) && hi_step0) {
-    LoadRow16<HiRowCodec(F), S, W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr,
-                                   m.col0, 0.0f, s[0], row_scale[0]);
+    const auto hi = RowRef(head, l.hi_offset, l.hi_row_bytes, r0(0), m.rl);
+    LoadRow16<HiRowCodec(F), S, W>(hi, hi, m.col0, 0.0f, s[0], row_scale[0]);
   } else {
     load_lo(0);
   }
@@ -185,7 +189,7 @@ __device__ __forceinline__ bool PairAffineParams(const float (&mn)[N], const flo
     const float gmn = fminf(cl ? mn[j1] : mn[j0], __shfl_xor_sync(0xffffffffu, send_mn, 1));
     const float gmx = fmaxf(cl ? mx[j1] : mx[j0], __shfl_xor_sync(0xffffffffu, send_mx, 1));
     const AffineParams ap = MakeAffineParams(gmn, gmx, qmax);
-    exact = exact && AffineFastPathExact(gmn, gmx, ap.inv_s);
+    exact = exact && AffineFastPathExact(ap);
     meta[p] = AffineMetaWord(ap);
     const float other_inv = __shfl_xor_sync(0xffffffffu, ap.inv_s, 1);
     const float other_z = __shfl_xor_sync(0xffffffffu, ap.z, 1);
@@ -378,22 +382,21 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
     qa[i] = kFolded ? qs[i] : qs[i] * a[i];
     qk = Fma(qs[i], kk[i], qk);
   }
-  float pk[kTileColsPerLane], pq[kTileColsPerLane];
+  // The lane's column partials of sum_r c_r w_rj, then their warp totals;
+  // one sum at a time keeps 16 fewer registers live.
+  const auto column_sums = [&](const float (&c)[kTileSteps]) {
+    float part[kTileColsPerLane];
 #pragma unroll
-  for (int c = 0; c < kTileColsPerLane; ++c) {
-    pk[c] = 0.0f;
-    pq[c] = 0.0f;
-  }
+    for (int j = 0; j < kTileColsPerLane; ++j) part[j] = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kTileSteps; ++i) {
+    for (int i = 0; i < kTileSteps; ++i) {
 #pragma unroll
-    for (int c = 0; c < kTileColsPerLane; ++c) {
-      pk[c] = Fma(ka[i], s[i][c], pk[c]);
-      pq[c] = Fma(qa[i], s[i][c], pq[c]);
+      for (int j = 0; j < kTileColsPerLane; ++j) part[j] = Fma(c[i], s[i][j], part[j]);
     }
-  }
-  float ks = WarpReduceScatter16Smem(pk, sc.wred, m.rl, m.cl);
-  float qsum = WarpReduceScatter16Smem(pq, sc.wred, m.rl, m.cl);
+    return WarpReduceScatter16Smem(part, sc.wred, m.rl, m.cl);
+  };
+  float ks = column_sums(ka);
+  float qsum = column_sums(qa);
 #pragma unroll
   for (int off = 16; off >= 2; off >>= 1) qk = qk + __shfl_xor_sync(0xffffffffu, qk, off);
   if (t.row_warps > 1) {
