@@ -57,27 +57,39 @@ __device__ __forceinline__ float LoadInputT(int dtype, const void* p, int64_t i)
   return LoadInput(kDtype >= 0 ? kDtype : dtype, p, i);
 }
 
+// Where one token's per-key-channel inputs of a head are (global tensors
+// offset to the token's key head, or the staged copies in shared memory).
+// has_perm / kda are flags rather than null tests of the pointers: a shared
+// address tested against null costs a generic conversion per item.
+struct RowSource {
+  const int32_t* perm;  // stored row -> key channel (used when has_perm)
+  const void* q;
+  const void* k;
+  const float* g;  // KDA per-channel gates (used when kda)
+  bool has_perm;
+  bool kda;
+  int dtype;
+  float a_head;  // GDN: exp(g) of the head
+  float scale;
+};
+
 // One stored row's inputs {k, scale * q, a, 0} (a: the row's decay).
 template <int kDtype>
-__device__ __forceinline__ float4 RowInput(int r, const int32_t* perm, int dtype, const void* q,
-                                           const void* k, const float* g_kda, float a_head,
-                                           float scale) {
-  const int c = perm != nullptr ? perm[r] : r;
-  return make_float4(LoadInputT<kDtype>(dtype, k, c), scale * LoadInputT<kDtype>(dtype, q, c),
-                     g_kda != nullptr ? DecayExp(g_kda[c]) : a_head, 0.0f);
+__device__ __forceinline__ float4 RowInput(int r, const RowSource& in) {
+  const int c = in.has_perm ? in.perm[r] : r;
+  return make_float4(LoadInputT<kDtype>(in.dtype, in.k, c),
+                     in.scale * LoadInputT<kDtype>(in.dtype, in.q, c),
+                     in.kda ? DecayExp(in.g[c]) : in.a_head, 0.0f);
 }
 
 template <int kDtype = -1>
-__device__ __forceinline__ void GatherRows(const LaneMap& m, int d_k, const int32_t* perm,
-                                           int dtype, const void* q, const void* k,
-                                           const float* g_kda, float a_head, float scale,
+__device__ __forceinline__ void GatherRows(const LaneMap& m, int d_k, const RowSource& in,
                                            float (&kk)[kTileSteps], float (&qs)[kTileSteps],
                                            float (&a)[kTileSteps]) {
 #pragma unroll
   for (int i = 0; i < kTileSteps; ++i) {
     const int r = m.row(i);
-    const float4 x = r < d_k ? RowInput<kDtype>(r, perm, dtype, q, k, g_kda, a_head, scale)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 x = r < d_k ? RowInput<kDtype>(r, in) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     kk[i] = x.x;
     qs[i] = x.y;
     a[i] = x.z;
@@ -88,9 +100,7 @@ __device__ __forceinline__ void GatherRows(const LaneMap& m, int d_k, const int3
 // once (lane cl takes steps cl and cl + 2) into the warp's shared `rows`,
 // then both lanes read all 4 (same values and arithmetic as GatherRows).
 template <int kDtype, bool kAllRows>
-__device__ __forceinline__ void GatherRowsPaired(const LaneMap& m, int d_k, const int32_t* perm,
-                                                 int dtype, const void* q, const void* k,
-                                                 const float* g_kda, float a_head, float scale,
+__device__ __forceinline__ void GatherRowsPaired(const LaneMap& m, int d_k, const RowSource& in,
                                                  float4* rows, float (&kk)[kTileSteps],
                                                  float (&qs)[kTileSteps],
                                                  float (&a)[kTileSteps]) {
@@ -99,9 +109,9 @@ __device__ __forceinline__ void GatherRowsPaired(const LaneMap& m, int d_k, cons
   for (int j = 0; j < kTileSteps / 2; ++j) {
     const int i = m.cl + 2 * j;
     const int r = m.row(i);
-    rows[i * kTileRowsPerStep + m.rl] =
-        (kAllRows || r < d_k) ? RowInput<kDtype>(r, perm, dtype, q, k, g_kda, a_head, scale)
-                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    rows[i * kTileRowsPerStep + m.rl] = (kAllRows || r < d_k)
+                                            ? RowInput<kDtype>(r, in)
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncwarp();
 #pragma unroll
@@ -260,10 +270,16 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
     const int64_t v_base = (row * geo.h_v + h) * geo.d_v;
     const int64_t gh = row * geo.h_v + h;
     float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
-    GatherRows(m, geo.d_k, perm, p.dtype, static_cast<const uint8_t*>(p.q) + qk_base * ds,
-               static_cast<const uint8_t*>(p.k) + qk_base * ds,
-               geo.kda ? p.g + gh * geo.d_k : nullptr, geo.kda ? 0.0f : DecayExp(p.g[gh]),
-               geo.scale, kk, qs, a);
+    const RowSource in{perm,
+                       static_cast<const uint8_t*>(p.q) + qk_base * ds,
+                       static_cast<const uint8_t*>(p.k) + qk_base * ds,
+                       p.g + gh * geo.d_k,
+                       perm != nullptr,
+                       geo.kda,
+                       p.dtype,
+                       geo.kda ? 0.0f : DecayExp(p.g[gh]),
+                       geo.scale};
+    GatherRows(m, geo.d_k, in, kk, qs, a);
     if (tok == 0) {
       LoadTile<F>(l, head, m, global_scale, s, a);
 #pragma unroll
@@ -445,10 +461,10 @@ __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t
 // column stripe exchange their column sums through a named barrier of their
 // own (TokenStep<.., true>); a stage is released by each warp after its last
 // read of it (an arrival on empty[stage], expected from every warp), and
-// the producer of a later item (lane 0 of warp j % warps for the CTA's j-th
-// item) refills it once that phase completed. The item's scalars (slot,
-// beta, exp(g)) ride in the stage header, published by the stage's full
-// barrier. So warps of different stripes drift freely within the staged
+// the producer of a later item (for the CTA's j-th item, lane 0 of warp
+// j % stripes, a row-warp-0 warp) refills it once that phase completed. The
+// item's scalars (slot, beta, exp(g)) ride in the stage header, published
+// by the stage's full barrier. So warps of different stripes drift freely within the staged
 // items and never wait on each other's work; only a producer waits, for a
 // stage every warp released long before (except with a single stage).
 // No deadlock: the lowest warp, at pass n, waits only for item n's stage,
@@ -479,12 +495,15 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   uint8_t* stage_base = smem_raw + sl.scratch_bytes;
 
   // The producer role rotates: the CTA's j-th item (blockIdx.x + j * stride)
-  // is staged by lane 0 of warp j % warps (the first `stages` by thread 0
-  // up front), so the extra work is spread over all warps instead of pacing
-  // the CTA at warp 0's speed. Each producer fetches the scalars of its next
-  // item one staging ahead (4-byte cp.async into its own slot, completed by
-  // itself before it stages the item): no producer waits on a dependent
-  // DRAM read.
+  // is staged by lane 0 of warp j % producers (the first `stages` by thread
+  // 0 up front), so the extra work is spread over warps instead of pacing
+  // the CTA at warp 0's speed. The producers are the row-warp-0 warps (one
+  // per stripe): their partners in the stripe barrier carry more work (no
+  // FP16 hi rows, no output), so the staging fills their wait. Each producer
+  // fetches the scalars of its next item one staging ahead (4-byte cp.async
+  // into its own slot, completed by itself before it stages the item): no
+  // producer waits on a dependent DRAM read.
+  const int producers = t.stripes;
   __shared__ float ahead_beta[kMaxTileThreads / 32], ahead_g[kMaxTileThreads / 32];
   __shared__ int32_t ahead_slot[kMaxTileThreads / 32];
   // Fetches the scalars of the CTA's j-th item into slot w.
@@ -508,7 +527,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   const auto stage_item = [&](int s, int j) {
     CpAsyncWaitAll();
     issue(s, m.warp, j);
-    fetch_ahead(m.warp, j + t.warps);
+    fetch_ahead(m.warp, j + producers);
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < sl.stages; ++s) {
@@ -526,8 +545,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   }
   __syncthreads();  // barriers initialized; the prologue's slots are read
   // Every producer's first item j >= stages.
-  if (m.lane == 0) {
-    fetch_ahead(m.warp, sl.stages + (m.warp - sl.stages % t.warps + t.warps) % t.warps);
+  if (m.lane == 0 && m.warp < producers) {
+    fetch_ahead(m.warp, sl.stages + (m.warp - sl.stages % producers + producers) % producers);
   }
 
   // The item's value head, kept incrementally (a runtime modulo per use
@@ -554,7 +573,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     const auto refill = [&] {
       const bool one = sl.stages == 1;
       const int j = n + (one ? 1 : sl.stages - 1);  // the CTA-local item to stage
-      if (m.lane != 0 || j % t.warps != m.warp) return;
+      if (m.lane != 0 || j % producers != m.warp) return;
       if ((!one && n == 0) || item + (j - n) * stride >= items) return;  // n == 0: staged up front
       const int sx = one ? st : (st == 0 ? sl.stages - 1 : st - 1);
       MbarrierWait(&empty[sx], one || st > 0 ? parity : parity ^ 1u);
@@ -579,12 +598,16 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                                : kFixed ? LdMeta<Src::kSwizzled, float>(global_ref)
                                         : LdMeta<Src::kShared, float>(head_s + l.global_offset);
     float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
-    GatherRowsPaired<kDtype, kFixed>(
-        m, geo.d_k,
-        p.maps.key_perm != nullptr ? reinterpret_cast<const int32_t*>(stage + sl.perm) : nullptr,
-        p.dtype, stage + sl.q, stage + sl.k,
-        geo.kda ? reinterpret_cast<const float*>(stage + sl.g) : nullptr, a_head, geo.scale,
-        WarpRows(scratch, t, geo.d_v, m), kk, qs, a);
+    const RowSource in{reinterpret_cast<const int32_t*>(stage + sl.perm),
+                       stage + sl.q,
+                       stage + sl.k,
+                       reinterpret_cast<const float*>(stage + sl.g),
+                       p.maps.key_perm != nullptr,
+                       geo.kda,
+                       p.dtype,
+                       a_head,
+                       geo.scale};
+    GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, geo.d_v, m), kk, qs, a);
     float s[kTileSteps][kTileColsPerLane];
     LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
     const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
