@@ -498,8 +498,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   // is staged by lane 0 of warp j % producers (the first `stages` by thread
   // 0 up front), so the extra work is spread over warps instead of pacing
   // the CTA at warp 0's speed. The producers are the row-warp-0 warps (one
-  // per stripe): their partners in the stripe barrier carry more work (no
-  // FP16 hi rows, no output), so the staging fills their wait. Each producer
+  // per stripe): they hold the FP16 hi rows of mixed formats (cheaper than
+  // affine rows), so they wait at the stripe barrier for their partners;
+  // the staging fills that wait. Each producer
   // fetches the scalars of its next item one staging ahead (4-byte cp.async
   // into its own slot, completed by itself before it stages the item): no
   // producer waits on a dependent DRAM read.
