@@ -561,6 +561,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
        ++n, item += stride, h = h + h_step >= geo.h_v ? h + h_step - geo.h_v : h + h_step,
            parity ^= st + 1 == sl.stages ? 1u : 0u, st = st + 1 == sl.stages ? 0 : st + 1) {
     uint8_t* stage = stage_base + st * sl.bytes;
+    const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes, OpaqueThreadIdx());
     // After this warp's last read of the stage.
     const auto release = [&] {
       __syncwarp();

@@ -39,10 +39,10 @@ struct LaneMap {
 };
 
 template <int W>
-__device__ __forceinline__ LaneMap MakeLaneMap(int stripes) {
+__device__ __forceinline__ LaneMap MakeLaneMap(int stripes, int tid = threadIdx.x) {
   LaneMap m;
-  m.warp = threadIdx.x >> 5;
-  m.lane = threadIdx.x & 31;
+  m.warp = tid >> 5;
+  m.lane = tid & 31;
   m.stripe = m.warp % stripes;
   m.row_warp = m.warp / stripes;
   m.rl = m.lane >> 1;
@@ -52,6 +52,16 @@ __device__ __forceinline__ LaneMap MakeLaneMap(int stripes) {
   m.c32 = m.ColOf(m.rl);
   m.jc = m.stripe * kTileStripe + m.c32;
   return m;
+}
+
+// threadIdx.x read so that the compiler cannot hoist what is derived from it
+// out of a loop: inside a long loop body at the register limit, a lane map
+// recomputed per iteration (a few integer instructions) is cheaper than the
+// spills of hoisted lane constants.
+__device__ __forceinline__ int OpaqueThreadIdx() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
 }
 
 // Loads the lane's kTileSteps x 16 values of a packed head (rows >= d_k are 0).
@@ -169,26 +179,29 @@ __device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, H head,
   for (int i = 1; i < kTileSteps; ++i) load_lo(i);
 }
 
-// Affine group parameters of N rows held by a lane pair (mn / mx: this
-// lane's half of each row). Each row's parameters are derived once per pair:
-// lane cl takes rows cl, cl + 2, ... and the pair swaps the results. Outputs
-// inv_s and z for every row, the metadata word of the rows this lane owns
-// (row 2p + cl in meta[p]), and whether the fast encoder is exact for all
-// rows of the warp (warp-uniform).
+// Affine group parameters of N rows held by a lane pair (r: this lane's
+// half of each row, LaneRangeBits). Each row's parameters are derived once
+// per pair: lane cl takes rows cl, cl + 2, ... and the pair swaps the
+// results. Outputs inv_s and z for every row, the metadata word of the rows
+// this lane owns (row 2p + cl in meta[p]), and whether the fast encoder is
+// exact for all rows of the warp (warp-uniform).
 template <int N>
-__device__ __forceinline__ bool PairAffineParams(const float (&mn)[N], const float (&mx)[N],
-                                                 int cl, int qmax, float (&inv)[N],
-                                                 float (&z)[N], uint32_t (&meta)[(N + 1) / 2]) {
+__device__ __forceinline__ bool PairAffineParams(const RangeBits (&r)[N], int cl, int qmax,
+                                                 float (&inv)[N], float (&z)[N],
+                                                 uint32_t (&meta)[(N + 1) / 2]) {
   bool exact = true;
 #pragma unroll
   for (int p = 0; p < (N + 1) / 2; ++p) {
     const int j0 = 2 * p;
     const int j1 = j0 + 1 < N ? j0 + 1 : j0;  // odd N: both lanes derive row j0
-    const float send_mn = cl ? mn[j0] : mn[j1];
-    const float send_mx = cl ? mx[j0] : mx[j1];
-    const float gmn = fminf(cl ? mn[j1] : mn[j0], __shfl_xor_sync(0xffffffffu, send_mn, 1));
-    const float gmx = fmaxf(cl ? mx[j1] : mx[j0], __shfl_xor_sync(0xffffffffu, send_mx, 1));
-    const AffineParams ap = MakeAffineParams(gmn, gmx, qmax);
+    // Selected field by field (a reference to r[cl ? j0 : j1] would put r in
+    // local memory).
+    const RangeBits keep{cl ? r[j1].neg : r[j0].neg, cl ? r[j1].pos : r[j0].pos};
+    const uint32_t send_neg = cl ? r[j0].neg : r[j1].neg;
+    const int32_t send_pos = cl ? r[j0].pos : r[j1].pos;
+    const RangeBits g = MaxRange(keep, RangeBits{__shfl_xor_sync(0xffffffffu, send_neg, 1),
+                                                 __shfl_xor_sync(0xffffffffu, send_pos, 1)});
+    const AffineParams ap = MakeAffineParams(RangeMin(g), RangeMax(g), qmax);
     exact = exact && AffineFastPathExact(ap);
     meta[p] = AffineMetaWord(ap);
     const float other_inv = __shfl_xor_sync(0xffffffffu, ap.inv_s, 1);
@@ -203,9 +216,50 @@ __device__ __forceinline__ bool PairAffineParams(const float (&mn)[N], const flo
   return __all_sync(0xffffffffu, exact);
 }
 
-// Encodes a fixed-shape tile (see LoadTileFixed). Affine lo rows of steps
-// 1..3 (0..3 for uniform formats) share the pair-split parameter derivation;
-// other codecs, and a lo step 0 of a mixed format, store row by row.
+// Encodes the affine rows of steps [kFirst, kTileSteps) of a fixed-shape
+// tile: the pair-split parameter derivation, then one warp-uniform choice of
+// encoder for all rows (their encodes interleave).
+template <StateFormat F, int kFirst>
+__device__ __forceinline__ void StoreAffineStepsFixed(const PackedHeadLayout& l, uint8_t* head,
+                                                      const LaneMap& m,
+                                                      const float (&s)[kTileSteps][kTileColsPerLane]) {
+  constexpr RowCodec kLo = LoRowCodec(F);
+  constexpr int N = kTileSteps - kFirst;
+  RangeBits range[N];
+  float inv[N], z[N];
+  uint32_t meta[(N + 1) / 2];
+#pragma unroll
+  for (int j = 0; j < N; ++j) range[j] = LaneRangeBits<16>(s[kFirst + j]);
+  const bool fast = PairAffineParams<N>(range, m.cl, AffineQmax<kLo>(), inv, z, meta);
+  const auto encode = [&](auto fast_tag) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int lr = m.row(kFirst + j) - l.k_hi;
+      EncodeAffineRowT<kLo, decltype(fast_tag)::value>(
+          head + l.lo_codes_offset + lr * l.lo_code_row_bytes, m.col0, s[kFirst + j], inv[j],
+          z[j]);
+    }
+  };
+  if (fast) {
+    encode(std::true_type{});
+  } else {
+    encode(std::false_type{});
+  }
+#pragma unroll
+  for (int p = 0; p < (N + 1) / 2; ++p) {
+    const int j = 2 * p + m.cl;
+    if (j < N) {
+      const int lr = m.row(kFirst + j) - l.k_hi;
+      *reinterpret_cast<uint32_t*>(head + l.lo_meta_offset + lr * l.lo_meta_row_bytes +
+                                   4 * (m.col0 / kGroupSize)) = meta[p];
+    }
+  }
+}
+
+// Encodes a fixed-shape tile (see LoadTileFixed). Affine lo rows go through
+// StoreAffineStepsFixed: all four steps, or steps 1..3 in the warps whose
+// step 0 holds the hi rows of a mixed format (a warp-uniform choice); other
+// codecs store row by row.
 template <StateFormat F>
 __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_t* head,
                                                const LaneMap& m, float global_scale,
@@ -214,54 +268,29 @@ __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_
   constexpr RowCodec kLo = LoRowCodec(F);
   constexpr int W = LaneWidth<F>();
   constexpr bool kAffine = kLo == RowCodec::kAffineU8 || kLo == RowCodec::kAffineU4;
-  // Steps [kFirst, kTileSteps) are lo rows in every warp.
-  constexpr int kFirst = IsMixedFormat(F) || !kAffine ? 1 : 0;
-  const auto store_lo = [&](int i) {
-    const int lr = m.row(i) - l.k_hi;
-    StoreRow16<kLo, W>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
-                       head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0, global_scale,
-                       m.cl == 0, s[i]);
+  const auto store_hi0 = [&] {
+    StoreRow16<HiRowCodec(F), W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr, m.col0,
+                                 0.0f, false, s[0]);
   };
-  if constexpr (kFirst == 1) {
+  if constexpr (kAffine) {
     if (IsMixedFormat(F) && hi_step0) {
-      StoreRow16<HiRowCodec(F), W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr,
-                                   m.col0, 0.0f, false, s[0]);
+      store_hi0();
+      StoreAffineStepsFixed<F, 1>(l, head, m, s);
+    } else {
+      StoreAffineStepsFixed<F, 0>(l, head, m, s);
+    }
+  } else {
+    const auto store_lo = [&](int i) {
+      const int lr = m.row(i) - l.k_hi;
+      StoreRow16<kLo, W>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
+                         head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0,
+                         global_scale, m.cl == 0, s[i]);
+    };
+    if (IsMixedFormat(F) && hi_step0) {
+      store_hi0();
     } else {
       store_lo(0);
     }
-  }
-  if constexpr (kAffine) {
-    constexpr int N = kTileSteps - kFirst;
-    float mn[N], mx[N], inv[N], z[N];
-    uint32_t meta[(N + 1) / 2];
-#pragma unroll
-    for (int j = 0; j < N; ++j) LaneMinMax<16>(s[kFirst + j], &mn[j], &mx[j]);
-    const bool fast = PairAffineParams<N>(mn, mx, m.cl, AffineQmax<kLo>(), inv, z, meta);
-    // One warp-uniform branch for all rows (the rows' encodes interleave).
-    const auto encode = [&](auto fast_tag) {
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        const int lr = m.row(kFirst + j) - l.k_hi;
-        EncodeAffineRowT<kLo, decltype(fast_tag)::value>(
-            head + l.lo_codes_offset + lr * l.lo_code_row_bytes, m.col0, s[kFirst + j], inv[j],
-            z[j]);
-      }
-    };
-    if (fast) {
-      encode(std::true_type{});
-    } else {
-      encode(std::false_type{});
-    }
-#pragma unroll
-    for (int p = 0; p < (N + 1) / 2; ++p) {
-      const int j = 2 * p + m.cl;
-      if (j < N) {
-        const int lr = m.row(kFirst + j) - l.k_hi;
-        *reinterpret_cast<uint32_t*>(head + l.lo_meta_offset + lr * l.lo_meta_row_bytes +
-                                     4 * (m.col0 / kGroupSize)) = meta[p];
-      }
-    }
-  } else {
 #pragma unroll
     for (int i = 1; i < kTileSteps; ++i) store_lo(i);
   }
