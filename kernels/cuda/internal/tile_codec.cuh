@@ -471,20 +471,19 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     const float s = C == RowCodec::kSymI8 ? MakeSymScale(amax) : MakeFp8Scale(amax);
     const float inv_s = 1.0f / s;
     if constexpr (C == RowCodec::kSymI8) {
-      // SymEncode bit for bit: one FFMA leaves rint(x / s) in the low 16 bits
-      // (|x / s| <= 127.5 since s = max(absmax, 1e-10) / 127); the clamp to
-      // [-127, 127] runs on s16x2 pairs; the low byte of each half is the
-      // int8 code.
-      uint32_t h[8];
+      // SymEncode bit for bit: one FFMA leaves n = rint(x / s) in the low bits
+      // of 1.5 * 2^23 + n, whose low byte is the int8 code. SymEncode's clamp
+      // to [-127, 127] never binds: |x| <= A = max(absmax, 1e-10), s =
+      // RN(A / 127), inv_s = RN(1 / s), so |x * inv_s| <= 127 (1 + 2^-24) /
+      // (1 - 2^-24) < 127.5. (x = +-inf: inv_s = 0 and the FFMA's NaN has low
+      // byte 0xFF, which the clamp on its low 16 bits, -1, also kept.)
+      uint32_t q[16];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t lo = __float_as_uint(__fmaf_rn(x[2 * j], inv_s, kRoundMagic));
-        const uint32_t hi = __float_as_uint(__fmaf_rn(x[2 * j + 1], inv_s, kRoundMagic));
-        h[j] = __vmaxs2(__vmins2(__byte_perm(lo, hi, 0x5410), 0x007f007fu), 0xff81ff81u);
-      }
-      StStream(codes + col0,
-               make_uint4(__byte_perm(h[0], h[1], 0x6420), __byte_perm(h[2], h[3], 0x6420),
-                          __byte_perm(h[4], h[5], 0x6420), __byte_perm(h[6], h[7], 0x6420)));
+      for (int e = 0; e < 16; ++e) q[e] = __float_as_uint(__fmaf_rn(x[e], inv_s, kRoundMagic));
+      StStream(codes + col0, make_uint4(PackBytes(q[0], q[1], q[2], q[3]),
+                                        PackBytes(q[4], q[5], q[6], q[7]),
+                                        PackBytes(q[8], q[9], q[10], q[11]),
+                                        PackBytes(q[12], q[13], q[14], q[15])));
     } else {
       int32_t q[16];
 #pragma unroll
