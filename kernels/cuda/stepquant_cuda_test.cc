@@ -42,6 +42,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend/backend.h"
@@ -101,6 +102,36 @@ std::vector<float> RandomStates(const ModelGeometry& geo, int n, uint32_t seed) 
   return s;
 }
 
+// DecodeInputs over device buffers: slots int32; q, k, v in dtype; g, beta
+// and o fp32.
+DecodeInputs GpuDecodeInputs(int batch, const BackendBuffer& slots, DType dtype,
+                             const BackendBuffer& q, const BackendBuffer& k,
+                             const BackendBuffer& v, const BackendBuffer& g,
+                             const BackendBuffer& beta, const BackendBuffer& o) {
+  return DecodeInputs{batch,
+                      reinterpret_cast<const int32_t*>(slots.data()),
+                      dtype,
+                      q.data(),
+                      k.data(),
+                      v.data(),
+                      reinterpret_cast<const float*>(g.data()),
+                      reinterpret_cast<const float*>(beta.data()),
+                      reinterpret_cast<float*>(o.data())};
+}
+
+// Packs RandomStates(seed) into every slot of `pool` with `cpu`; returns the
+// pool's bytes (the starting image the tests copy into GPU pools).
+std::vector<uint8_t> PackRandomStates(Backend& cpu, const TestPool& pool, const ModelGeometry& geo,
+                                      int num_slots, uint32_t seed) {
+  std::vector<int32_t> all(num_slots);
+  std::iota(all.begin(), all.end(), 0);
+  const std::vector<float> states = RandomStates(geo, num_slots, seed);
+  const absl::Status s =
+      cpu.PackStates(*pool.model, pool.view, all.data(), num_slots, states.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return pool.Bytes();
+}
+
 int64_t DifferingBytes(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   int64_t n = 0;
   for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
@@ -120,6 +151,29 @@ double MaxRelError(const std::vector<float>& gpu, const std::vector<float>& cpu)
 // Bytes of slot s of a pool image.
 std::vector<uint8_t> SlotBytes(const std::vector<uint8_t>& pool, int64_t slot_bytes, int s) {
   return std::vector<uint8_t>(pool.begin() + s * slot_bytes, pool.begin() + (s + 1) * slot_bytes);
+}
+
+// A batch of `batch` distinct slots of [0, num_slots) in shuffled order with
+// every `gap`-th entry from `first` on set to -1 (skipped), and which slots
+// it updates (used[s]).
+struct ShuffledBatch {
+  std::vector<int32_t> slots;
+  std::vector<bool> used;
+};
+
+ShuffledBatch MakeShuffledBatch(int num_slots, int batch, uint32_t seed, int first, int gap) {
+  std::vector<int32_t> all(num_slots);
+  std::iota(all.begin(), all.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(all.begin(), all.end(), rng);
+  ShuffledBatch b;
+  b.slots.assign(all.begin(), all.begin() + batch);
+  for (int i = first; i < batch; i += gap) b.slots[i] = -1;
+  b.used.assign(num_slots, false);
+  for (int32_t s : b.slots) {
+    if (s >= 0) b.used[s] = true;
+  }
+  return b;
 }
 
 // Expects every slot with used[s] false to hold its starting bytes; returns
@@ -195,20 +249,14 @@ TEST_P(StepCudaTest, DecodeStepsMatchCpuBytes) {
     }
     absl::Status st = TestGpu()->DecodeUpdate(
         *gpu_pool_.model, gpu_pool_.view, 0,
-        DecodeInputs{batch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
-                     DType::kFp32, gb.q->data(), gb.k->data(), gb.v->data(),
-                     reinterpret_cast<const float*>(gb.g->data()),
-                     reinterpret_cast<const float*>(gb.beta->data()),
-                     reinterpret_cast<float*>(gpu_o->data())});
+        GpuDecodeInputs(batch, *gpu_slots, DType::kFp32, *gb.q, *gb.k, *gb.v, *gb.g, *gb.beta,
+                        *gpu_o));
     ASSERT_TRUE(st.ok()) << st;
     if (layer != 0) {
       st = TestGpu()->DecodeUpdate(
           *gpu_pool_.model, gpu_pool_.view, layer,
-          DecodeInputs{batch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
-                       DType::kFp32, gb.q->data(), gb.k->data(), gb.v->data(),
-                       reinterpret_cast<const float*>(gb.g->data()),
-                       reinterpret_cast<const float*>(gb.beta->data()),
-                       reinterpret_cast<float*>(gpu_o->data())});
+          GpuDecodeInputs(batch, *gpu_slots, DType::kFp32, *gb.q, *gb.k, *gb.v, *gb.g,
+                          *gb.beta, *gpu_o));
       ASSERT_TRUE(st.ok()) << st;
     }
     const std::vector<float> o = FromGpu<float>(*gpu_o, o_count);
@@ -413,22 +461,11 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
   TestPool fast_pool = MakeTestPool(*TestGpu(), layout, kSlots);
   TestPool slow_pool = MakeTestPool(*TestGpu(), layout, kSlots);
   ASSERT_NE(fast_pool.model, nullptr);
-  std::vector<int32_t> all(kSlots);
-  std::iota(all.begin(), all.end(), 0);
-  const std::vector<float> states = RandomStates(geo, kSlots, 29);
-  ASSERT_TRUE(cpu->PackStates(*cpu_pool.model, cpu_pool.view, all.data(), kSlots, states.data()).ok());
-  const std::vector<uint8_t> start = cpu_pool.Bytes();
+  const std::vector<uint8_t> start = PackRandomStates(*cpu, cpu_pool, geo, kSlots, 29);
   fast_pool.SetBytes(start);
   slow_pool.SetBytes(start);
   // Slots: a shuffled subset, every 13th entry -1; the rest stay untouched.
-  std::mt19937 rng(31);
-  std::shuffle(all.begin(), all.end(), rng);
-  std::vector<int32_t> slots(all.begin(), all.begin() + kBatch);
-  for (int i = 5; i < kBatch; i += 13) slots[i] = -1;
-  std::vector<bool> used(kSlots, false);
-  for (int32_t s2 : slots) {
-    if (s2 >= 0) used[s2] = true;
-  }
+  const auto [slots, used] = MakeShuffledBatch(kSlots, kBatch, 31, 5, 13);
   auto gpu_slots = ToGpu(slots);
   const int64_t o_count = int64_t{kBatch} * geo.h_v * geo.d_v;
   auto gpu_o = TestGpu()->Allocate(o_count * 4).value();
@@ -466,11 +503,7 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
       TestPool& pool = fast == 1 ? fast_pool : slow_pool;
       const absl::Status st = TestGpu()->DecodeUpdate(
           *pool.model, pool.view, layer,
-          DecodeInputs{kBatch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
-                       dtype, dq->data(), dk->data(), dv->data(),
-                       reinterpret_cast<const float*>(dg->data()),
-                       reinterpret_cast<const float*>(dbeta->data()),
-                       reinterpret_cast<float*>(gpu_o->data())});
+          GpuDecodeInputs(kBatch, *gpu_slots, dtype, *dq, *dk, *dv, *dg, *dbeta, *gpu_o));
       ASSERT_TRUE(st.ok()) << st;
       outs[fast] = FromGpu<float>(*gpu_o, o_count);
     }
@@ -514,27 +547,14 @@ INSTANTIATE_TEST_SUITE_P(
 // A KDA layout whose heads use every width: per head 2 pivot rows, then rows
 // at 8, 7, ..., 2 bits (cycled), random permutations and row impact.
 StateLayout AllWidthsLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(0.05f, 1.0f);
-  std::vector<int32_t> perm;
-  std::vector<int8_t> bits;
-  std::vector<float> impact;
-  for (int64_t h = 0; h < geo.HeadsPerSlot(); ++h) {
-    std::vector<int32_t> p(geo.d_k);
-    std::iota(p.begin(), p.end(), 0);
-    std::shuffle(p.begin(), p.end(), rng);
-    perm.insert(perm.end(), p.begin(), p.end());
+  return RandomStepQuantLayout(geo, f, seed, [&](int64_t h, std::mt19937&) {
     std::vector<int8_t> b(geo.d_k);
     for (int r = 0; r < geo.d_k; ++r) {
       b[r] = r < 2 ? 16 : static_cast<int8_t>(2 + (r + h) % 7);
     }
     std::sort(b.begin(), b.end(), std::greater<int8_t>());
-    bits.insert(bits.end(), b.begin(), b.end());
-    for (int r = 0; r < geo.d_k; ++r) impact.push_back(u(rng));
-  }
-  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(geo, {f, 0}, perm, bits, impact);
-  EXPECT_TRUE(l.ok()) << l.status();
-  return *l;
+    return b;
+  });
 }
 
 // The tile reference of one decode step of `layer` on a host pool image:
@@ -628,21 +648,10 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
   TestPool cpu_pool = MakeTestPool(*cpu, layout, kSlots);
   TestPool gpu_pool = MakeTestPool(*TestGpu(), layout, kSlots);
   ASSERT_NE(gpu_pool.model, nullptr);
-  std::vector<int32_t> all(kSlots);
-  std::iota(all.begin(), all.end(), 0);
-  const std::vector<float> states = RandomStates(geo, kSlots, 43);
-  ASSERT_TRUE(cpu->PackStates(*cpu_pool.model, cpu_pool.view, all.data(), kSlots, states.data()).ok());
-  const std::vector<uint8_t> start = cpu_pool.Bytes();
+  const std::vector<uint8_t> start = PackRandomStates(*cpu, cpu_pool, geo, kSlots, 43);
   gpu_pool.SetBytes(start);
   std::vector<uint8_t> ref = start;
-  std::mt19937 rng(47);
-  std::shuffle(all.begin(), all.end(), rng);
-  std::vector<int32_t> slots(all.begin(), all.begin() + kBatch);
-  for (int i = 3; i < kBatch; i += 11) slots[i] = -1;
-  std::vector<bool> used(kSlots, false);
-  for (int32_t s2 : slots) {
-    if (s2 >= 0) used[s2] = true;
-  }
+  const auto [slots, used] = MakeShuffledBatch(kSlots, kBatch, 47, 3, 11);
   auto gpu_slots = ToGpu(slots);
   const int64_t o_count = int64_t{kBatch} * geo.h_v * geo.d_v;
   auto gpu_o = TestGpu()->Allocate(o_count * 4).value();
@@ -670,11 +679,7 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
     TileReferenceStep(layout, layer, slots, b, ref, ref_o);
     const absl::Status st = TestGpu()->DecodeUpdate(
         *gpu_pool.model, gpu_pool.view, layer,
-        DecodeInputs{kBatch, static_cast<const int32_t*>(static_cast<void*>(gpu_slots->data())),
-                     dtype, dq->data(), dk->data(), dv->data(),
-                     reinterpret_cast<const float*>(dg->data()),
-                     reinterpret_cast<const float*>(dbeta->data()),
-                     reinterpret_cast<float*>(gpu_o->data())});
+        GpuDecodeInputs(kBatch, *gpu_slots, dtype, *dq, *dk, *dv, *dg, *dbeta, *gpu_o));
     ASSERT_TRUE(st.ok()) << st;
     const std::vector<float> o = FromGpu<float>(*gpu_o, o_count);
     int64_t o_diff = 0;

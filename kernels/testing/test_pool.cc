@@ -36,11 +36,11 @@ TestPool MakeTestPool(Backend& backend, const StateLayout& layout, int slots) {
   return p;
 }
 
-StateLayout MixedStepQuantLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed,
-                                 bool pivot_head_per_layer) {
+StateLayout RandomStepQuantLayout(
+    const ModelGeometry& geo, StateFormat f, uint32_t seed,
+    const std::function<std::vector<int8_t>(int64_t head, std::mt19937& rng)>& head_bits) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(0.05f, 1.0f);
-  const std::vector<int> cand = StepQuantCandidateBits(f);
   std::vector<int32_t> perm;
   std::vector<int8_t> bits;
   std::vector<float> impact;
@@ -49,6 +49,19 @@ StateLayout MixedStepQuantLayout(const ModelGeometry& geo, StateFormat f, uint32
     std::iota(p.begin(), p.end(), 0);
     std::shuffle(p.begin(), p.end(), rng);
     perm.insert(perm.end(), p.begin(), p.end());
+    const std::vector<int8_t> b = head_bits(h, rng);
+    bits.insert(bits.end(), b.begin(), b.end());
+    for (int r = 0; r < geo.d_k; ++r) impact.push_back(u(rng));
+  }
+  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(geo, {f, 0}, perm, bits, impact);
+  EXPECT_TRUE(l.ok()) << l.status();
+  return *l;
+}
+
+StateLayout MixedStepQuantLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed,
+                                 bool pivot_head_per_layer) {
+  const std::vector<int> cand = StepQuantCandidateBits(f);
+  return RandomStepQuantLayout(geo, f, seed, [&](int64_t h, std::mt19937& rng) {
     std::vector<int8_t> b(geo.d_k);
     if (geo.arch == Arch::kGdn) {
       const bool pivot = (pivot_head_per_layer ? h % geo.h_v : h) == 1;
@@ -57,12 +70,8 @@ StateLayout MixedStepQuantLayout(const ModelGeometry& geo, StateFormat f, uint32
       for (int r = 0; r < geo.d_k; ++r) b[r] = r < 2 ? 16 : cand[rng() % cand.size()];
       std::sort(b.begin(), b.end(), std::greater<int8_t>());
     }
-    bits.insert(bits.end(), b.begin(), b.end());
-    for (int r = 0; r < geo.d_k; ++r) impact.push_back(u(rng));
-  }
-  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(geo, {f, 0}, perm, bits, impact);
-  EXPECT_TRUE(l.ok()) << l.status();
-  return *l;
+    return b;
+  });
 }
 
 }  // namespace statecache

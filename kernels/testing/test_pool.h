@@ -8,7 +8,9 @@
 #define STATECACHE_KERNELS_TESTING_TEST_POOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "kernels/backend/backend.h"
@@ -31,6 +33,14 @@ struct TestPool {
 
 // Allocates `slots` slots and prepares `layout` (a failure fails the test).
 TestPool MakeTestPool(Backend& backend, const StateLayout& layout, int slots);
+
+// A STEPQuant layout with random key permutations and row impact in
+// (0.05, 1], and per head the key rows' widths from head_bits(head, rng)
+// (called in head order, between the head's permutation and its impact
+// draws from the same generator).
+StateLayout RandomStepQuantLayout(
+    const ModelGeometry& geo, StateFormat f, uint32_t seed,
+    const std::function<std::vector<int8_t>(int64_t head, std::mt19937& rng)>& head_bits);
 
 // A calibrated-looking STEPQuant layout: random key permutations and row
 // impact in (0.05, 1]; GDN one width per head from the format's candidates
