@@ -49,7 +49,8 @@ __device__ __forceinline__ void StStream8(uint8_t* p, uint2 v) {
 // swizzle, CU_TENSOR_MAP_SWIZZLE_128B, into a 1024-byte aligned region: the
 // 16-byte chunk index, address bits 4-6, is XORed with the 128-byte row index
 // mod 8, bits 7-9, so the lanes of a warp reading one 16-byte column of 8
-// consecutive rows hit 8 different bank groups).
+// consecutive rows hit 8 different bank groups; addressed through
+// SwizzledRef).
 enum class Src { kGlobal, kShared, kSwizzled };
 
 // Keeps a parameter out of template argument deduction (std::type_identity_t).
@@ -109,20 +110,14 @@ __device__ __forceinline__ const uint8_t* RowRef(const uint8_t* base, int64_t of
   return base + offset + (r0 + rl) * row_bytes;
 }
 
-// The 32-bit shared-memory address of p, swizzled for kSwizzled.
-template <Src S>
-__device__ __forceinline__ uint32_t SmemAt(const uint8_t* p) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  if constexpr (S == Src::kSwizzled) return a ^ (((a >> 7) & 7u) << 4);
-  return a;
-}
+// The swizzled shared-memory address of a kSwizzled location.
 template <Src S>
 __device__ __forceinline__ uint32_t SmemAt(const SwizzledRef& r) {
   static_assert(S == Src::kSwizzled, "a SwizzledRef addresses a swizzled region");
   return r.addr();
 }
 
-// Loads from a pointer (every Src) or a SwizzledRef (kSwizzled).
+// Loads from a pointer (kGlobal, kShared) or a SwizzledRef (kSwizzled).
 template <Src S, typename P>
 __device__ __forceinline__ uint4 Ld16(const P& p) {
   if constexpr (S == Src::kGlobal) {
@@ -362,7 +357,8 @@ __device__ __forceinline__ uint32_t AffineMetaWord(const AffineParams& p) {
 // mx - mn, and s = fp16(RN(D / qmax)) unsaturated is >= D / qmax * (1 -
 // 2^-11) (normal) or >= D / qmax - 2^-25 >= 2^-24 (subnormal, s > 0), so
 // |x| * inv_s <= 1.5 * qmax * (1 + 2^-23) < 2^14; s == 0 gives inv_s == 0.
-// (mn and mx are never NaN: fminf / fmaxf skip NaN elements.)
+// (Groups containing NaN are outside the byte-equality contract: see
+// LaneRangeBits.)
 __device__ __forceinline__ bool AffineFastPathExact(const AffineParams& p) {
   return p.s_bits != 0x7BFFu;
 }

@@ -220,9 +220,9 @@ __device__ __forceinline__ bool PairAffineParams(const RangeBits (&r)[N], int cl
 // tile: the pair-split parameter derivation, then one warp-uniform choice of
 // encoder for all rows (their encodes interleave).
 template <StateFormat F, int kFirst>
-__device__ __forceinline__ void StoreAffineStepsFixed(const PackedHeadLayout& l, uint8_t* head,
-                                                      const LaneMap& m,
-                                                      const float (&s)[kTileSteps][kTileColsPerLane]) {
+__device__ __forceinline__ void StoreAffineStepsFixed(
+    const PackedHeadLayout& l, uint8_t* head, const LaneMap& m,
+    const float (&s)[kTileSteps][kTileColsPerLane]) {
   constexpr RowCodec kLo = LoRowCodec(F);
   constexpr int N = kTileSteps - kFirst;
   RangeBits range[N];
