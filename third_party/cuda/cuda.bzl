@@ -4,6 +4,11 @@ nvcc only compiles (no GPU is needed), for sm_90a machine code plus compute_90a
 PTX, so the objects run on Hopper and JIT on later parts. Headers of `deps`
 (their CcInfo) are visible to nvcc, so .cu files include the same
 __host__ __device__ headers as host code.
+
+Each compile also keeps ptxas's resource report (registers, stack, spills per
+kernel: `-Xptxas=-v`) as <name>_nvcc/<source>.ptxas.txt, in the output group
+"ptxas" of the <name>_nvcc target, so tests can check register budgets
+without a GPU.
 """
 
 _NVCC = "/usr/local/cuda/bin/nvcc"
@@ -36,26 +41,33 @@ def _cuda_objects_impl(ctx):
         for d in cx.defines.to_list():
             include_flags.append("-D" + d)
     objects = []
+    reports = []
     for src in ctx.files.srcs:
         obj = ctx.actions.declare_file(ctx.label.name + "/" + src.basename.replace(".cu", ".o"))
+        report = ctx.actions.declare_file(
+            ctx.label.name + "/" + src.basename.replace(".cu", ".ptxas.txt"),
+        )
         args = ctx.actions.args()
-        args.add_all(_NVCC_FLAGS + ctx.attr.copts + include_flags)
+        args.add_all(_NVCC_FLAGS + ["-Xptxas=-v"] + ctx.attr.copts + include_flags)
         args.add("-c", src.path)
         args.add("-o", obj.path)
         # linux-sandbox gives every nvcc the same PID, and nvcc names its
         # temporaries /tmp/tmpxft_<pid>_*: parallel compiles would collide,
-        # so each one gets a private TMPDIR.
+        # so each one gets a private TMPDIR. nvcc's stderr (ptxas's report,
+        # and any diagnostics) goes to the report; on failure it is printed.
         ctx.actions.run_shell(
-            command = 'd=$(mktemp -d) && TMPDIR="$d" "$@"; rc=$?; rm -rf "$d"; exit $rc',
-            arguments = [_NVCC, args],
+            command = ('r="$1"; shift; d=$(mktemp -d) && TMPDIR="$d" "$@" 2> "$r"; rc=$?; ' +
+                       'rm -rf "$d"; [ $rc -eq 0 ] || cat "$r" >&2; exit $rc'),
+            arguments = [report.path, _NVCC, args],
             inputs = depset([src], transitive = [headers]),
-            outputs = [obj],
+            outputs = [obj, report],
             mnemonic = "NvccCompile",
             progress_message = "nvcc %s" % src.short_path,
             use_default_shell_env = True,
         )
         objects.append(obj)
-    return [DefaultInfo(files = depset(objects))]
+        reports.append(report)
+    return [DefaultInfo(files = depset(objects)), OutputGroupInfo(ptxas = depset(reports))]
 
 _cuda_objects = rule(
     implementation = _cuda_objects_impl,
