@@ -19,7 +19,8 @@
 //    two row warps of a stripe exchange column sums through their own named
 //    barrier, every warp releases a stage after its last read (an mbarrier
 //    arrival) and the producer of a later item (a role that rotates over
-//    the warps) refills it; the item's scalars ride in the stage header.
+//    the row-warp-0 warps) refills it; the item's scalars ride in the stage
+//    header.
 //    The fixed shape's swizzled stage is addressed through SwizzledRef (the
 //    lane's position swizzled once, constant offsets per row block). Each
 //    lane pair converts its rows' inputs once (a fixed input
@@ -259,9 +260,11 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
   if (p.tokens == 0) LoadTile<F>(l, head, m, global_scale, s);
 
   const int kh = h / (geo.h_v / geo.h_qk);
-  const int32_t* perm = p.maps.key_perm != nullptr ? p.maps.key_perm + int64_t{h} * geo.d_k : nullptr;
-  const int32_t* vorder = kVt == ValueTransform::kScaleReorder ? p.maps.value_order + int64_t{h} * geo.d_v : nullptr;
-  const float* vscale = kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + int64_t{h} * geo.d_v : nullptr;
+  const bool reorder = kVt == ValueTransform::kScaleReorder;
+  const int32_t* perm =
+      p.maps.key_perm != nullptr ? p.maps.key_perm + int64_t{h} * geo.d_k : nullptr;
+  const int32_t* vorder = reorder ? p.maps.value_order + int64_t{h} * geo.d_v : nullptr;
+  const float* vscale = reorder ? p.maps.value_scale + int64_t{h} * geo.d_v : nullptr;
   const int ds = p.dtype == 0 ? 4 : 2;
 
   for (int tok = 0; tok < p.tokens; ++tok) {
@@ -273,7 +276,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
     const RowSource in{perm,
                        static_cast<const uint8_t*>(p.q) + qk_base * ds,
                        static_cast<const uint8_t*>(p.k) + qk_base * ds,
-                       p.g + gh * geo.d_k,
+                       p.g + gh * geo.d_k,  // read only for KDA
                        perm != nullptr,
                        geo.kda,
                        p.dtype,
@@ -464,9 +467,10 @@ __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t
 // the producer of a later item (for the CTA's j-th item, lane 0 of warp
 // j % stripes, a row-warp-0 warp) refills it once that phase completed. The
 // item's scalars (slot, beta, exp(g)) ride in the stage header, published
-// by the stage's full barrier. So warps of different stripes drift freely within the staged
-// items and never wait on each other's work; only a producer waits, for a
-// stage every warp released long before (except with a single stage).
+// by the stage's full barrier. So warps of different stripes drift freely
+// within the staged items and never wait on each other's work; only a
+// producer waits, for a stage every warp released long before (except with
+// a single stage).
 // No deadlock: the lowest warp, at pass n, waits only for item n's stage,
 // staged at pass n - stages + 1 < n by a warp that is at pass >= n, and a
 // producer's empty barrier needs releases of item n - 1, which every warp
