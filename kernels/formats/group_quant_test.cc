@@ -1,6 +1,8 @@
 #include "kernels/formats/group_quant.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -48,6 +50,58 @@ TEST(MakeAffineParams, EndsOfTheRangeEncodeToZeroAndQmax) {
   EXPECT_EQ(AffineEncode(-1.5f, p, 255), 0);
   EXPECT_EQ(AffineEncode(2.25f, p, 255), 255);
   EXPECT_EQ(p.z, HalfBitsToFloat(p.z_bits));
+}
+
+// The CUDA encoders rely on two bounds of the shared parameters (see
+// tile_codec.cuh): the symmetric int8 code never reaches SymEncode's clamp,
+// and the affine fast encoder's 16-bit arithmetic is exact (|x / s| < 2^14)
+// whenever the FP16 scale did not saturate. Both are checked here on a dense
+// sweep of group ranges (every 61st positive finite float: all exponents,
+// ~35 million ranges), in double, where the products are exact.
+constexpr uint32_t kMaxFiniteBits = 0x7f7fffffu;
+constexpr uint32_t kSweepStride = 61;
+
+TEST(MakeSymScale, CodesNeverReachTheClamp) {
+  uint64_t bad = 0;
+  uint32_t first_bad = 0;
+  for (uint64_t b = 1; b <= kMaxFiniteBits; b += kSweepStride) {
+    const float absmax = BitsToFloat(static_cast<uint32_t>(b));
+    const float inv_s = 1.0f / MakeSymScale(absmax);  // the kernel's reciprocal
+    // |x| <= absmax for every x of the group; rint(x / s) stays in
+    // [-127, 127] when |x * inv_s| < 127.5.
+    if (!(static_cast<double>(absmax) * inv_s < 127.5) && bad++ == 0) first_bad = b;
+  }
+  EXPECT_EQ(bad, 0u) << "first absmax bits 0x" << std::hex << first_bad;
+}
+
+void ExpectAffineFastPathBound(int qmax) {
+  uint64_t bad = 0, saturated = 0;
+  float first_mn = 0, first_mx = 0;
+  for (uint64_t b = 1; b <= kMaxFiniteBits; b += kSweepStride) {
+    const float d = BitsToFloat(static_cast<uint32_t>(b));
+    // The group's widest value is at an end of [mn, mx] (which contains 0).
+    for (const auto& [mn, mx] :
+         {std::pair<float, float>{0.0f, d}, {-d, 0.0f}, {-d / 3.0f, d}, {-d, d / 7.0f}}) {
+      const AffineParams p = MakeAffineParams(mn, mx, qmax);
+      if (p.s_bits == 0x7BFF) {
+        ++saturated;
+        continue;
+      }
+      const double widest = std::max(-static_cast<double>(mn), static_cast<double>(mx));
+      if (!(widest * p.inv_s < 16384.0) && bad++ == 0) {
+        first_mn = mn;
+        first_mx = mx;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "qmax " << qmax << ", first range [" << first_mn << ", " << first_mx
+                     << "]";
+  EXPECT_GT(saturated, 0u) << "the sweep must reach saturated scales too";
+}
+
+TEST(MakeAffineParams, FastEncoderIsExactUnlessTheScaleSaturated) {
+  ExpectAffineFastPathBound(255);
+  ExpectAffineFastPathBound(15);
 }
 
 }  // namespace
