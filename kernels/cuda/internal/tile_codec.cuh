@@ -17,6 +17,7 @@
 
 #include "kernels/formats/group_quant.h"
 #include "kernels/formats/head_layout.h"
+#include "kernels/cuda/internal/swizzle.h"
 #include "kernels/formats/numeric.h"
 
 namespace statecache {
@@ -61,50 +62,7 @@ struct NonDeducedT {
 template <typename T>
 using NonDeduced = typename NonDeducedT<T>::type;
 
-// The 128-byte swizzle of a byte offset inside a 1024-byte aligned region.
-__device__ __forceinline__ uint32_t Swizzle128(uint32_t off) {
-  return off ^ (((off >> 7) & 7u) << 4);
-}
-
-// A byte in a kSwizzled region: the region's shared address `base` (1024-byte
-// aligned) plus `block + in_block`, where block is a multiple of 128 and of
-// a power of two that in_block stays below (disjoint bits). Swizzle128 is
-// linear over XOR and leaves a block's bits above 7 alone, so the address is
-// (base + Swizzle128(in_block)) ^ x + block with x = Swizzle128(block) ^
-// block (bits 4-6): a tile's lane position (in_block, the same for all its
-// row blocks) is swizzled once per item, and each row block costs at most
-// one XOR with a constant plus an immediate offset.
-struct SwizzledRef {
-  uint32_t base = 0;
-  uint32_t block = 0;
-  uint32_t in_block = 0;
-  __device__ uint32_t addr() const {
-    const uint32_t lane = base + Swizzle128(in_block);
-    const uint32_t x = Swizzle128(block) ^ block;
-    return (x != 0 ? lane ^ x : lane) + block;
-  }
-};
-// Offsets inside a row (columns, metadata words) stay inside the block.
-__device__ __forceinline__ SwizzledRef operator+(SwizzledRef r, int64_t d) {
-  r.in_block += static_cast<uint32_t>(d);
-  return r;
-}
-
-// Row `r0 + rl` of a region of rows of row_bytes starting at `offset`
-// (r0 a multiple of 16, rl < 16): when span = 16 * row_bytes is a power of
-// two >= 128 that divides offset + r0 * row_bytes, the row block and the
-// lane's row inside it split as SwizzledRef needs; otherwise everything goes
-// into in_block (exact, without the savings). For a fixed layout every
-// operand but rl is a compile-time constant, so the test folds away.
-__device__ __forceinline__ SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes,
-                                              int r0, int rl) {
-  const int64_t span = 16 * row_bytes;
-  const int64_t block = offset + r0 * row_bytes;
-  if (span >= 128 && (span & (span - 1)) == 0 && block % span == 0) {
-    return SwizzledRef{base, static_cast<uint32_t>(block), static_cast<uint32_t>(rl * row_bytes)};
-  }
-  return SwizzledRef{base, 0, static_cast<uint32_t>(block + rl * row_bytes)};
-}
+// RowRef (swizzle.h) for an unswizzled region: a plain pointer.
 __device__ __forceinline__ const uint8_t* RowRef(const uint8_t* base, int64_t offset,
                                                  int64_t row_bytes, int r0, int rl) {
   return base + offset + (r0 + rl) * row_bytes;

@@ -1,0 +1,62 @@
+// The 128-byte swizzle of staged heads (CU_TENSOR_MAP_SWIZZLE_128B) and the
+// split addressing the fixed-shape tile code reads them with. Host and
+// device code (SC_HD): swizzle_test checks the split against the plain
+// swizzle for every format's fixed layout.
+#ifndef STATECACHE_KERNELS_CUDA_INTERNAL_SWIZZLE_H_
+#define STATECACHE_KERNELS_CUDA_INTERNAL_SWIZZLE_H_
+
+#include <cstdint>
+
+#include "kernels/common/host_device.h"
+
+namespace statecache {
+namespace cuda_internal {
+
+// The 128-byte swizzle of a byte offset inside a 1024-byte aligned region.
+SC_HD uint32_t Swizzle128(uint32_t off) {
+  return off ^ (((off >> 7) & 7u) << 4);
+}
+
+// A byte in a kSwizzled region: the region's shared address `base` (1024-byte
+// aligned) plus `block + in_block`, where block is a multiple of 128 and of
+// a power of two that in_block stays below (disjoint bits). Swizzle128 is
+// linear over XOR and leaves a block's bits above 7 alone, so the address is
+// (base + Swizzle128(in_block)) ^ x + block with x = Swizzle128(block) ^
+// block (bits 4-6): a tile's lane position (in_block, the same for all its
+// row blocks) is swizzled once per item, and each row block costs at most
+// one XOR with a constant plus an immediate offset.
+struct SwizzledRef {
+  uint32_t base = 0;
+  uint32_t block = 0;
+  uint32_t in_block = 0;
+  SC_HD uint32_t addr() const {
+    const uint32_t lane = base + Swizzle128(in_block);
+    const uint32_t x = Swizzle128(block) ^ block;
+    return (x != 0 ? lane ^ x : lane) + block;
+  }
+};
+// Offsets inside a row (columns, metadata words) stay inside the block.
+SC_HD SwizzledRef operator+(SwizzledRef r, int64_t d) {
+  r.in_block += static_cast<uint32_t>(d);
+  return r;
+}
+
+// Row `r0 + rl` of a region of rows of row_bytes starting at `offset`
+// (r0 a multiple of 16, rl < 16): when span = 16 * row_bytes is a power of
+// two >= 128 that divides offset + r0 * row_bytes, the row block and the
+// lane's row inside it split as SwizzledRef needs; otherwise everything goes
+// into in_block (exact, without the savings). For a fixed layout every
+// operand but rl is a compile-time constant, so the test folds away.
+SC_HD SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes, int r0, int rl) {
+  const int64_t span = 16 * row_bytes;
+  const int64_t block = offset + r0 * row_bytes;
+  if (span >= 128 && (span & (span - 1)) == 0 && block % span == 0) {
+    return SwizzledRef{base, static_cast<uint32_t>(block), static_cast<uint32_t>(rl * row_bytes)};
+  }
+  return SwizzledRef{base, 0, static_cast<uint32_t>(block + rl * row_bytes)};
+}
+
+}  // namespace cuda_internal
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_CUDA_INTERNAL_SWIZZLE_H_
