@@ -17,6 +17,7 @@
 
 #include "kernels/formats/group_quant.h"
 #include "kernels/formats/head_layout.h"
+#include "kernels/cuda/internal/range_bits.h"
 #include "kernels/cuda/internal/swizzle.h"
 #include "kernels/formats/numeric.h"
 
@@ -125,47 +126,6 @@ __device__ __forceinline__ T LdMeta(const P& p) {
 // float(2^23 + byte) - (2^23 + z) == byte - z exactly.
 __device__ __forceinline__ float ByteMinus(uint32_t word, uint32_t sel, float bias) {
   return __uint_as_float(__byte_perm(word, 0x4B000000u, sel)) - bias;
-}
-
-// The part of a group's range that MakeAffineParams uses, min(min, 0) and
-// max(max, 0), from integer maxima of the values' bits (VIMNMX3 on sm_90
-// takes three operands: 8 instructions per 16 values and bound instead of
-// 15 FMNMX). For non-NaN values: the signed maximum of the bits is the
-// largest positive value's when there is one (negative floats are negative
-// integers, and non-negative floats order like their bits); the unsigned
-// maximum is the most negative value's when there is one (negative floats
-// have the top bit set and order by magnitude). Groups containing NaN are
-// outside the codecs' byte-equality contract.
-struct RangeBits {
-  uint32_t neg;  // unsigned max of the bits
-  int32_t pos;   // signed max of the bits
-};
-
-template <int N>
-__device__ __forceinline__ RangeBits LaneRangeBits(const float* x) {
-  static_assert(N >= 2 && N % 2 == 0, "even N");
-  // A chain that folds two values per step: one live partial per maximum
-  // (the tile kernels run at their register limit; a tree would hold more).
-  uint32_t u = max(__float_as_uint(x[0]), __float_as_uint(x[1]));
-  int32_t v = max(__float_as_int(x[0]), __float_as_int(x[1]));
-#pragma unroll
-  for (int c = 2; c < N; c += 2) {
-    u = __vimax3_u32(u, __float_as_uint(x[c]), __float_as_uint(x[c + 1]));
-    v = __vimax3_s32(v, __float_as_int(x[c]), __float_as_int(x[c + 1]));
-  }
-  return RangeBits{u, v};
-}
-
-__device__ __forceinline__ RangeBits MaxRange(const RangeBits& a, const RangeBits& b) {
-  return RangeBits{max(a.neg, b.neg), max(a.pos, b.pos)};
-}
-
-// min(group_min, 0) and max(group_max, 0) as MakeAffineParams computes them.
-__device__ __forceinline__ float RangeMin(const RangeBits& r) {
-  return (r.neg & 0x80000000u) != 0 ? __uint_as_float(r.neg) : 0.0f;
-}
-__device__ __forceinline__ float RangeMax(const RangeBits& r) {
-  return r.pos > 0 ? __int_as_float(r.pos) : 0.0f;
 }
 
 template <int N>
