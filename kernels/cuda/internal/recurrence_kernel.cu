@@ -40,6 +40,7 @@
 
 #include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/launchers.h"
+#include "kernels/cuda/internal/stage_layout.h"
 #include "kernels/cuda/internal/tile_common.cuh"
 
 namespace statecache {
@@ -180,24 +181,6 @@ __device__ __forceinline__ uint8_t* HeadPtr(const RecurrenceParams& p, const Hea
          (int64_t{p.layer} * geo.h_v + h) * geo.layout.head_bytes;
 }
 
-// Scratch: [2 parities] x (red_k, red_q [row_warps][d_v], red_qk [warps]),
-// wbuf [warps][32], red [warps] (rounded up to 4), then per warp
-// kWarpScratchFloats: the reduce-scatter buffer and (pipelined kernel) the
-// warp's 64 staged row inputs (float4 each).
-// Each part starts 16-byte aligned (wbuf, wred and rows are read as float4).
-inline constexpr int kWarpRowsFloats = 4 * kTileRowsPerWarp;
-inline constexpr int kWarpScratchFloats = kWarpReduceFloats + kWarpRowsFloats;
-
-__host__ __device__ inline int64_t ScratchPer(const DecodeTiling& t, int d_v) {
-  return (2 * int64_t{t.row_warps} * d_v + t.warps + 3) / 4 * 4;  // red_qk per stripe
-}
-__host__ __device__ inline int64_t WarpScratchOffset(const DecodeTiling& t, int d_v) {
-  return 2 * ScratchPer(t, d_v) + t.warps * 32 + (t.warps + 3) / 4 * 4;
-}
-__host__ __device__ inline int64_t ScratchFloats(const DecodeTiling& t, int d_v) {
-  return WarpScratchOffset(t, d_v) + int64_t{t.warps} * kWarpScratchFloats;
-}
-
 __device__ __forceinline__ StepScratch MakeScratch(float* base, const DecodeTiling& t, int d_v,
                                                    const LaneMap& m, int parity) {
   const int64_t per = ScratchPer(t, d_v);
@@ -303,56 +286,6 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
 }
 
 // ---- Pipelined decode kernel -------------------------------------------------
-
-// Byte offsets inside one shared-memory stage (all multiples of 16; the
-// stage itself is 1024-byte aligned and a multiple of 1024 bytes).
-struct StageLayout {
-  int header = 0;      // the staged item's int32 slot, float beta, float exp(g) (GDN)
-  int head = 0;        // packed head [head_bytes], 1024-byte aligned
-  int tma_rows = 0;    // > 0: the head arrives by tensor-map copies of tma_rows
-                       // 128-byte rows each, 128-byte swizzled (Src::kSwizzled)
-  int q = 0, k = 0;    // [d_k] dtype
-  int v = 0;           // [d_v] dtype
-  int g = 0;           // KDA [d_k] fp32
-  int perm = 0;        // [d_k] int32 (when the layout has a permutation)
-  int order = 0;       // damp-sr [d_v] int32
-  int scale = 0;       // damp-sr [d_v] fp32
-  int bytes = 0;       // stage size
-  int stages = 1;      // 1 .. kMaxStages
-  int64_t scratch_bytes = 0;
-};
-
-inline constexpr int kMaxStages = 3;
-static_assert(kMaxStages <= kMaxTileThreads / 32, "the prologue uses one scalar slot per stage");
-
-// The offsets and size of one stage for a head of head_bytes and the inputs
-// present (ds: bytes per q / k / v element). The fixed-shape kernels pass
-// true for every optional input, so their offsets follow from template
-// arguments alone and fold into the shared-memory instructions.
-__host__ __device__ inline StageLayout StageOffsets(int64_t head_bytes, int d_k, int d_v, int ds,
-                                                    bool kda, bool perm, bool order) {
-  StageLayout sl;
-  int off = 0;
-  sl.head = off;  // first: the stage base is 1024-byte aligned
-  off += static_cast<int>((head_bytes + 15) / 16 * 16);
-  sl.q = off;
-  off += d_k * ds;
-  sl.k = off;
-  off += d_k * ds;
-  sl.v = off;
-  off += d_v * ds;
-  sl.g = off;
-  if (kda) off += d_k * 4;
-  sl.perm = off;
-  if (perm) off += d_k * 4;
-  sl.order = off;
-  sl.scale = off + d_v * 4;
-  if (order) off += 2 * d_v * 4;
-  sl.header = off;
-  off += 16;
-  sl.bytes = (off + 1023) / 1024 * 1024;
-  return sl;
-}
 
 // Bulk copies of a head are split into chunks (one 64 KB copy streams slower
 // than several 4 KB ones; one copy per 128-byte row is slower still, and so is
@@ -670,31 +603,19 @@ bool PipelineEligible(const RecurrenceParams& p) {
 StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
                             int max_smem_per_block, bool fixed) {
   const HeadGeometry& geo = p.geo;
-  const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
   StageLayout sl = StageOffsets(
       geo.layout.head_bytes, geo.d_k, geo.d_v, p.dtype == 0 ? 4 : 2, fixed || geo.kda,
       fixed || p.maps.key_perm != nullptr,
       fixed ? ValueTransformOf(geo.format) == ValueTransform::kScaleReorder
             : p.maps.value_order != nullptr);
-  sl.scratch_bytes = AlignUp(ScratchFloats(t, geo.d_v) * 4, 1024);
-  // As many stages (up to kMaxStages) as leave two CTAs per SM.
-  sl.stages = 1;
-  while (sl.stages < kMaxStages &&
-         2 * (sl.scratch_bytes + (sl.stages + 1) * sl.bytes + 1024) + 2048 <= max_smem_per_sm) {
-    ++sl.stages;
-  }
   // STATECACHE_CUDA_STAGES=1..3 forces the stage count (then large heads may run one
   // CTA per SM; never more stages than one CTA holds); for A/B benchmarks.
   static const int forced = [] {
     const char* e = std::getenv("STATECACHE_CUDA_STAGES");
     return e == nullptr ? 0 : std::atoi(e);
   }();
-  if (forced >= 1 && forced <= kMaxStages) sl.stages = forced;
-  // Never more than one CTA can hold (1 KB: the kernel's static shared memory).
-  while (sl.stages > 1 &&
-         sl.scratch_bytes + int64_t{sl.stages} * sl.bytes + 1024 > max_smem_per_block) {
-    --sl.stages;
-  }
+  ChooseStages(MakeDecodeTiling(geo.d_k, geo.d_v), geo.d_v, max_smem_per_sm, max_smem_per_block,
+               forced, &sl);
   return sl;
 }
 

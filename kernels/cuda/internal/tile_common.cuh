@@ -10,6 +10,7 @@
 #include "kernels/cuda/decode_math.h"
 #include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/kernel_params.h"
+#include "kernels/cuda/internal/stage_layout.h"
 #include "kernels/cuda/internal/tile_codec.cuh"
 #include "kernels/formats/format.h"
 #include "kernels/formats/hadamard.h"
@@ -340,7 +341,7 @@ __device__ __forceinline__ void PairHadamard(float (&x)[kTileColsPerLane], int c
 // fewer instructions than a shuffle butterfly, which needs per-level
 // selects). Layout: lane (rl, cl) writes floats [cl * 336 + rl * 20, +16);
 // the padding makes both the writes and the column reads bank-conflict-free.
-inline constexpr int kWarpReduceFloats = 2 * 336;
+// (kWarpReduceFloats, the buffer's size, is in stage_layout.h.)
 
 // The transpose of the reduce-scatter: every lane writes its 16 per-column
 // values, then reads the 16 values of its column (one per row lane) into v.

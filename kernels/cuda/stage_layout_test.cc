@@ -1,0 +1,87 @@
+#include "kernels/cuda/internal/stage_layout.h"
+
+#include <cstdint>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "kernels/formats/format.h"
+#include "kernels/formats/head_layout.h"
+
+namespace statecache {
+namespace cuda_internal {
+namespace {
+
+// The H200 (cudaDevAttrMaxSharedMemoryPerMultiprocessor and
+// cudaDevAttrMaxSharedMemoryPerBlockOptin).
+constexpr int kSmemPerSm = 233472;
+constexpr int kSmemPerBlock = 232448;
+
+// The fixed-shape kernels' stage (MakeStageLayout with fixed = true: room
+// for every optional input) for format f and q / k / v element bytes ds.
+StageLayout FixedStage(StateFormat f, int ds, int forced = 0) {
+  const PackedHeadLayout l =
+      MakeHeadLayout(FormatSpec{f, IsMixedFormat(f) ? kDefaultKHi : 0}, 128, 128);
+  StageLayout sl = StageOffsets(l.head_bytes, 128, 128, ds, true, true,
+                                ValueTransformOf(f) == ValueTransform::kScaleReorder);
+  ChooseStages(MakeDecodeTiling(128, 128), 128, kSmemPerSm, kSmemPerBlock, forced, &sl);
+  return sl;
+}
+
+int64_t CtaBytes(const StageLayout& sl) {
+  return sl.scratch_bytes + int64_t{sl.stages} * sl.bytes + 1024;
+}
+
+TEST(StageOffsets, FieldsAreAlignedAndInsideTheStage) {
+  for (StateFormat f : AllStateFormats()) {
+    for (int ds : {2, 4}) {
+      const StageLayout sl = FixedStage(f, ds);
+      const std::string what = std::string(FormatName(f)) + " ds " + std::to_string(ds);
+      EXPECT_EQ(sl.head, 0) << what;
+      for (int off : {sl.q, sl.k, sl.v, sl.g, sl.perm, sl.order, sl.scale, sl.header}) {
+        EXPECT_EQ(off % 16, 0) << what;
+      }
+      EXPECT_LE(sl.header + 16, sl.bytes) << what;
+      EXPECT_EQ(sl.bytes % 1024, 0) << what;
+      EXPECT_EQ(sl.scratch_bytes % 1024, 0) << what;
+    }
+  }
+}
+
+// Two CTAs per SM with as many stages as fit: three for the compressed
+// formats (damp's 20 KiB heads included, with either input width), two for
+// 16-bit heads (32 KiB), one for fp32 (64 KiB). A scratch or stage that grows
+// past these budgets shows up here before it shows up as a slower H200 run.
+TEST(ChooseStages, StageCountsOnTheH200) {
+  for (StateFormat f : AllStateFormats()) {
+    for (int ds : {2, 4}) {
+      const StageLayout sl = FixedStage(f, ds);
+      const std::string what = std::string(FormatName(f)) + " ds " + std::to_string(ds);
+      const int want = f == StateFormat::kFp32                               ? 1
+                       : f == StateFormat::kFp16 || f == StateFormat::kBf16 ? 2
+                                                                            : 3;
+      EXPECT_EQ(sl.stages, want) << what;
+      EXPECT_LE(2 * CtaBytes(sl) + 2048, kSmemPerSm) << what << ": two CTAs per SM";
+    }
+  }
+}
+
+TEST(ChooseStages, ForcedCountsNeverExceedOneCta) {
+  // fp32: three 67 KiB stages do not fit one CTA, two do.
+  EXPECT_EQ(FixedStage(StateFormat::kFp32, 4, 3).stages, 2);
+  EXPECT_EQ(FixedStage(StateFormat::kFp32, 4, 1).stages, 1);
+  EXPECT_EQ(FixedStage(StateFormat::kDamp, 2, 1).stages, 1);
+  EXPECT_EQ(FixedStage(StateFormat::kDamp, 2, 2).stages, 2);
+  for (StateFormat f : AllStateFormats()) {
+    for (int forced = 1; forced <= kMaxStages; ++forced) {
+      const StageLayout sl = FixedStage(f, 4, forced);
+      EXPECT_LE(CtaBytes(sl), kSmemPerBlock) << FormatName(f) << " forced " << forced;
+      EXPECT_LE(sl.stages, forced) << FormatName(f);
+    }
+  }
+  // Out-of-range values are ignored.
+  EXPECT_EQ(FixedStage(StateFormat::kDamp, 2, 7).stages, FixedStage(StateFormat::kDamp, 2).stages);
+}
+
+}  // namespace
+}  // namespace cuda_internal
+}  // namespace statecache
