@@ -5,6 +5,7 @@
 #define STATECACHE_KERNELS_CUDA_INTERNAL_RANGE_BITS_H_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/host_device.h"
 #include "kernels/formats/numeric.h"
@@ -25,32 +26,26 @@ struct RangeBits {
   int32_t pos;   // signed max of the bits
 };
 
-SC_HD uint32_t MaxU32(uint32_t a, uint32_t b) {
+// max of two or three 32-bit integers (VIMNMX3 on the device for three).
+template <typename T>
+SC_HD T Max2(T a, T b) {
 #if defined(__CUDA_ARCH__)
   return max(a, b);
 #else
   return a > b ? a : b;
 #endif
 }
-SC_HD int32_t MaxS32(int32_t a, int32_t b) {
+template <typename T>
+SC_HD T Max3(T a, T b, T c) {
+  static_assert(std::is_same<T, int32_t>::value || std::is_same<T, uint32_t>::value, "32-bit");
 #if defined(__CUDA_ARCH__)
-  return max(a, b);
+  if constexpr (std::is_signed<T>::value) {
+    return __vimax3_s32(a, b, c);
+  } else {
+    return __vimax3_u32(a, b, c);
+  }
 #else
-  return a > b ? a : b;
-#endif
-}
-SC_HD uint32_t Max3U32(uint32_t a, uint32_t b, uint32_t c) {
-#if defined(__CUDA_ARCH__)
-  return __vimax3_u32(a, b, c);
-#else
-  return MaxU32(MaxU32(a, b), c);
-#endif
-}
-SC_HD int32_t Max3S32(int32_t a, int32_t b, int32_t c) {
-#if defined(__CUDA_ARCH__)
-  return __vimax3_s32(a, b, c);
-#else
-  return MaxS32(MaxS32(a, b), c);
+  return Max2(Max2(a, b), c);
 #endif
 }
 
@@ -67,20 +62,20 @@ SC_HD RangeBits LaneRangeBits(const float* x) {
   static_assert(N >= 2 && N % 2 == 0, "even N");
   // A chain that folds two values per step: one live partial per maximum
   // (the tile kernels run at their register limit; a tree would hold more).
-  uint32_t u = MaxU32(FloatToBits(x[0]), FloatToBits(x[1]));
-  int32_t v = MaxS32(FloatToSignedBits(x[0]), FloatToSignedBits(x[1]));
+  uint32_t u = Max2(FloatToBits(x[0]), FloatToBits(x[1]));
+  int32_t v = Max2(FloatToSignedBits(x[0]), FloatToSignedBits(x[1]));
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int c = 2; c < N; c += 2) {
-    u = Max3U32(u, FloatToBits(x[c]), FloatToBits(x[c + 1]));
-    v = Max3S32(v, FloatToSignedBits(x[c]), FloatToSignedBits(x[c + 1]));
+    u = Max3(u, FloatToBits(x[c]), FloatToBits(x[c + 1]));
+    v = Max3(v, FloatToSignedBits(x[c]), FloatToSignedBits(x[c + 1]));
   }
   return RangeBits{u, v};
 }
 
 SC_HD RangeBits MaxRange(const RangeBits& a, const RangeBits& b) {
-  return RangeBits{MaxU32(a.neg, b.neg), MaxS32(a.pos, b.pos)};
+  return RangeBits{Max2(a.neg, b.neg), Max2(a.pos, b.pos)};
 }
 
 // min(group_min, 0) and max(group_max, 0) as MakeAffineParams computes them.
