@@ -19,10 +19,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "server/log.h"
@@ -117,28 +115,6 @@ ABSL_FLAG(std::string, report_geometry, "gdn:30:16:32:128:128",
 namespace statecache {
 namespace {
 
-absl::StatusOr<ModelGeometry> ParseGeometry(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, ':');
-  if (parts.size() != 6) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("report_geometry: '", text, "' is not arch:layers:h_qk:h_v:d_k:d_v"));
-  }
-  ModelGeometry g;
-  absl::StatusOr<Arch> arch = ParseArch(parts[0]);
-  if (!arch.ok()) return arch.status();
-  g.arch = *arch;
-  int* fields[] = {&g.layers, &g.h_qk, &g.h_v, &g.d_k, &g.d_v};
-  for (int i = 0; i < 5; ++i) {
-    if (!absl::SimpleAtoi(parts[i + 1], fields[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("report_geometry: bad number '",
-                                                     parts[i + 1], "'"));
-    }
-  }
-  absl::Status valid = g.Validate();
-  if (!valid.ok()) return valid;
-  return g;
-}
-
 // The start-up table: what the budgets buy per format for one geometry.
 void PrintCapacityTable(const ModelGeometry& g, int64_t state_bytes, int64_t checkpoint_bytes) {
   std::string table = absl::StrFormat(
@@ -205,7 +181,8 @@ int Main() {
       absl::Milliseconds(absl::GetFlag(FLAGS_submit_ring_wait_timeout_ms));
   options.dataplane.max_session_lease = options.memory.lease_max;
 
-  absl::StatusOr<ModelGeometry> report = ParseGeometry(absl::GetFlag(FLAGS_report_geometry));
+  absl::StatusOr<ModelGeometry> report =
+      ParseGeometry(absl::GetFlag(FLAGS_report_geometry), "report_geometry");
   if (!report.ok()) {
     std::fprintf(stderr, "statecached: %s\n", report.status().ToString().c_str());
     return 2;

@@ -1,6 +1,11 @@
 #include "kernels/layout/geometry.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace statecache {
 
@@ -41,6 +46,32 @@ absl::Status ModelGeometry::Validate() const {
 std::string ModelGeometry::DebugString() const {
   return absl::StrCat(ArchName(arch), " L=", layers, " Hqk=", h_qk, " Hv=", h_v,
                       " dk=", d_k, " dv=", d_v, " scale=", EffectiveScale());
+}
+
+absl::StatusOr<ModelGeometry> ParseGeometry(absl::string_view text, absl::string_view field) {
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  if (parts.size() != 6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", text, "' is not arch:layers:h_qk:h_v:d_k:d_v"));
+  }
+  ModelGeometry g;
+  absl::StatusOr<Arch> arch = ParseArch(parts[0]);
+  if (!arch.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", arch.status().message()));
+  }
+  g.arch = *arch;
+  int* fields[] = {&g.layers, &g.h_qk, &g.h_v, &g.d_k, &g.d_v};
+  for (int i = 0; i < 5; ++i) {
+    if (!absl::SimpleAtoi(parts[i + 1], fields[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": '", parts[i + 1], "' in '", text, "' is not a number"));
+    }
+  }
+  const absl::Status valid = g.Validate();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", valid.message()));
+  }
+  return g;
 }
 
 }  // namespace statecache

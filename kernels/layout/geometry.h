@@ -69,6 +69,11 @@ struct ModelGeometry {
   bool operator!=(const ModelGeometry& o) const { return !(*this == o); }
 };
 
+// Parses the command-line form "arch:layers:h_qk:h_v:d_k:d_v" (e.g.
+// "gdn:30:16:32:128:128") and validates it; kInvalidArgument naming `field`
+// (the flag) otherwise.
+absl::StatusOr<ModelGeometry> ParseGeometry(absl::string_view text, absl::string_view field);
+
 }  // namespace statecache
 
 #endif  // STATECACHE_KERNELS_LAYOUT_GEOMETRY_H_

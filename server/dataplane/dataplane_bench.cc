@@ -92,19 +92,6 @@ ABSL_FLAG(bool, verify, true, "Check every mode's first-step o against inproc, b
 namespace statecache {
 namespace {
 
-absl::StatusOr<ModelGeometry> ParseGeometry(const std::string& text) {
-  std::vector<std::string> p = absl::StrSplit(text, ':');
-  if (p.size() != 6) return absl::InvalidArgumentError("geometry: want arch:layers:h_qk:h_v:d_k:d_v");
-  ModelGeometry g;
-  ASSIGN_OR_RETURN(g.arch, ParseArch(p[0]));
-  int* f[] = {&g.layers, &g.h_qk, &g.h_v, &g.d_k, &g.d_v};
-  for (int i = 0; i < 5; ++i) {
-    if (!absl::SimpleAtoi(p[i + 1], f[i])) return absl::InvalidArgumentError("geometry: number");
-  }
-  RETURN_IF_ERROR(g.Validate());
-  return g;
-}
-
 // Host inputs of one layer for B slots (reused for every layer and step).
 struct Inputs {
   std::vector<float> q, k, v, g, beta;
@@ -512,7 +499,7 @@ absl::StatusOr<Timing> RunInline(const ServerHandle& s, const ModelGeometry& geo
 }
 
 int Main() {
-  absl::StatusOr<ModelGeometry> geo = ParseGeometry(absl::GetFlag(FLAGS_geometry));
+  absl::StatusOr<ModelGeometry> geo = ParseGeometry(absl::GetFlag(FLAGS_geometry), "geometry");
   if (!geo.ok()) {
     std::fprintf(stderr, "%s\n", geo.status().ToString().c_str());
     return 2;

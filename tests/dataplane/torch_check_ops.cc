@@ -51,21 +51,6 @@ ABSL_FLAG(std::string, out, "", "update: o file; export: prefix of the state fil
 namespace statecache {
 namespace {
 
-absl::StatusOr<ModelGeometry> ParseGeometry(const std::string& text) {
-  std::vector<std::string> p = absl::StrSplit(text, ':');
-  if (p.size() != 6) return absl::InvalidArgumentError("geometry: want arch:layers:h_qk:h_v:d_k:d_v");
-  ModelGeometry g;
-  ASSIGN_OR_RETURN(g.arch, ParseArch(p[0]));
-  int* f[] = {&g.layers, &g.h_qk, &g.h_v, &g.d_k, &g.d_v};
-  for (int i = 0; i < 5; ++i) {
-    if (!absl::SimpleAtoi(p[i + 1], f[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("geometry: '", p[i + 1], "' is no number"));
-    }
-  }
-  RETURN_IF_ERROR(g.Validate());
-  return g;
-}
-
 absl::StatusOr<std::vector<SlotHandle>> ParseSlots(const std::string& text) {
   std::vector<SlotHandle> out;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
@@ -92,7 +77,7 @@ absl::Status Register() {
   ASSIGN_OR_RETURN(auto c, Connect());
   ModelRegistration r;
   r.model_id = absl::GetFlag(FLAGS_model);
-  ASSIGN_OR_RETURN(r.geometry, ParseGeometry(absl::GetFlag(FLAGS_geometry)));
+  ASSIGN_OR_RETURN(r.geometry, ParseGeometry(absl::GetFlag(FLAGS_geometry), "geometry"));
   r.format = absl::GetFlag(FLAGS_format);
   r.slots = absl::GetFlag(FLAGS_slots_capacity);
   r.checkpoints = 1;

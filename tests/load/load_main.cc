@@ -19,9 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "server/server.h"
 #include "tests/load/load_runner.h"
 
@@ -45,26 +43,6 @@ ABSL_FLAG(std::string, tls_key_file, "", "Client key (mutual TLS).");
 namespace statecache {
 namespace {
 
-absl::StatusOr<ModelGeometry> ParseGeometryFlag(const std::string& text) {
-  std::vector<std::string> p = absl::StrSplit(text, ':');
-  if (p.size() != 6)
-    return absl::InvalidArgumentError("geometry: want arch:layers:h_qk:h_v:d_k:d_v");
-  ModelGeometry g;
-  if (p[0] == "gdn") {
-    g.arch = Arch::kGdn;
-  } else if (p[0] == "kda") {
-    g.arch = Arch::kKda;
-  } else {
-    return absl::InvalidArgumentError("geometry: arch must be gdn or kda");
-  }
-  int* f[] = {&g.layers, &g.h_qk, &g.h_v, &g.d_k, &g.d_v};
-  for (int i = 0; i < 5; ++i) {
-    if (!absl::SimpleAtoi(p[i + 1], f[i]))
-      return absl::InvalidArgumentError("geometry: bad number");
-  }
-  return g;
-}
-
 int Main() {
   LoadOptions o;
   o.clients = absl::GetFlag(FLAGS_clients);
@@ -77,7 +55,7 @@ int Main() {
   o.spec.checkpoints = absl::GetFlag(FLAGS_checkpoints);
   o.spec.slots = std::max<int64_t>(o.clients, 1) + 4;
   o.spec.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
-  absl::StatusOr<ModelGeometry> g = ParseGeometryFlag(absl::GetFlag(FLAGS_geometry));
+  absl::StatusOr<ModelGeometry> g = ParseGeometry(absl::GetFlag(FLAGS_geometry), "geometry");
   if (!g.ok()) {
     std::fprintf(stderr, "statecache_load: %s\n", g.status().ToString().c_str());
     return 2;
