@@ -292,9 +292,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
 // spreading the issue over a warp: measured on the H200).
 inline constexpr int kBulkChunk = 4096;
 
-// Thread 0 only: stage item `item` (pool slot `slot`) into `stage`: its
-// scalars into the header, the packed head, then one copy per input vector;
-// all complete on `bar` (whose arrival publishes the header).
+// One thread (the item's producer) only: stage item `item` (pool slot
+// `slot`) into `stage`: its scalars into the header, the packed head, then
+// one copy per input vector; all complete on `bar` (whose arrival publishes
+// the header).
 __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadGeometry& geo,
                                           const StageLayout& sl, const CUtensorMap* tmap,
                                           uint8_t* stage, uint64_t* bar, int item, int32_t slot,
