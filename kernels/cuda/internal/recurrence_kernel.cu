@@ -384,9 +384,10 @@ __device__ __forceinline__ void LoadItemTile(const PackedHeadLayout& l, const ui
 template <StateFormat F, bool kFixed>
 __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t* head,
                                               const LaneMap& m, float global_scale,
-                                              const float (&s)[kTileSteps][kTileColsPerLane]) {
+                                              const float (&s)[kTileSteps][kTileColsPerLane],
+                                              float* buf) {
   if constexpr (kFixed) {
-    StoreTileFixed<F>(l, head, m, global_scale, m.row_warp == 0, s);
+    StoreTileFixed<F>(l, head, m, global_scale, m.row_warp == 0, s, buf);
   } else {
     StoreTile<F>(l, head, m, global_scale, s);
   }
@@ -568,7 +569,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     }
     uint8_t* head = HeadPtr(p, geo, slot, h);
     const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
-    StoreItemTile<F, kFixed>(l, head, m, gs, s);
+    StoreItemTile<F, kFixed>(l, head, m, gs, s, sc.wred);  // wred: free after TokenStep
     if (l.has_global_scale && threadIdx.x == 0) {
       *reinterpret_cast<float*>(head + l.global_offset) = gs;
     }

@@ -346,6 +346,22 @@ __device__ __forceinline__ void EncodeAffineRow(uint8_t* codes, int col0, const 
   }
 }
 
+// 16 values as FP16 / BF16 pairs (value 2e in the low half of w[e]).
+template <RowCodec C>
+__device__ __forceinline__ void PackRow16Bits(const float* x, uint32_t (&w)[8]) {
+  static_assert(C == RowCodec::kFp16 || C == RowCodec::kBf16, "16-bit FP codecs");
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if constexpr (C == RowCodec::kFp16) {
+      // RNE saturating to the finite range: FloatToHalfBits of both.
+      asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(w[e]) : "f"(x[2 * e + 1]), "f"(x[2 * e]));
+    } else {
+      w[e] = static_cast<uint32_t>(FloatToBf16Bits(x[2 * e])) |
+             (static_cast<uint32_t>(FloatToBf16Bits(x[2 * e + 1])) << 16);
+    }
+  }
+}
+
 template <RowCodec C, int W = 16>
 __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int col0,
                                            float global_scale, bool write_meta, const float* x) {
@@ -358,16 +374,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     }
   } else if constexpr (C == RowCodec::kFp16 || C == RowCodec::kBf16) {
     uint32_t w[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if constexpr (C == RowCodec::kFp16) {
-        // RNE saturating to the finite range: FloatToHalfBits of both.
-        asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(w[e]) : "f"(x[2 * e + 1]), "f"(x[2 * e]));
-      } else {
-        w[e] = static_cast<uint32_t>(FloatToBf16Bits(x[2 * e])) |
-               (static_cast<uint32_t>(FloatToBf16Bits(x[2 * e + 1])) << 16);
-      }
-    }
+    PackRow16Bits<C>(x, w);
     StStream(codes + 2 * (col0 + ChunkCol<W>(0, 8)), make_uint4(w[0], w[1], w[2], w[3]));
     StStream(codes + 2 * (col0 + ChunkCol<W>(1, 8)), make_uint4(w[4], w[5], w[6], w[7]));
   } else if constexpr (C == RowCodec::kAffineU8 || C == RowCodec::kAffineU4) {

@@ -257,18 +257,96 @@ __device__ __forceinline__ void StoreAffineStepsFixed(
   }
 }
 
+// Floats of a warp's buffer for StoreStepLines (16 rows x 32 FP32 values).
+inline constexpr int kLineBufferFloats = kTileRowsPerStep * kTileStripe;
+static_assert(kLineBufferFloats <= kWarpReduceFloats, "it reuses the reduce-scatter buffer");
+
+// Stores one row step (16 rows) of an FP tile (FP32: N = 4 chunks per lane,
+// FP16 / BF16: N = 2) as whole lines of the stripe. A lane pair holds its
+// row's 32 * N stripe bytes as 2N chunks of 16 (lane cl has chunks cl,
+// cl + 2, ..: the W interleave), so direct stores would write 16 rows x 32
+// bytes per warp instruction: 16 partial lines for L2 to merge, which kept
+// the FP32 kernel's L2 busier than its DRAM. Instead the step goes through
+// the warp's shared buffer `buf` (kLineBufferFloats) and 2N lanes store one
+// row's stripe bytes (FP32: a whole 128-byte line; 16-bit formats: half a
+// line, the other half is the next stripe's warp's): 16 / N rows per
+// instruction. Chunk k of buffered row R sits at k ^ Swz(R), which makes the
+// writes (8 lanes: 4 rows x 2 chunks) and the reads (8 lanes: 8 / 2N rows)
+// bank-conflict free. rows: the step's first row at this stripe's first byte.
+template <int N>
+__device__ __forceinline__ int LineSwizzle(int row) {
+  static_assert(N == 4 || N == 2, "16 FP32 or 16-bit values per lane");
+  return N == 4 ? (row & 3) << 1 : row & 2;  // row units 2N apart: 4 rows span 8 units
+}
+template <int N>
+__device__ __forceinline__ void StoreStepLines(uint8_t* rows, int row_bytes, const LaneMap& m,
+                                               const uint4 (&chunks)[N], float* buf) {
+  constexpr int kRowUnits = 2 * N;             // 16-byte units of a row's stripe bytes
+  constexpr int kRowsPerStore = 32 / kRowUnits;
+  uint4* units = reinterpret_cast<uint4*>(buf);
+  __syncwarp();  // earlier reads of buf are done
+#pragma unroll
+  for (int v = 0; v < N; ++v) {
+    units[m.rl * kRowUnits + ((2 * v + m.cl) ^ LineSwizzle<N>(m.rl))] = chunks[v];
+  }
+  __syncwarp();
+  const int k = m.lane % kRowUnits;
+  const int r = m.lane / kRowUnits;  // rows r + j * kRowsPerStore share r's swizzle
+  const uint4* src = units + r * kRowUnits + (k ^ LineSwizzle<N>(r));
+  uint8_t* dst = rows + r * row_bytes + k * 16;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    StStream(dst + j * kRowsPerStore * row_bytes, src[j * kRowsPerStore * kRowUnits]);
+  }
+}
+
+// The lane's 16 values of an FP row as the 16-byte chunks it stores
+// (StoreRow16's encoding).
+template <RowCodec C>
+__device__ __forceinline__ void FpRowChunks(const float (&x)[kTileColsPerLane],
+                                            uint4 (&chunks)[C == RowCodec::kFp32 ? 4 : 2]) {
+  if constexpr (C == RowCodec::kFp32) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      chunks[v] = make_uint4(__float_as_uint(x[4 * v]), __float_as_uint(x[4 * v + 1]),
+                             __float_as_uint(x[4 * v + 2]), __float_as_uint(x[4 * v + 3]));
+    }
+  } else {
+    uint32_t w[8];
+    PackRow16Bits<C>(x, w);
+    chunks[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    chunks[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  }
+}
+
 // Encodes a fixed-shape tile (see LoadTileFixed). Affine lo rows go through
 // StoreAffineStepsFixed: all four steps, or steps 1..3 in the warps whose
-// step 0 holds the hi rows of a mixed format (a warp-uniform choice); other
-// codecs store row by row.
+// step 0 holds the hi rows of a mixed format (a warp-uniform choice); FP
+// formats store whole lines through the warp's buffer `buf` (StoreStepLines);
+// other codecs store row by row.
 template <StateFormat F>
 __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_t* head,
                                                const LaneMap& m, float global_scale,
                                                bool hi_step0,
-                                               const float (&s)[kTileSteps][kTileColsPerLane]) {
+                                               const float (&s)[kTileSteps][kTileColsPerLane],
+                                               float* buf) {
   constexpr RowCodec kLo = LoRowCodec(F);
   constexpr int W = LaneWidth<F>();
   constexpr bool kAffine = kLo == RowCodec::kAffineU8 || kLo == RowCodec::kAffineU4;
+  if constexpr (kLo == RowCodec::kFp32 || kLo == RowCodec::kFp16 || kLo == RowCodec::kBf16) {
+    static_assert(!IsMixedFormat(F), "FP formats have no hi rows");
+    constexpr int N = kLo == RowCodec::kFp32 ? 4 : 2;
+    static_assert(W == 16 / N, "chunk 2v + cl of a lane pair is lane cl's value run v");
+#pragma unroll
+    for (int i = 0; i < kTileSteps; ++i) {
+      uint4 chunks[N];
+      FpRowChunks<kLo>(s[i], chunks);
+      StoreStepLines<N>(head + l.lo_codes_offset + (m.row(i) - m.rl) * l.lo_code_row_bytes +
+                            m.stripe * kTileStripe * (kLo == RowCodec::kFp32 ? 4 : 2),
+                        static_cast<int>(l.lo_code_row_bytes), m, chunks, buf);
+    }
+    return;
+  }
   const auto store_hi0 = [&] {
     StoreRow16<HiRowCodec(F), W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr, m.col0,
                                  0.0f, false, s[0]);
