@@ -188,7 +188,8 @@ __device__ __forceinline__ StepScratch MakeScratch(float* base, const DecodeTili
   StepScratch sc;
   sc.red_k = p;
   sc.red_q = p + t.row_warps * d_v;
-  sc.red_qk = p + 2 * t.row_warps * d_v;
+  sc.red_v = p + 2 * t.row_warps * d_v;
+  sc.red_qk = p + (2 * t.row_warps + 1) * d_v;
   sc.wbuf = base + 2 * per + m.warp * 32;
   sc.wred = base + WarpScratchOffset(t, d_v) + int64_t{m.warp} * kWarpScratchFloats;
   return sc;
@@ -553,12 +554,17 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
     const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
     const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
-    const float vp = StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s);
+    // The stripe's two value-axis maps are split between its row warps:
+    // row warp 0 computes v' (TokenStep<.., true> passes it on), the last
+    // row warp maps o' back (measured: damp-sr -1.3%, damp -0.5%).
+    const float vp = m.row_warp == 0
+                         ? StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s)
+                         : 0.0f;
     release();
     const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
     const float os = TokenStep<true, true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
     refill();
-    if (m.row_warp == 0) {
+    if (m.row_warp == t.row_warps - 1) {  // o' -> o (see vp)
       // damp-sr: the stage is released by now; its maps are per-layer
       // constants, read from global memory (L2-resident) instead.
       StoreOutput<kVt>(m, os, o,

@@ -18,7 +18,8 @@ namespace cuda_internal {
 // padded to 336).
 inline constexpr int kWarpReduceFloats = 2 * 336;
 
-// Scratch: [2 parities] x (red_k, red_q [row_warps][d_v], red_qk [warps]),
+// Scratch: [2 parities] x (red_k, red_q [row_warps][d_v], red_v [d_v],
+// red_qk [warps]),
 // wbuf [warps][32], red [warps] (rounded up to 4), then per warp
 // kWarpScratchFloats: the reduce-scatter buffer and (pipelined kernel) the
 // warp's 64 staged row inputs (float4 each).
@@ -27,7 +28,7 @@ inline constexpr int kWarpRowsFloats = 4 * kTileRowsPerWarp;
 inline constexpr int kWarpScratchFloats = kWarpReduceFloats + kWarpRowsFloats;
 
 SC_HD int64_t ScratchPer(const DecodeTiling& t, int d_v) {
-  return (2 * int64_t{t.row_warps} * d_v + t.warps + 3) / 4 * 4;  // red_qk per stripe
+  return ((2 * int64_t{t.row_warps} + 1) * d_v + t.warps + 3) / 4 * 4;  // red_qk per stripe
 }
 SC_HD int64_t WarpScratchOffset(const DecodeTiling& t, int d_v) {
   return 2 * ScratchPer(t, d_v) + t.warps * 32 + (t.warps + 3) / 4 * 4;

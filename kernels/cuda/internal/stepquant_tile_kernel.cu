@@ -395,6 +395,7 @@ __global__ void __launch_bounds__(kTThreads, 2) StepTileDecodeKernel(const StepK
     StepScratch sc;
     sc.red_k = scratch + kScRedK + par * 256;
     sc.red_q = scratch + kScRedQ + par * 256;
+    sc.red_v = nullptr;  // TokenStep<true>: no stripe barrier
     sc.red_qk = scratch + kScRedQk + par * 4;
     sc.wbuf = scratch + kScWbuf + m.warp * 32;
     sc.wred = scratch + kScWred + m.warp * kWarpReduceFloats;

@@ -461,6 +461,7 @@ __device__ __forceinline__ float WarpMaxScatter16Smem(const float (&p)[16], floa
 struct StepScratch {
   float* red_k;   // [row_warps][d_v]
   float* red_q;   // [row_warps][d_v]
+  float* red_v;   // [d_v]: v' from row warp 0 (kStripeBarrier)
   float* red_qk;  // [row_warps], or [stripes][row_warps] with kStripeBarrier
   float* wbuf;    // [32] of this warp
   float* wred;    // [kWarpReduceFloats] of this warp (WarpReduceScatter16Smem)
@@ -474,7 +475,8 @@ struct StepScratch {
 // row_scale = a), so this token's a is not applied again.
 // kStripeBarrier: the column sums are exchanged with a named barrier
 // (id 1 + stripe) among the row warps of the lane's stripe only, which are
-// the only warps that share columns; then only those warps must call it.
+// the only warps that share columns; then only those warps must call it,
+// and vp is needed in row warp 0 only (the others receive it there).
 template <bool kFolded = false, bool kStripeBarrier = false>
 __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLane],
                                            const float (&kk)[kTileSteps],
@@ -514,7 +516,9 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
     sc.red_q[m.row_warp * d_v + m.jc] = qsum;
     if ((kStripeBarrier || m.stripe == 0) && m.lane == 0) red_qk[m.row_warp] = qk;
     if constexpr (kStripeBarrier) {
+      if (m.row_warp == 0) sc.red_v[m.jc] = vp;
       NamedSync(1 + m.stripe, 32 * t.row_warps);
+      if (m.row_warp != 0) vp = sc.red_v[m.jc];
     } else {
       __syncthreads();
     }
