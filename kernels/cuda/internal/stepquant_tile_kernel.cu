@@ -336,18 +336,8 @@ __global__ void __launch_bounds__(kTThreads, 2) StepTileDecodeKernel(const StepK
     {
       float cs[16];
       if (has_int) {
-        const uint4* cp = reinterpret_cast<const uint4*>(head_s + info[kInColScaleOff] + 2 * m.col0);
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          const uint4 u = cp[v];
-          const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w4[e]));
-            cs[8 * v + 2 * e] = f.x;
-            cs[8 * v + 2 * e + 1] = f.y;
-          }
-        }
+        const uint8_t* col_scales = head_s + info[kInColScaleOff];
+        LoadRow16<RowCodec::kFp16, Src::kShared>(col_scales, col_scales, m.col0, 0.0f, cs);
       } else {
 #pragma unroll
         for (int c = 0; c < 16; ++c) cs[c] = 0.0f;
@@ -364,18 +354,8 @@ __global__ void __launch_bounds__(kTThreads, 2) StepTileDecodeKernel(const StepK
         const int off = __float_as_int(r1.x);
         const int b = __float_as_int(r1.y);
         if (b == kStepPivotBits) {
-          const uint4* hp = reinterpret_cast<const uint4*>(head_s + off + 2 * m.col0);
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            const uint4 u = hp[v];
-            const uint32_t w4[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w4[e]));
-              s[i][8 * v + 2 * e] = r1.z * f.x;
-              s[i][8 * v + 2 * e + 1] = r1.z * f.y;
-            }
-          }
+          const uint8_t* pivot_row = head_s + off;
+          LoadRow16<RowCodec::kFp16, Src::kShared>(pivot_row, pivot_row, m.col0, 0.0f, s[i], r1.z);
         } else {
           float fz[16];
           LoadCodes16(head_s, off + 2 * b * (m.col0 >> 4), b, fz);
