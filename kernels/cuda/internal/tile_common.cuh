@@ -218,8 +218,8 @@ __device__ __forceinline__ bool PairAffineParams(const RangeBits (&r)[N], int cl
 }
 
 // Encodes the affine rows of steps [kFirst, kTileSteps) of a fixed-shape
-// tile: the pair-split parameter derivation, then one warp-uniform choice of
-// encoder for all rows (their encodes interleave).
+// tile: the pair-split parameter derivation, then the encodes of all rows
+// (interleaved with the derivation; see below for the exact fallback).
 template <StateFormat F, int kFirst>
 __device__ __forceinline__ void StoreAffineStepsFixed(
     const PackedHeadLayout& l, uint8_t* head, const LaneMap& m,
@@ -241,11 +241,12 @@ __device__ __forceinline__ void StoreAffineStepsFixed(
           z[j]);
     }
   };
-  if (fast) {
-    encode(std::true_type{});
-  } else {
-    encode(std::false_type{});
-  }
+  // The fast encoder runs unconditionally (no branch between the parameter
+  // chains and the encodes, so they interleave); in the rare warp where it
+  // is not exact for some row (a saturated FP16 scale), the exact encoder
+  // then rewrites every row (the thread's later stores win).
+  encode(std::true_type{});
+  if (!fast) encode(std::false_type{});
 #pragma unroll
   for (int p = 0; p < (N + 1) / 2; ++p) {
     const int j = 2 * p + m.cl;
