@@ -17,15 +17,21 @@ constexpr int kSmemPerSm = 233472;
 constexpr int kSmemPerBlock = 232448;
 
 // The fixed-shape kernels' stage (MakeStageLayout with fixed = true: room
-// for every optional input) for format f and q / k / v element bytes ds.
+// for every optional input; a column part of the head for the FP formats,
+// ColumnParts) for format f and q / k / v element bytes ds.
 StageLayout FixedStage(StateFormat f, int ds, int forced = 0) {
   const PackedHeadLayout l =
       MakeHeadLayout(FormatSpec{f, IsMixedFormat(f) ? kDefaultKHi : 0}, 128, 128);
-  StageLayout sl = StageOffsets(l.head_bytes, 128, 128, ds, true, true,
+  const int parts = ColumnParts(f, true);
+  StageLayout sl = StageOffsets(l.head_bytes / parts, 128, 128 / parts, ds, true, true,
                                 ValueTransformOf(f) == ValueTransform::kScaleReorder);
-  ChooseStages(MakeDecodeTiling(128, 128), 128, kSmemPerSm, kSmemPerBlock, forced, &sl);
+  ChooseStages(MakeDecodeTiling(128, 128 / parts), 128 / parts, kSmemPerSm, kSmemPerBlock,
+               forced, &sl);
   return sl;
 }
+
+// CTAs of the fixed-shape kernel per SM that ChooseStages plans for.
+int CtasPerSm(StateFormat f) { return 512 / MakeDecodeTiling(128, 128 / ColumnParts(f, true)).threads; }
 
 int64_t CtaBytes(const StageLayout& sl) {
   return sl.scratch_bytes + int64_t{sl.stages} * sl.bytes + 1024;
@@ -47,12 +53,18 @@ TEST(StageOffsets, FieldsAreAlignedAndInsideTheStage) {
   }
 }
 
-// Two CTAs per SM with as many stages as fit: three for the compressed
-// formats (damp's 20 KiB heads included, with either input width), two for
-// 16-bit heads (32 KiB), one for fp32 (64 KiB). A scratch or stage that grows
-// past these budgets shows up here before it shows up as a slower H200 run.
+// 16 warps per SM with as many stages as fit: two CTAs of whole heads with
+// three stages for the compressed formats (damp's 20 KiB heads included,
+// with either input width) and two for 16-bit heads (32 KiB); four CTAs of
+// half heads (ColumnParts) with one stage for fp32 (32 KiB halves). A
+// scratch or stage that grows past these budgets shows up here before it
+// shows up as a slower H200 run.
 TEST(ChooseStages, StageCountsOnTheH200) {
   for (StateFormat f : AllStateFormats()) {
+    const bool fp32 = f == StateFormat::kFp32;
+    EXPECT_EQ(ColumnParts(f, true), fp32 ? 2 : 1) << FormatName(f);
+    EXPECT_EQ(ColumnParts(f, false), 1) << FormatName(f);
+    EXPECT_EQ(CtasPerSm(f), fp32 ? 4 : 2) << FormatName(f);
     for (int ds : {2, 4}) {
       const StageLayout sl = FixedStage(f, ds);
       const std::string what = std::string(FormatName(f)) + " ds " + std::to_string(ds);
@@ -60,14 +72,14 @@ TEST(ChooseStages, StageCountsOnTheH200) {
                        : f == StateFormat::kFp16 || f == StateFormat::kBf16 ? 2
                                                                             : 3;
       EXPECT_EQ(sl.stages, want) << what;
-      EXPECT_LE(2 * CtaBytes(sl) + 2048, kSmemPerSm) << what << ": two CTAs per SM";
+      EXPECT_LE(CtasPerSm(f) * CtaBytes(sl) + 2048, kSmemPerSm) << what;
     }
   }
 }
 
 TEST(ChooseStages, ForcedCountsNeverExceedOneCta) {
-  // fp32: three 67 KiB stages do not fit one CTA, two do.
-  EXPECT_EQ(FixedStage(StateFormat::kFp32, 4, 3).stages, 2);
+  // fp32 half heads: three 33 KiB stages fit one CTA.
+  EXPECT_EQ(FixedStage(StateFormat::kFp32, 4, 3).stages, 3);
   EXPECT_EQ(FixedStage(StateFormat::kFp32, 4, 1).stages, 1);
   EXPECT_EQ(FixedStage(StateFormat::kDamp, 2, 1).stages, 1);
   EXPECT_EQ(FixedStage(StateFormat::kDamp, 2, 2).stages, 2);

@@ -75,6 +75,16 @@ __device__ __forceinline__ void TensorCopy2D(void* dst, const CUtensorMap* tmap,
       : "memory");
 }
 
+// 3D tensor-map copy of the box at (x, y, z) completing on `bar`.
+__device__ __forceinline__ void TensorCopy3D(void* dst, const CUtensorMap* tmap, int x, int y,
+                                             int z, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(x), "r"(y), "r"(z), "r"(SmemAddr(bar))
+      : "memory");
+}
+
 // 4-byte asynchronous global -> shared copy (completes at CpAsyncWaitAll).
 __device__ __forceinline__ void CopyAsync4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(SmemAddr(dst)), "l"(src)

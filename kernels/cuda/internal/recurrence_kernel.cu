@@ -293,10 +293,12 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
 // spreading the issue over a warp: measured on the H200).
 inline constexpr int kBulkChunk = 4096;
 
-// One thread (the item's producer) only: stage item `item` (pool slot
-// `slot`) into `stage`: its scalars into the header, the packed head, then
-// one copy per input vector; all complete on `bar` (whose arrival publishes
-// the header).
+// One thread (the item's producer) only: stage work item `item` (pool slot
+// `slot`) into `stage`: its scalars into the header, the packed head (or,
+// kParts = 2, the item's column half of it, ColumnParts), then one copy per
+// input vector; all complete on `bar` (whose arrival publishes the header).
+// A work item is head item * kParts + part.
+template <int kParts>
 __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadGeometry& geo,
                                           const StageLayout& sl, const CUtensorMap* tmap,
                                           uint8_t* stage, uint64_t* bar, int item, int32_t slot,
@@ -308,19 +310,29 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
     MbarrierArrive(bar);
     return;
   }
-  const int b = DivIndex(item, geo.h_v, Log2IfPow2(geo.h_v));
-  const int h = item - b * geo.h_v;
+  const int part = item % kParts;
+  const int head_item = item / kParts;
+  const int b = DivIndex(head_item, geo.h_v, Log2IfPow2(geo.h_v));
+  const int h = head_item - b * geo.h_v;
   const int group = geo.h_v / geo.h_qk;
   const int kh = DivIndex(h, group, Log2IfPow2(group));
   const int ds = p.dtype == 0 ? 4 : 2;
-  const int hb = static_cast<int>(geo.layout.head_bytes);
-  int total = hb + 2 * geo.d_k * ds + geo.d_v * ds;
+  const int hb = static_cast<int>(geo.layout.head_bytes) / kParts;
+  const int dv = geo.d_v / kParts;
+  int total = hb + 2 * geo.d_k * ds + dv * ds;
   if (geo.kda) total += geo.d_k * 4;
   if (p.maps.key_perm != nullptr) total += geo.d_k * 4;
   if (p.maps.value_order != nullptr) total += 2 * geo.d_v * 4;
   MbarrierExpectTx(bar, total);
   const uint8_t* src = HeadPtr(p, geo, slot, h);
-  if (sl.tma_rows > 0) {
+  if constexpr (kParts > 1) {
+    // The pool as [key rows][S][128 bytes], S = a key row's bytes / 128
+    // (EncodePoolPartsTensorMap; a box is S / kParts columns of 128 bytes
+    // of d_k rows): the head's first key row, the part's first column.
+    const int row_bytes = static_cast<int>(geo.layout.lo_code_row_bytes);
+    const int key_row0 = static_cast<int>((src - p.pool.base) / row_bytes);
+    TensorCopy3D(stage + sl.head, tmap, 0, part * (row_bytes / 128 / kParts), key_row0, bar);
+  } else if (sl.tma_rows > 0) {
     // The pool as [rows][128 bytes]: the head's first row, then boxes.
     const int row0 = static_cast<int>((src - p.pool.base) >> 7);
     for (int r = 0; r < hb / 128; r += sl.tma_rows) {
@@ -336,9 +348,10 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   BulkCopy(stage + sl.q, static_cast<const uint8_t*>(p.q) + qk_off, geo.d_k * ds, bar);
   BulkCopy(stage + sl.k, static_cast<const uint8_t*>(p.k) + qk_off, geo.d_k * ds, bar);
   BulkCopy(stage + sl.v,
-           static_cast<const uint8_t*>(p.v) + (int64_t{b} * geo.h_v + h) * geo.d_v * ds,
-           geo.d_v * ds, bar);
-  if (geo.kda) BulkCopy(stage + sl.g, p.g + int64_t{item} * geo.d_k, geo.d_k * 4, bar);
+           static_cast<const uint8_t*>(p.v) +
+               ((int64_t{b} * geo.h_v + h) * geo.d_v + part * dv) * ds,
+           dv * ds, bar);
+  if (geo.kda) BulkCopy(stage + sl.g, p.g + int64_t{head_item} * geo.d_k, geo.d_k * 4, bar);
   if (p.maps.key_perm != nullptr) {
     BulkCopy(stage + sl.perm, p.maps.key_perm + int64_t{h} * geo.d_k, geo.d_k * 4, bar);
   }
@@ -358,7 +371,9 @@ __device__ __forceinline__ StageLayout FixedStageLayout(const StageLayout& in,
     return in;
   } else {
     static_assert(kDtype >= 0, "the fixed-shape kernels fix the input dtype");
-    StageLayout sl = StageOffsets(l.head_bytes, 128, 128, kDtype == 0 ? 4 : 2, true, true,
+    constexpr int kParts = ColumnParts(F, kFixed);
+    StageLayout sl = StageOffsets(l.head_bytes / kParts, 128, 128 / kParts, kDtype == 0 ? 4 : 2,
+                                  true, true,
                                   ValueTransformOf(F) == ValueTransform::kScaleReorder);
     sl.stages = in.stages;
     sl.scratch_bytes = in.scratch_bytes;
@@ -420,11 +435,17 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // stage read by every warp
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
-  const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
+  // A work item is a head's column part (ColumnParts): dv of its columns.
+  constexpr int kParts = ColumnParts(F, kFixed);
+  const int dv = geo.d_v / kParts;
+  // The staged part: the head's layout with the part's row bytes.
+  PackedHeadLayout ls = l;
+  ls.lo_code_row_bytes /= kParts;
+  const DecodeTiling t = MakeDecodeTiling(geo.d_k, dv);
   const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
   constexpr ValueTransform kVt = ValueTransformOf(F);
   const StageLayout sl = FixedStageLayout<F, kFixed, kDtype>(sl_in, l);
-  const int items = p.batch * geo.h_v;
+  const int items = p.batch * geo.h_v * kParts;
   const int stride = gridDim.x;
   if (ValidationFailed(p)) return;
   float* scratch = reinterpret_cast<float*>(smem_raw);
@@ -451,16 +472,18 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   const auto fetch_ahead = [&](int w, int j) {
     const int it = blockIdx.x + j * stride;
     if (it < items) {
-      CopyAsync4(&ahead_beta[w], p.beta + it);
-      if (!geo.kda) CopyAsync4(&ahead_g[w], p.g + it);
-      CopyAsync4(&ahead_slot[w], p.slots + DivIndex(it, geo.h_v, Log2IfPow2(geo.h_v)));
+      const int head_item = it / kParts;
+      CopyAsync4(&ahead_beta[w], p.beta + head_item);
+      if (!geo.kda) CopyAsync4(&ahead_g[w], p.g + head_item);
+      CopyAsync4(&ahead_slot[w], p.slots + DivIndex(head_item, geo.h_v, Log2IfPow2(geo.h_v)));
     }
     CpAsyncCommit();
   };
   // Stages the CTA's j-th item, whose scalars are in slot w (complete), into
   // stage s.
   const auto issue = [&](int s, int w, int j) {
-    IssueItem(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s], blockIdx.x + j * stride,
+    IssueItem<kParts>(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s],
+                      blockIdx.x + j * stride,
               ahead_slot[w], ahead_beta[w], geo.kda ? 0.0f : DecayExp(ahead_g[w]));
   };
   // The producer of the CTA's j-th item (j >= stages): stages it into stage
@@ -490,8 +513,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     fetch_ahead(m.warp, sl.stages + (m.warp - sl.stages % producers + producers) % producers);
   }
 
-  // The item's value head, kept incrementally (a runtime modulo per use
-  // costs ~20 instructions).
+  // The item's value head, kept incrementally for whole-head items (a
+  // runtime modulo per use costs ~20 instructions).
   const int h_step = stride % geo.h_v;
   int h = blockIdx.x % geo.h_v;
   // Pass n uses stage st = n % stages in phase parity (n / stages) & 1.
@@ -523,7 +546,12 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     };
     MbarrierWait(&full[st], parity);
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
-    float* o = p.o + int64_t{item} * geo.d_v;
+    const int part = item % kParts;
+    const int head_item = item / kParts;
+    const int hv = kParts == 1 ? h
+                               : head_item - DivIndex(head_item, geo.h_v, Log2IfPow2(geo.h_v)) *
+                                                 geo.h_v;
+    float* o = p.o + int64_t{head_item} * geo.d_v + part * dv;
     if (slot < 0) {
       if (m.row_warp == 0) o[m.jc] = 0.0f;
       release();
@@ -549,9 +577,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                        p.dtype,
                        a_head,
                        geo.scale};
-    GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, geo.d_v, m), kk, qs, a);
+    GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, dv, m), kk, qs, a);
     float s[kTileSteps][kTileColsPerLane];
-    LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
+    LoadItemTile<F, kFixed>(ls, head_s, m, global_scale, s, a);
     const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
     const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
     // The stripe's two value-axis maps are split between its row warps:
@@ -561,20 +589,22 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                          ? StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s)
                          : 0.0f;
     release();
-    const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
-    const float os = TokenStep<true, true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
+    const StepScratch sc = MakeScratch(scratch, t, dv, m, n & 1);
+    const float os = TokenStep<true, true>(s, kk, qs, a, vp, beta, m, t, dv, sc);
     refill();
     if (m.row_warp == t.row_warps - 1) {  // o' -> o (see vp)
       // damp-sr: the stage is released by now; its maps are per-layer
       // constants, read from global memory (L2-resident) instead.
       StoreOutput<kVt>(m, os, o,
-                       kVt == ValueTransform::kScaleReorder ? p.maps.value_order + h * geo.d_v
+                       kVt == ValueTransform::kScaleReorder ? p.maps.value_order + hv * geo.d_v
                                                             : nullptr,
-                       kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
+                       kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + hv * geo.d_v
                                                             : nullptr);
     }
-    uint8_t* head = HeadPtr(p, geo, slot, h);
-    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
+    // The part's first column of the head's first row (ColumnParts formats
+    // have no metadata: a row is its values).
+    uint8_t* head = HeadPtr(p, geo, slot, hv) + part * (l.lo_code_row_bytes / kParts);
+    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, dv), t.warps);
     StoreItemTile<F, kFixed>(l, head, m, gs, s, sc.wred);  // wred: free after TokenStep
     if (l.has_global_scale && threadIdx.x == 0) {
       *reinterpret_cast<float*>(head + l.global_offset) = gs;
@@ -608,11 +638,13 @@ bool PipelineEligible(const RecurrenceParams& p) {
 
 // fixed: the layout of the fixed-shape kernels (FixedStageLayout).
 // max_smem_per_block: the opt-in limit of one CTA's shared memory.
+// parts: the column parts of a head (ColumnParts; 1 unless fixed).
 StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
-                            int max_smem_per_block, bool fixed) {
+                            int max_smem_per_block, bool fixed, int parts) {
   const HeadGeometry& geo = p.geo;
   StageLayout sl = StageOffsets(
-      geo.layout.head_bytes, geo.d_k, geo.d_v, p.dtype == 0 ? 4 : 2, fixed || geo.kda,
+      geo.layout.head_bytes / parts, geo.d_k, geo.d_v / parts, p.dtype == 0 ? 4 : 2,
+      fixed || geo.kda,
       fixed || p.maps.key_perm != nullptr,
       fixed ? ValueTransformOf(geo.format) == ValueTransform::kScaleReorder
             : p.maps.value_order != nullptr);
@@ -622,8 +654,8 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
     const char* e = std::getenv("STATECACHE_CUDA_STAGES");
     return e == nullptr ? 0 : std::atoi(e);
   }();
-  ChooseStages(MakeDecodeTiling(geo.d_k, geo.d_v), geo.d_v, max_smem_per_sm, max_smem_per_block,
-               forced, &sl);
+  ChooseStages(MakeDecodeTiling(geo.d_k, geo.d_v / parts), geo.d_v / parts, max_smem_per_sm,
+               max_smem_per_block, forced, &sl);
   return sl;
 }
 
@@ -637,8 +669,8 @@ using TensorMapEncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint
                                        CUtensorMapSwizzle, CUtensorMapL2promotion,
                                        CUtensorMapFloatOOBfill);
 
-bool EncodePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* map,
-                         int* box_rows) {
+// The driver's tensor-map encoder (nullptr when the driver has none).
+TensorMapEncodeFn TensorMapEncoder() {
   static const TensorMapEncodeFn encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -649,6 +681,12 @@ bool EncodePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap
     }
     return reinterpret_cast<TensorMapEncodeFn>(fn);
   }();
+  return encode;
+}
+
+bool EncodePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* map,
+                         int* box_rows) {
+  const TensorMapEncodeFn encode = TensorMapEncoder();
   const int64_t rows_per_head = head_bytes / 128;
   const int64_t pool_rows = pool.num_slots * pool.slot_bytes / 128;
   if (encode == nullptr || pool.num_slots <= 0 || head_bytes % 128 != 0 ||
@@ -667,26 +705,61 @@ bool EncodePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// EncodePoolTensorMap through a per-host-thread cache of the last pool and
-// head size (a decode loop launches every layer on one pool; encoding costs
-// host microseconds per launch).
-bool MakePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* map,
-                       int* box_rows) {
+// The pool as a 3D tensor [key rows][S][128 bytes] (S = row_bytes / 128,
+// a key row of a FP format's head) for the copies of a head's column parts
+// (ColumnParts): a box is S / parts columns of 128 bytes of d_k rows,
+// 128-byte swizzled like the 2D map's boxes. False when the pool does not
+// qualify.
+bool EncodePoolPartsTensorMap(const PoolParams& pool, int64_t row_bytes, int d_k, int parts,
+                              CUtensorMap* map) {
+  const TensorMapEncodeFn encode = TensorMapEncoder();
+  const int64_t s = row_bytes / 128;
+  const int64_t pool_bytes = pool.num_slots * pool.slot_bytes;
+  if (encode == nullptr || pool.num_slots <= 0 || row_bytes % 128 != 0 || s % parts != 0 ||
+      pool.slot_bytes % row_bytes != 0 || (reinterpret_cast<uintptr_t>(pool.base) & 127) != 0 ||
+      d_k < 1 || d_k > 256 || pool_bytes / row_bytes > (int64_t{1} << 31)) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(s),
+                              static_cast<cuuint64_t>(pool_bytes / row_bytes)};
+  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[3] = {128, static_cast<cuuint32_t>(s / parts),
+                             static_cast<cuuint32_t>(d_k)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, pool.base, dims, strides, box,
+                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// EncodePoolTensorMap (parts == 1) or EncodePoolPartsTensorMap through a
+// per-host-thread cache of the last pool and head shape (a decode loop
+// launches every layer on one pool; encoding costs host microseconds per
+// launch). box_rows: the 2D map's box rows (0 for parts maps).
+bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, int d_k,
+                       int parts, CUtensorMap* map, int* box_rows) {
   struct Cached {
     const uint8_t* base = nullptr;
     int64_t num_slots = -1, slot_bytes = -1, head_bytes = -1;
+    int parts = 0;
     bool ok = false;
     int box_rows = 0;
     CUtensorMap map;
   };
   thread_local Cached cache;
+  const int64_t head_bytes = layout.head_bytes;
   if (cache.base != pool.base || cache.num_slots != pool.num_slots ||
-      cache.slot_bytes != pool.slot_bytes || cache.head_bytes != head_bytes) {
-    cache.ok = EncodePoolTensorMap(pool, head_bytes, &cache.map, &cache.box_rows);
+      cache.slot_bytes != pool.slot_bytes || cache.head_bytes != head_bytes ||
+      cache.parts != parts) {
+    cache.box_rows = 0;
+    cache.ok = parts == 1 ? EncodePoolTensorMap(pool, head_bytes, &cache.map, &cache.box_rows)
+                          : EncodePoolPartsTensorMap(pool, layout.lo_code_row_bytes, d_k, parts,
+                                                     &cache.map);
     cache.base = pool.base;
     cache.num_slots = pool.num_slots;
     cache.slot_bytes = pool.slot_bytes;
     cache.head_bytes = head_bytes;
+    cache.parts = parts;
   }
   if (cache.ok) {
     *map = cache.map;
@@ -746,7 +819,7 @@ int LaunchPipelined(const RecurrenceParams& p, const StageLayout& sl, const CUte
 template <StateFormat F, bool kFixed>
 int LaunchT(const RecurrenceParams& p, void* stream) {
   const DecodeTiling t = MakeDecodeTiling(p.geo.d_k, p.geo.d_v);
-  const int64_t items = int64_t{p.batch} * p.geo.h_v;
+  const int64_t items = int64_t{p.batch} * p.geo.h_v;  // heads
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   // STATECACHE_CUDA_PIPELINE=0 forces the unpipelined kernel (A/B benchmarks).
   static const bool pipeline_enabled = [] {
@@ -775,17 +848,21 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
     CUtensorMap tmap{};
     int tma_rows = 0;
     // The fixed tile code expects swizzled heads; without them the general one runs.
-    const bool fixed =
-        kFixed && MakePoolTensorMap(p.pool, p.geo.layout.head_bytes, &tmap, &tma_rows);
-    StageLayout sl = MakeStageLayout(p, max_smem_per_sm, limits.max_smem_per_block, fixed);
+    constexpr int kParts = ColumnParts(F, kFixed);
+    const bool fixed = kFixed && MakePoolTensorMap(p.pool, p.geo.layout, p.geo.d_k, kParts,
+                                                   &tmap, &tma_rows);
+    const int parts = fixed ? kParts : 1;
+    StageLayout sl =
+        MakeStageLayout(p, max_smem_per_sm, limits.max_smem_per_block, fixed, parts);
     sl.tma_rows = tma_rows;
     const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
     // A head too large for one stage per CTA takes the direct kernel.
     const bool fits = smem + 1024 <= static_cast<size_t>(limits.max_smem_per_block);
+    const int threads = MakeDecodeTiling(p.geo.d_k, p.geo.d_v / parts).threads;
     const int e =
         !fits   ? cudaErrorNotSupported
-        : fixed ? LaunchPipelined<F, true>(p, sl, tmap, smem, sms, t.threads, items, st)
-                : LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, t.threads, items, st);
+        : fixed ? LaunchPipelined<F, true>(p, sl, tmap, smem, sms, threads, items * parts, st)
+                : LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, threads, items, st);
     if (e != cudaErrorNotSupported) return e;
   }
   const size_t smem = sizeof(float) * ScratchFloats(t, p.geo.d_v);
