@@ -9,7 +9,8 @@
 //
 //  - PipelinedDecodeKernel (decode, T = 1, the serving path): persistent
 //    CTAs, 2 per SM; each walks items (batch item, value head) with a stride
-//    of gridDim.x. The next item's packed head and its inputs (q, k, v, KDA
+//    of gridDim.x (fixed-shape fp32: items are a head's column halves, on 4
+//    CTAs of 4 warps per SM; ColumnParts in stage_layout.h). The next item's packed head and its inputs (q, k, v, KDA
 //    gates, permutation, damp-sr maps) are fetched into shared memory by the
 //    copy engine (the fixed shape's head by 2D tensor-map copies with the
 //    128-byte swizzle, the rest by cp.async.bulk; all complete on an
