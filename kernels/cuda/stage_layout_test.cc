@@ -31,7 +31,9 @@ StageLayout FixedStage(StateFormat f, int ds, int forced = 0) {
 }
 
 // CTAs of the fixed-shape kernel per SM that ChooseStages plans for.
-int CtasPerSm(StateFormat f) { return 512 / MakeDecodeTiling(128, 128 / ColumnParts(f, true)).threads; }
+int CtasPerSm(StateFormat f) {
+  return 512 / MakeDecodeTiling(128, 128 / ColumnParts(f, true)).threads;
+}
 
 int64_t CtaBytes(const StageLayout& sl) {
   return sl.scratch_bytes + int64_t{sl.stages} * sl.bytes + 1024;

@@ -10,8 +10,9 @@
 //  - PipelinedDecodeKernel (decode, T = 1, the serving path): persistent
 //    CTAs, 2 per SM; each walks items (batch item, value head) with a stride
 //    of gridDim.x (fixed-shape fp32: items are a head's column halves, on 4
-//    CTAs of 4 warps per SM; ColumnParts in stage_layout.h). The next item's packed head and its inputs (q, k, v, KDA
-//    gates, permutation, damp-sr maps) are fetched into shared memory by the
+//    CTAs of 4 warps per SM; ColumnParts in stage_layout.h). The next item's
+//    packed head and its inputs (q, k, v, KDA gates, permutation, damp-sr
+//    maps) are fetched into shared memory by the
 //    copy engine (the fixed shape's head by 2D tensor-map copies with the
 //    128-byte swizzle, the rest by cp.async.bulk; all complete on an
 //    mbarrier) while the current item computes, so DRAM streams
@@ -484,8 +485,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   // stage s.
   const auto issue = [&](int s, int w, int j) {
     IssueItem<kParts>(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s],
-                      blockIdx.x + j * stride,
-              ahead_slot[w], ahead_beta[w], geo.kda ? 0.0f : DecayExp(ahead_g[w]));
+                      blockIdx.x + j * stride, ahead_slot[w], ahead_beta[w],
+                      geo.kda ? 0.0f : DecayExp(ahead_g[w]));
   };
   // The producer of the CTA's j-th item (j >= stages): stages it into stage
   // s, then fetches the scalars of its next one.

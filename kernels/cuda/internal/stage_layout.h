@@ -115,7 +115,8 @@ inline void ChooseStages(const DecodeTiling& t, int d_v, int max_smem_per_sm,
   sl->stages = 1;
   const int ctas = t.threads >= 512 ? 1 : 512 / t.threads;
   while (sl->stages < kMaxStages &&
-         ctas * (sl->scratch_bytes + (sl->stages + 1) * sl->bytes + 1024) + 2048 <= max_smem_per_sm) {
+         ctas * (sl->scratch_bytes + (sl->stages + 1) * sl->bytes + 1024) + 2048 <=
+             max_smem_per_sm) {
     ++sl->stages;
   }
   if (forced >= 1 && forced <= kMaxStages) sl->stages = forced;
