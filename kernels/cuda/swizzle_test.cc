@@ -1,6 +1,8 @@
 #include "kernels/cuda/internal/swizzle.h"
 
 #include <cstdint>
+#include <set>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/formats/format.h"
@@ -75,6 +77,58 @@ TEST(RowRef, UnalignedRegionsFallBackToThePlainSwizzle) {
     }
   }
 }
+
+// StoreStepLines' unit map (N chunks of 16 bytes per lane): every chunk a
+// lane pair holds is written to one unit and read back by the lane that
+// stores it at its own row and chunk; the reads of one lane are 32 units
+// apart (the kernel indexes them that way); and the 8 lanes of each
+// shared-memory phase touch 8 different 16-byte bank groups on both sides.
+template <int N>
+void CheckLineUnits() {
+  constexpr int kUnits = 16 * 2 * N;  // 16 rows x 2N chunks
+  std::vector<int> written(kUnits, -1);  // unit -> row * 2N + chunk written there
+  for (int lane = 0; lane < 32; ++lane) {
+    const int rl = lane / 2, cl = lane % 2;
+    for (int v = 0; v < N; ++v) {
+      const int u = LineWriteUnit<N>(rl, cl, v);
+      ASSERT_GE(u, 0);
+      ASSERT_LT(u, kUnits);
+      ASSERT_EQ(written[u], -1) << "unit written twice, N " << N;
+      written[u] = rl * 2 * N + 2 * v + cl;  // lane cl's chunk v is the row's chunk 2v + cl
+    }
+  }
+  std::vector<int> read(kUnits, 0);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int j = 0; j < N; ++j) {
+      const int u = LineReadUnit<N>(lane, j);
+      ASSERT_EQ(u, LineReadUnit<N>(lane, 0) + 32 * j) << "lane " << lane << " j " << j;
+      ++read[u];
+      EXPECT_EQ(written[u], LineReadRow<N>(lane, j) * 2 * N + LineReadChunk<N>(lane))
+          << "N " << N << " lane " << lane << " j " << j;
+    }
+  }
+  for (int u = 0; u < kUnits; ++u) EXPECT_EQ(read[u], 1) << "unit " << u << " N " << N;
+  // 16-byte accesses are served 8 lanes at a time; 128 bytes of banks per phase.
+  for (int phase = 0; phase < 4; ++phase) {
+    for (int v = 0; v < N; ++v) {
+      std::set<int> groups;
+      for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane) {
+        groups.insert(LineWriteUnit<N>(lane / 2, lane % 2, v) % 8);
+      }
+      EXPECT_EQ(groups.size(), 8u) << "write conflict, N " << N << " phase " << phase;
+    }
+    for (int j = 0; j < N; ++j) {
+      std::set<int> groups;
+      for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane) {
+        groups.insert(LineReadUnit<N>(lane, j) % 8);
+      }
+      EXPECT_EQ(groups.size(), 8u) << "read conflict, N " << N << " phase " << phase;
+    }
+  }
+}
+
+TEST(LineUnits, Fp32StepsStoreEveryChunkOnceWithoutBankConflicts) { CheckLineUnits<4>(); }
+TEST(LineUnits, SixteenBitStepsStoreEveryChunkOnceWithoutBankConflicts) { CheckLineUnits<2>(); }
 
 }  // namespace
 }  // namespace cuda_internal

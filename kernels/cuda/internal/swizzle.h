@@ -56,6 +56,38 @@ SC_HD SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes, int r
   return SwizzledRef{base, 0, static_cast<uint32_t>(block + rl * row_bytes)};
 }
 
+// ---- Whole-line stores of FP tiles (tile_common.cuh, StoreStepLines) ----
+// A row step of 16 rows goes through a warp's buffer of 16-byte units: N
+// chunks of 16 bytes per lane (FP32: N = 4, FP16 / BF16: N = 2), 2N units
+// per row. Lane (rl, cl) (lane = 2 rl + cl) writes its chunk v, the row's
+// chunk 2v + cl, to LineWriteUnit; lane L then reads unit LineReadUnit(L, j)
+// for j < N, which holds row LineReadRow(L, j), chunk LineReadChunk(L), and
+// stores it there. Chunk k of row R sits at unit R * 2N + (k ^
+// LineSwizzle(R)): the 8 lanes of a shared-memory phase (one 16-byte access
+// each) hit 8 different bank groups on both sides (swizzle_test).
+template <int N>
+SC_HD int LineSwizzle(int row) {
+  static_assert(N == 4 || N == 2, "16 FP32 or 16-bit values per lane");
+  return N == 4 ? (row & 3) << 1 : row & 2;  // 4 rows of 2N units span 8 bank groups
+}
+template <int N>
+SC_HD int LineWriteUnit(int rl, int cl, int v) {
+  return rl * 2 * N + ((2 * v + cl) ^ LineSwizzle<N>(rl));
+}
+template <int N>
+SC_HD int LineReadChunk(int lane) {
+  return lane % (2 * N);
+}
+template <int N>
+SC_HD int LineReadRow(int lane, int j) {
+  return lane / (2 * N) + j * (16 / N);  // 16 / N rows per warp access
+}
+template <int N>
+SC_HD int LineReadUnit(int lane, int j) {
+  const int row = LineReadRow<N>(lane, j);
+  return row * 2 * N + (LineReadChunk<N>(lane) ^ LineSwizzle<N>(row));
+}
+
 }  // namespace cuda_internal
 }  // namespace statecache
 

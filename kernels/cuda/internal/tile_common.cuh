@@ -271,34 +271,22 @@ static_assert(kLineBufferFloats <= kWarpReduceFloats, "it reuses the reduce-scat
 // the warp's shared buffer `buf` (kLineBufferFloats) and 2N lanes store one
 // row's stripe bytes (FP32: a whole 128-byte line; 16-bit formats: half a
 // line, the other half is the next stripe's warp's): 16 / N rows per
-// instruction. Chunk k of buffered row R sits at k ^ Swz(R), which makes the
-// writes (8 lanes: 4 rows x 2 chunks) and the reads (8 lanes: 8 / 2N rows)
-// bank-conflict free. rows: the step's first row at this stripe's first byte.
-template <int N>
-__device__ __forceinline__ int LineSwizzle(int row) {
-  static_assert(N == 4 || N == 2, "16 FP32 or 16-bit values per lane");
-  return N == 4 ? (row & 3) << 1 : row & 2;  // row units 2N apart: 4 rows span 8 units
-}
+// instruction. The unit map (LineWriteUnit, LineReadUnit in swizzle.h) is
+// bank-conflict free both ways. rows: the step's first row at this stripe's
+// first byte.
 template <int N>
 __device__ __forceinline__ void StoreStepLines(uint8_t* rows, int row_bytes, const LaneMap& m,
                                                const uint4 (&chunks)[N], float* buf) {
-  constexpr int kRowUnits = 2 * N;             // 16-byte units of a row's stripe bytes
-  constexpr int kRowsPerStore = 32 / kRowUnits;
   uint4* units = reinterpret_cast<uint4*>(buf);
   __syncwarp();  // earlier reads of buf are done
 #pragma unroll
-  for (int v = 0; v < N; ++v) {
-    units[m.rl * kRowUnits + ((2 * v + m.cl) ^ LineSwizzle<N>(m.rl))] = chunks[v];
-  }
+  for (int v = 0; v < N; ++v) units[LineWriteUnit<N>(m.rl, m.cl, v)] = chunks[v];
   __syncwarp();
-  const int k = m.lane % kRowUnits;
-  const int r = m.lane / kRowUnits;  // rows r + j * kRowsPerStore share r's swizzle
-  const uint4* src = units + r * kRowUnits + (k ^ LineSwizzle<N>(r));
-  uint8_t* dst = rows + r * row_bytes + k * 16;
+  // Access j reads 16 / N rows further down: unit + 32 j (swizzle_test).
+  const uint4* src = units + LineReadUnit<N>(m.lane, 0);
+  uint8_t* dst = rows + LineReadRow<N>(m.lane, 0) * row_bytes + LineReadChunk<N>(m.lane) * 16;
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-    StStream(dst + j * kRowsPerStore * row_bytes, src[j * kRowsPerStore * kRowUnits]);
-  }
+  for (int j = 0; j < N; ++j) StStream(dst + j * (16 / N) * row_bytes, src[32 * j]);
 }
 
 // The lane's 16 values of an FP row as the 16-byte chunks it stores
