@@ -424,6 +424,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Arch::kKda, StateFormat::kDamp, DType::kFp32},
                       Case{Arch::kKda, StateFormat::kDampSr, DType::kFp16},
                       Case{Arch::kGdn, StateFormat::kFp32, DType::kFp32},
+                      // fp32 items are column halves (ColumnParts): KDA's
+                      // per-head gates and the outputs by head item.
+                      Case{Arch::kKda, StateFormat::kFp32, DType::kBf16},
                       Case{Arch::kGdn, StateFormat::kBf16, DType::kBf16}),
     CaseName);
 
