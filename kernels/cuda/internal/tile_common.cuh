@@ -289,11 +289,19 @@ __device__ __forceinline__ void StoreStepLines(uint8_t* rows, int row_bytes, con
   for (int j = 0; j < N; ++j) StStream(dst + j * (16 / N) * row_bytes, src[32 * j]);
 }
 
+// The 16-byte chunks of a lane's 16 values of an FP row: also the bytes of
+// one value.
+template <RowCodec C>
+constexpr int FpChunks() {
+  static_assert(C == RowCodec::kFp32 || C == RowCodec::kFp16 || C == RowCodec::kBf16, "FP codecs");
+  return C == RowCodec::kFp32 ? 4 : 2;
+}
+
 // The lane's 16 values of an FP row as the 16-byte chunks it stores
 // (StoreRow16's encoding).
 template <RowCodec C>
 __device__ __forceinline__ void FpRowChunks(const float (&x)[kTileColsPerLane],
-                                            uint4 (&chunks)[C == RowCodec::kFp32 ? 4 : 2]) {
+                                            uint4 (&chunks)[FpChunks<C>()]) {
   if constexpr (C == RowCodec::kFp32) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
@@ -322,25 +330,23 @@ __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_
   constexpr RowCodec kLo = LoRowCodec(F);
   constexpr int W = LaneWidth<F>();
   constexpr bool kAffine = kLo == RowCodec::kAffineU8 || kLo == RowCodec::kAffineU4;
+  const auto store_hi0 = [&] {
+    StoreRow16<HiRowCodec(F), W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr, m.col0,
+                                 0.0f, false, s[0]);
+  };
   if constexpr (kLo == RowCodec::kFp32 || kLo == RowCodec::kFp16 || kLo == RowCodec::kBf16) {
     static_assert(!IsMixedFormat(F), "FP formats have no hi rows");
-    constexpr int N = kLo == RowCodec::kFp32 ? 4 : 2;
+    constexpr int N = FpChunks<kLo>();
     static_assert(W == 16 / N, "chunk 2v + cl of a lane pair is lane cl's value run v");
 #pragma unroll
     for (int i = 0; i < kTileSteps; ++i) {
       uint4 chunks[N];
       FpRowChunks<kLo>(s[i], chunks);
       StoreStepLines<N>(head + l.lo_codes_offset + (m.row(i) - m.rl) * l.lo_code_row_bytes +
-                            m.stripe * kTileStripe * (kLo == RowCodec::kFp32 ? 4 : 2),
+                            m.stripe * kTileStripe * N,  // N: bytes per value
                         static_cast<int>(l.lo_code_row_bytes), m, chunks, buf);
     }
-    return;
-  }
-  const auto store_hi0 = [&] {
-    StoreRow16<HiRowCodec(F), W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr, m.col0,
-                                 0.0f, false, s[0]);
-  };
-  if constexpr (kAffine) {
+  } else if constexpr (kAffine) {
     if (IsMixedFormat(F) && hi_step0) {
       store_hi0();
       StoreAffineStepsFixed<F, 1>(l, head, m, s);
