@@ -48,7 +48,8 @@ def _cuda_objects_impl(ctx):
             ctx.label.name + "/" + src.basename.replace(".cu", ".ptxas.txt"),
         )
         args = ctx.actions.args()
-        args.add_all(_NVCC_FLAGS + ["-Xptxas=-v"] + ctx.attr.copts + include_flags)
+        copts = ctx.attr.copts + ctx.attr.src_copts.get(src.basename, [])
+        args.add_all(_NVCC_FLAGS + ["-Xptxas=-v"] + copts + include_flags)
         args.add("-c", src.path)
         args.add("-o", obj.path)
         # linux-sandbox gives every nvcc the same PID, and nvcc names its
@@ -76,10 +77,12 @@ _cuda_objects = rule(
         "hdrs": attr.label_list(allow_files = [".h", ".cuh"]),
         "deps": attr.label_list(),
         "copts": attr.string_list(),
+        "src_copts": attr.string_list_dict(),
     },
 )
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None, **kwargs):
+def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], src_copts = {}, visibility = None,
+                 **kwargs):
     """A cc_library whose objects come from nvcc.
 
     Args:
@@ -88,6 +91,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
       hdrs: public headers (host-includable: no CUDA types unless guarded).
       deps: cc_library deps whose headers the .cu files include.
       copts: extra nvcc flags.
+      src_copts: more nvcc flags for single sources, by file name.
       visibility: as for cc_library.
       **kwargs: passed to the cc_library.
     """
@@ -97,6 +101,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
         hdrs = hdrs,
         deps = deps,
         copts = copts,
+        src_copts = src_copts,
     )
     native.cc_library(
         name = name,
