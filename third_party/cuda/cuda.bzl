@@ -95,6 +95,10 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], src_copts = {}, v
       visibility: as for cc_library.
       **kwargs: passed to the cc_library.
     """
+    names = [s.split(":")[-1].split("/")[-1] for s in srcs]
+    for f in src_copts:
+        if f not in names:
+            fail("src_copts names %s, which is not among the srcs of %s" % (f, name))
     _cuda_objects(
         name = name + "_nvcc",
         srcs = srcs,
