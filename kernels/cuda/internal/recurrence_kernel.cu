@@ -176,6 +176,10 @@ __device__ __forceinline__ int DivIndex(int n, int d, int shift) {
   return shift >= 0 ? n >> shift : n / d;
 }
 __device__ __forceinline__ int Log2IfPow2(int d) { return (d & (d - 1)) == 0 ? __ffs(d) - 1 : -1; }
+// The batch item of a (batch item, value head) index of h_v heads each.
+__device__ __forceinline__ int BatchOf(int head_item, int h_v) {
+  return DivIndex(head_item, h_v, Log2IfPow2(h_v));
+}
 
 __device__ __forceinline__ uint8_t* HeadPtr(const RecurrenceParams& p, const HeadGeometry& geo,
                                            int32_t slot, int h) {
@@ -314,7 +318,7 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   }
   const int part = item % kParts;
   const int head_item = item / kParts;
-  const int b = DivIndex(head_item, geo.h_v, Log2IfPow2(geo.h_v));
+  const int b = BatchOf(head_item, geo.h_v);
   const int h = head_item - b * geo.h_v;
   const int group = geo.h_v / geo.h_qk;
   const int kh = DivIndex(h, group, Log2IfPow2(group));
@@ -477,7 +481,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       const int head_item = it / kParts;
       CopyAsync4(&ahead_beta[w], p.beta + head_item);
       if (!geo.kda) CopyAsync4(&ahead_g[w], p.g + head_item);
-      CopyAsync4(&ahead_slot[w], p.slots + DivIndex(head_item, geo.h_v, Log2IfPow2(geo.h_v)));
+      CopyAsync4(&ahead_slot[w], p.slots + BatchOf(head_item, geo.h_v));
     }
     CpAsyncCommit();
   };
@@ -551,8 +555,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     const int part = item % kParts;
     const int head_item = item / kParts;
     const int hv = kParts == 1 ? h
-                               : head_item - DivIndex(head_item, geo.h_v, Log2IfPow2(geo.h_v)) *
-                                                 geo.h_v;
+                               : head_item - BatchOf(head_item, geo.h_v) * geo.h_v;
     float* o = p.o + int64_t{head_item} * geo.d_v + part * dv;
     if (slot < 0) {
       if (m.row_warp == 0) o[m.jc] = 0.0f;
