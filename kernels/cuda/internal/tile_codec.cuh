@@ -362,21 +362,42 @@ __device__ __forceinline__ void PackRow16Bits(const float* x, uint32_t (&w)[8]) 
   }
 }
 
-template <RowCodec C, int W = 16>
-__device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int col0,
-                                           float global_scale, bool write_meta, const float* x) {
+// The 16-byte chunks of a lane's 16 values of an FP row: also the bytes of
+// one value.
+template <RowCodec C>
+constexpr int FpChunks() {
+  static_assert(C == RowCodec::kFp32 || C == RowCodec::kFp16 || C == RowCodec::kBf16, "FP codecs");
+  return C == RowCodec::kFp32 ? 4 : 2;
+}
+
+// The lane's 16 values of an FP row as the 16-byte chunks it stores: chunk v
+// holds values 16 / N * v .. (N = FpChunks), stored at column ChunkCol<W>(v,
+// 16 / N) of the lane's columns (StoreRow16; the fixed tiles' line stores).
+template <RowCodec C>
+__device__ __forceinline__ void FpRowChunks(const float* x, uint4 (&chunks)[FpChunks<C>()]) {
   if constexpr (C == RowCodec::kFp32) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      StStream(codes + 4 * (col0 + ChunkCol<W>(v, 4)),
-               make_uint4(__float_as_uint(x[4 * v]), __float_as_uint(x[4 * v + 1]),
-                          __float_as_uint(x[4 * v + 2]), __float_as_uint(x[4 * v + 3])));
+      chunks[v] = make_uint4(__float_as_uint(x[4 * v]), __float_as_uint(x[4 * v + 1]),
+                             __float_as_uint(x[4 * v + 2]), __float_as_uint(x[4 * v + 3]));
     }
-  } else if constexpr (C == RowCodec::kFp16 || C == RowCodec::kBf16) {
+  } else {
     uint32_t w[8];
     PackRow16Bits<C>(x, w);
-    StStream(codes + 2 * (col0 + ChunkCol<W>(0, 8)), make_uint4(w[0], w[1], w[2], w[3]));
-    StStream(codes + 2 * (col0 + ChunkCol<W>(1, 8)), make_uint4(w[4], w[5], w[6], w[7]));
+    chunks[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    chunks[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  }
+}
+
+template <RowCodec C, int W = 16>
+__device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int col0,
+                                           float global_scale, bool write_meta, const float* x) {
+  if constexpr (C == RowCodec::kFp32 || C == RowCodec::kFp16 || C == RowCodec::kBf16) {
+    constexpr int N = FpChunks<C>();  // also the bytes per value
+    uint4 chunks[N];
+    FpRowChunks<C>(x, chunks);
+#pragma unroll
+    for (int v = 0; v < N; ++v) StStream(codes + N * (col0 + ChunkCol<W>(v, 16 / N)), chunks[v]);
   } else if constexpr (C == RowCodec::kAffineU8 || C == RowCodec::kAffineU4) {
     RangeBits r = LaneRangeBits<16>(x);
     r = MaxRange(r, RangeBits{__shfl_xor_sync(0xffffffffu, r.neg, 1),

@@ -289,33 +289,6 @@ __device__ __forceinline__ void StoreStepLines(uint8_t* rows, int row_bytes, con
   for (int j = 0; j < N; ++j) StStream(dst + j * (16 / N) * row_bytes, src[32 * j]);
 }
 
-// The 16-byte chunks of a lane's 16 values of an FP row: also the bytes of
-// one value.
-template <RowCodec C>
-constexpr int FpChunks() {
-  static_assert(C == RowCodec::kFp32 || C == RowCodec::kFp16 || C == RowCodec::kBf16, "FP codecs");
-  return C == RowCodec::kFp32 ? 4 : 2;
-}
-
-// The lane's 16 values of an FP row as the 16-byte chunks it stores
-// (StoreRow16's encoding).
-template <RowCodec C>
-__device__ __forceinline__ void FpRowChunks(const float (&x)[kTileColsPerLane],
-                                            uint4 (&chunks)[FpChunks<C>()]) {
-  if constexpr (C == RowCodec::kFp32) {
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      chunks[v] = make_uint4(__float_as_uint(x[4 * v]), __float_as_uint(x[4 * v + 1]),
-                             __float_as_uint(x[4 * v + 2]), __float_as_uint(x[4 * v + 3]));
-    }
-  } else {
-    uint32_t w[8];
-    PackRow16Bits<C>(x, w);
-    chunks[0] = make_uint4(w[0], w[1], w[2], w[3]);
-    chunks[1] = make_uint4(w[4], w[5], w[6], w[7]);
-  }
-}
-
 // Encodes a fixed-shape tile (see LoadTileFixed). Affine lo rows go through
 // StoreAffineStepsFixed: all four steps, or steps 1..3 in the warps whose
 // step 0 holds the hi rows of a mixed format (a warp-uniform choice); FP
