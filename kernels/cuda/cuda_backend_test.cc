@@ -28,6 +28,7 @@
 #include "kernels/formats/value_transform.h"
 #include "kernels/layout/state_layout.h"
 #include "kernels/testing/gpu_backend.h"
+#include "kernels/testing/token_batch.h"
 
 namespace statecache {
 namespace {
@@ -409,12 +410,7 @@ TEST_P(GpuPipelineTest, ManyItemsPerCtaMatchReference) {
   STATECACHE_SKIP_WITHOUT_GPU();
   DecodeCheck check;
   check.num_slots = 520;
-  std::vector<int32_t> all(check.num_slots);
-  std::iota(all.begin(), all.end(), 0);
-  std::mt19937 rng(77);
-  std::shuffle(all.begin(), all.end(), rng);
-  check.batch_slots.assign(all.begin(), all.begin() + 500);
-  for (size_t i = 3; i < check.batch_slots.size(); i += 7) check.batch_slots[i] = -1;
+  check.batch_slots = MakeShuffledBatch(check.num_slots, 500, 77, 3, 7).slots;
   ExpectDecodeStepsMatchReference(GetParam(), check);
 }
 

@@ -153,29 +153,6 @@ std::vector<uint8_t> SlotBytes(const std::vector<uint8_t>& pool, int64_t slot_by
   return std::vector<uint8_t>(pool.begin() + s * slot_bytes, pool.begin() + (s + 1) * slot_bytes);
 }
 
-// A batch of `batch` distinct slots of [0, num_slots) in shuffled order with
-// every `gap`-th entry from `first` on set to -1 (skipped), and which slots
-// it updates (used[s]).
-struct ShuffledBatch {
-  std::vector<int32_t> slots;
-  std::vector<bool> used;
-};
-
-ShuffledBatch MakeShuffledBatch(int num_slots, int batch, uint32_t seed, int first, int gap) {
-  std::vector<int32_t> all(num_slots);
-  std::iota(all.begin(), all.end(), 0);
-  std::mt19937 rng(seed);
-  std::shuffle(all.begin(), all.end(), rng);
-  ShuffledBatch b;
-  b.slots.assign(all.begin(), all.begin() + batch);
-  for (int i = first; i < batch; i += gap) b.slots[i] = -1;
-  b.used.assign(num_slots, false);
-  for (int32_t s : b.slots) {
-    if (s >= 0) b.used[s] = true;
-  }
-  return b;
-}
-
 // Expects every slot with used[s] false to hold its starting bytes; returns
 // how many there are.
 int ExpectUnusedSlotsUntouched(const std::vector<uint8_t>& pool, const std::vector<uint8_t>& start,

@@ -1,6 +1,8 @@
 #include "kernels/testing/token_batch.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 namespace statecache {
@@ -40,6 +42,21 @@ DecodeInputs DecodeInputsFor(const TokenBatch& b, const ModelGeometry& geo, cons
                       b.g.data() + int64_t{row} * geo.h_v * geo.GateWidth(),
                       b.beta.data() + int64_t{row} * geo.h_v,
                       o};
+}
+
+ShuffledBatch MakeShuffledBatch(int num_slots, int batch, uint32_t seed, int first, int gap) {
+  std::vector<int32_t> all(num_slots);
+  std::iota(all.begin(), all.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(all.begin(), all.end(), rng);
+  ShuffledBatch b;
+  b.slots.assign(all.begin(), all.begin() + batch);
+  for (int i = first; i < batch; i += gap) b.slots[i] = -1;
+  b.used.assign(num_slots, false);
+  for (int32_t s : b.slots) {
+    if (s >= 0) b.used[s] = true;
+  }
+  return b;
 }
 
 }  // namespace statecache

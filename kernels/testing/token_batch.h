@@ -29,6 +29,15 @@ TokenBatch RandomTokenBatch(const ModelGeometry& geometry, int rows, uint32_t se
 DecodeInputs DecodeInputsFor(const TokenBatch& b, const ModelGeometry& geometry,
                              const int32_t* slots, int batch, float* o, int row = 0);
 
+// A batch of `batch` distinct slots of [0, num_slots) in shuffled order
+// (std::mt19937(seed) over 0..num_slots-1) with every `gap`-th entry from
+// `first` on set to -1 (skipped), and which slots it updates (used[s]).
+struct ShuffledBatch {
+  std::vector<int32_t> slots;
+  std::vector<bool> used;
+};
+ShuffledBatch MakeShuffledBatch(int num_slots, int batch, uint32_t seed, int first, int gap);
+
 }  // namespace statecache
 
 #endif  // STATECACHE_KERNELS_TESTING_TOKEN_BATCH_H_
