@@ -5,7 +5,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/formats/format.h"
-#include "kernels/formats/head_layout.h"
 
 namespace statecache {
 namespace cuda_internal {
@@ -16,15 +15,12 @@ namespace {
 constexpr int kSmemPerSm = 233472;
 constexpr int kSmemPerBlock = 232448;
 
-// The fixed-shape kernels' stage (MakeStageLayout with fixed = true: room
-// for every optional input; a column part of the head for the FP formats,
-// ColumnParts) for format f and q / k / v element bytes ds.
+// The fixed-shape kernels' stage (FixedShapeStageOffsets, with the stage
+// count ChooseStages picks as MakeStageLayout does) for format f and q / k / v
+// element bytes ds.
 StageLayout FixedStage(StateFormat f, int ds, int forced = 0) {
-  const PackedHeadLayout l =
-      MakeHeadLayout(FormatSpec{f, IsMixedFormat(f) ? kDefaultKHi : 0}, 128, 128);
   const int parts = ColumnParts(f, true);
-  StageLayout sl = StageOffsets(l.head_bytes / parts, 128, 128 / parts, ds, true, true,
-                                ValueTransformOf(f) == ValueTransform::kScaleReorder);
+  StageLayout sl = FixedShapeStageOffsets(f, ds);
   ChooseStages(MakeDecodeTiling(128, 128 / parts), 128 / parts, kSmemPerSm, kSmemPerBlock,
                forced, &sl);
   return sl;

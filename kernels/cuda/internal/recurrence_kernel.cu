@@ -368,19 +368,15 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
 }
 
 // The stage layout a pipelined kernel uses: the launcher's, with the
-// offsets of MakeStageLayout(.., fixed = true) as compile-time constants for
-// the fixed shape (its stage count, scratch size and tensor-map rows stay).
+// offsets of FixedShapeStageOffsets as compile-time constants for the fixed
+// shape (its stage count, scratch size and tensor-map rows stay).
 template <StateFormat F, bool kFixed, int kDtype>
-__device__ __forceinline__ StageLayout FixedStageLayout(const StageLayout& in,
-                                                        const PackedHeadLayout& l) {
+__device__ __forceinline__ StageLayout FixedStageLayout(const StageLayout& in) {
   if constexpr (!kFixed) {
     return in;
   } else {
     static_assert(kDtype >= 0, "the fixed-shape kernels fix the input dtype");
-    constexpr int kParts = ColumnParts(F, kFixed);
-    StageLayout sl = StageOffsets(l.head_bytes / kParts, 128, 128 / kParts, kDtype == 0 ? 4 : 2,
-                                  true, true,
-                                  ValueTransformOf(F) == ValueTransform::kScaleReorder);
+    StageLayout sl = FixedShapeStageOffsets(F, kDtype == 0 ? 4 : 2);
     sl.stages = in.stages;
     sl.scratch_bytes = in.scratch_bytes;
     sl.tma_rows = in.tma_rows;
@@ -450,7 +446,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, dv);
   const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
   constexpr ValueTransform kVt = ValueTransformOf(F);
-  const StageLayout sl = FixedStageLayout<F, kFixed, kDtype>(sl_in, l);
+  const StageLayout sl = FixedStageLayout<F, kFixed, kDtype>(sl_in);
   const int items = p.batch * geo.h_v * kParts;
   const int stride = gridDim.x;
   if (ValidationFailed(p)) return;
@@ -641,18 +637,17 @@ bool PipelineEligible(const RecurrenceParams& p) {
   return !geo.kda || Aligned16(p.g);
 }
 
-// fixed: the layout of the fixed-shape kernels (FixedStageLayout).
+// fixed: the stage of the fixed-shape kernels (FixedShapeStageOffsets).
 // max_smem_per_block: the opt-in limit of one CTA's shared memory.
 // parts: the column parts of a head (ColumnParts; 1 unless fixed).
 StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
                             int max_smem_per_block, bool fixed, int parts) {
   const HeadGeometry& geo = p.geo;
-  StageLayout sl = StageOffsets(
-      geo.layout.head_bytes / parts, geo.d_k, geo.d_v / parts, p.dtype == 0 ? 4 : 2,
-      fixed || geo.kda,
-      fixed || p.maps.key_perm != nullptr,
-      fixed ? ValueTransformOf(geo.format) == ValueTransform::kScaleReorder
-            : p.maps.value_order != nullptr);
+  const int ds = p.dtype == 0 ? 4 : 2;
+  StageLayout sl = fixed ? FixedShapeStageOffsets(geo.format, ds)
+                         : StageOffsets(geo.layout.head_bytes, geo.d_k, geo.d_v, ds, geo.kda,
+                                        p.maps.key_perm != nullptr,
+                                        p.maps.value_order != nullptr);
   // STATECACHE_CUDA_STAGES=1..3 forces the stage count (then large heads may run one
   // CTA per SM; never more stages than one CTA holds); for A/B benchmarks.
   static const int forced = [] {

@@ -103,6 +103,18 @@ SC_HD constexpr int ColumnParts(StateFormat f, bool fixed) {
   return fixed && f == StateFormat::kFp32 ? 2 : 1;
 }
 
+// The stage of the fixed-shape kernels (d_k = d_v = 128, the default k_hi)
+// for format f and q / k / v elements of ds bytes: a column part of the head
+// (ColumnParts) and room for every optional input, so the offsets follow from
+// (f, ds) alone and the kernels fold them into constants.
+SC_HD StageLayout FixedShapeStageOffsets(StateFormat f, int ds) {
+  const int parts = ColumnParts(f, true);
+  const PackedHeadLayout l =
+      MakeHeadLayout(FormatSpec{f, IsMixedFormat(f) ? kDefaultKHi : 0}, 128, 128);
+  return StageOffsets(l.head_bytes / parts, 128, 128 / parts, ds, true, true,
+                      ValueTransformOf(f) == ValueTransform::kScaleReorder);
+}
+
 // The stage count of a pipelined launch (into sl->stages, with
 // sl->scratch_bytes): as many stages (up to kMaxStages) as leave 16 warps
 // per SM (two CTAs of 256 threads, four of 128; 1 KB of static shared
