@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/formats/format.h"
+#include "kernels/cuda/internal/stage_layout.h"
 #include "kernels/formats/head_layout.h"
 
 namespace statecache {
@@ -27,8 +28,7 @@ TEST(Swizzle128, XorsTheChunkIndexWithTheRowIndexModEight) {
 // and a few 1024-aligned stage bases.
 TEST(RowRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
   for (StateFormat f : AllStateFormats()) {
-    const PackedHeadLayout l =
-        MakeHeadLayout(FormatSpec{f, IsMixedFormat(f) ? kDefaultKHi : 0}, 128, 128);
+    const PackedHeadLayout l = FixedShapeHeadLayout(f);
     struct Region {
       const char* name;
       int64_t offset, row_bytes;

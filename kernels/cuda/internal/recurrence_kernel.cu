@@ -164,7 +164,7 @@ __device__ __forceinline__ HeadGeometry EffectiveGeometry(const HeadGeometry& in
   if constexpr (kFixed) {
     g.d_k = 128;
     g.d_v = 128;
-    g.layout = MakeHeadLayout(FormatSpec{F, IsMixedFormat(F) ? kDefaultKHi : 0}, 128, 128);
+    g.layout = FixedShapeHeadLayout(F);
   }
   return g;
 }
@@ -873,8 +873,7 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
 template <StateFormat F>
 int Launch(const RecurrenceParams& p, void* stream) {
   if (int64_t{p.batch} * p.geo.h_v == 0) return cudaSuccess;
-  const PackedHeadLayout fixed =
-      MakeHeadLayout(FormatSpec{F, IsMixedFormat(F) ? kDefaultKHi : 0}, 128, 128);
+  const PackedHeadLayout fixed = FixedShapeHeadLayout(F);
   const bool is_fixed = p.geo.d_k == 128 && p.geo.d_v == 128 &&
                         p.geo.layout.k_hi == fixed.k_hi &&
                         p.geo.layout.head_bytes == fixed.head_bytes;

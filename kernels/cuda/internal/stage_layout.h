@@ -103,14 +103,20 @@ SC_HD constexpr int ColumnParts(StateFormat f, bool fixed) {
   return fixed && f == StateFormat::kFp32 ? 2 : 1;
 }
 
-// The stage of the fixed-shape kernels (d_k = d_v = 128, the default k_hi)
-// for format f and q / k / v elements of ds bytes: a column part of the head
-// (ColumnParts) and room for every optional input, so the offsets follow from
-// (f, ds) alone and the kernels fold them into constants.
+// The head layout of the fixed-shape kernels: d_k = d_v = 128 and, for the
+// mixed formats, the default k_hi (the common model shape; heads of this
+// layout run kernels specialized for it).
+SC_HD PackedHeadLayout FixedShapeHeadLayout(StateFormat f) {
+  return MakeHeadLayout(FormatSpec{f, IsMixedFormat(f) ? kDefaultKHi : 0}, 128, 128);
+}
+
+// The stage of the fixed-shape kernels for format f and q / k / v elements
+// of ds bytes: a column part of the head (ColumnParts) and room for every
+// optional input, so the offsets follow from (f, ds) alone and the kernels
+// fold them into constants.
 SC_HD StageLayout FixedShapeStageOffsets(StateFormat f, int ds) {
   const int parts = ColumnParts(f, true);
-  const PackedHeadLayout l =
-      MakeHeadLayout(FormatSpec{f, IsMixedFormat(f) ? kDefaultKHi : 0}, 128, 128);
+  const PackedHeadLayout l = FixedShapeHeadLayout(f);
   return StageOffsets(l.head_bytes / parts, 128, 128 / parts, ds, true, true,
                       ValueTransformOf(f) == ValueTransform::kScaleReorder);
 }
