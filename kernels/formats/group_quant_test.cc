@@ -83,7 +83,7 @@ void ExpectAffineFastPathBound(int qmax) {
     for (const auto& [mn, mx] :
          {std::pair<float, float>{0.0f, d}, {-d, 0.0f}, {-d / 3.0f, d}, {-d, d / 7.0f}}) {
       const AffineParams p = MakeAffineParams(mn, mx, qmax);
-      if (p.s_bits == 0x7BFF) {
+      if (p.s_bits == kFp16MaxBits) {  // saturated: the exact encoder's case
         ++saturated;
         continue;
       }

@@ -61,6 +61,7 @@ SC_HD float Fma(float a, float b, float c) {
 }
 
 inline constexpr float kFp16Max = 65504.0f;
+inline constexpr uint16_t kFp16MaxBits = 0x7bff;  // binary16 bits of kFp16Max
 inline constexpr float kE4m3Max = 448.0f;
 inline constexpr float kE2m1Max = 6.0f;
 
@@ -71,7 +72,7 @@ SC_HD uint16_t FloatToHalfBitsPortable(float f) {
   const uint32_t x = FloatToBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7bffu);  // >= 65520
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | kFp16MaxBits);  // >= 65520
   if (ax < 0x38800000u) {  // below 2^-14: subnormal (exact scaling, one rounding)
     const float m = RoundEven(BitsToFloat(ax) * 16777216.0f);  // * 2^24
     return static_cast<uint16_t>(sign | static_cast<uint32_t>(m));

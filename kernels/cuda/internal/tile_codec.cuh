@@ -270,7 +270,7 @@ __device__ __forceinline__ uint32_t AffineMetaWord(const AffineParams& p) {
 
 // The fast encoder below works on 16-bit integers: exact when
 // |x / s| < 2^14 for every x of the group, which holds unless the FP16
-// scale saturated (s_bits == 0x7BFF; then the shared encoder runs instead).
+// scale saturated (s_bits == kFp16MaxBits; then the shared encoder runs instead).
 // Proof: MakeAffineParams widens [min, max] to contain 0, so |x| <= D =
 // mx - mn, and s = fp16(RN(D / qmax)) unsaturated is >= D / qmax * (1 -
 // 2^-11) (normal) or >= D / qmax - 2^-25 >= 2^-24 (subnormal, s > 0), so
@@ -278,7 +278,7 @@ __device__ __forceinline__ uint32_t AffineMetaWord(const AffineParams& p) {
 // (Groups containing NaN are outside the byte-equality contract: see
 // LaneRangeBits.)
 __device__ __forceinline__ bool AffineFastPathExact(const AffineParams& p) {
-  return p.s_bits != 0x7BFFu;
+  return p.s_bits != kFp16MaxBits;
 }
 
 // Encodes and stores the lane's 16 values of a row, bit-exact with
