@@ -400,10 +400,12 @@ TEST_P(GpuSaturatedScaleTest, DecodeStepsMatchReferenceBytes) {
   ExpectDecodeStepsMatchReference(GetParam(), check);
 }
 
-// A batch of 2,000 items (500 slots x 4 heads, every 7th entry -1, shuffled):
-// about 7.6 items per CTA of the persistent decode kernel, so its stages
-// refill and its producer role rotates many times per launch (the tests
-// above have fewer items than CTAs).
+// A batch of 2,000 heads (500 slots x 4 heads, every 7th entry -1,
+// shuffled): about 7.6 items per CTA of the pipelined kernel and 10 per CTA
+// of the staged one (4,000 column halves on 396 CTAs), so their stages
+// refill (after the staged kernel's tensor-map stores) and the producer
+// role rotates many times per launch (the tests above have fewer items
+// than CTAs).
 class GpuPipelineTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuPipelineTest, ManyItemsPerCtaMatchReference) {
@@ -420,10 +422,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Arch::kKda, StateFormat::kDamp, DType::kFp32},
                       Case{Arch::kKda, StateFormat::kDampSr, DType::kFp16},
                       Case{Arch::kGdn, StateFormat::kFp32, DType::kFp32},
-                      // fp32 items are column halves (ColumnParts): KDA's
-                      // per-head gates and the outputs by head item.
+                      // The staged kernel's items are column halves
+                      // (ColumnParts): KDA's per-head gates and the outputs
+                      // by head item.
                       Case{Arch::kKda, StateFormat::kFp32, DType::kBf16},
-                      Case{Arch::kGdn, StateFormat::kBf16, DType::kBf16}),
+                      Case{Arch::kGdn, StateFormat::kBf16, DType::kBf16},
+                      Case{Arch::kKda, StateFormat::kFp16, DType::kFp16}),
     CaseName);
 
 INSTANTIATE_TEST_SUITE_P(

@@ -15,21 +15,19 @@ namespace {
 constexpr int kSmemPerSm = 233472;
 constexpr int kSmemPerBlock = 232448;
 
-// The fixed-shape kernels' stage (FixedShapeStageOffsets, with the stage
-// count ChooseStages picks as MakeStageLayout does) for format f and q / k / v
-// element bytes ds.
+// The fixed-shape kernels' stage for format f and q / k / v element bytes
+// ds, with the stage count the launcher picks: StagedStageLayout for the
+// staged kernel's formats, else FixedShapeStageOffsets with ChooseStages as
+// MakeStageLayout does.
 StageLayout FixedStage(StateFormat f, int ds, int forced = 0) {
-  const int parts = ColumnParts(f, true);
+  if (IsStagedFormat(f)) return StagedStageLayout(f, ds, kSmemPerSm, kSmemPerBlock, forced);
   StageLayout sl = FixedShapeStageOffsets(f, ds);
-  ChooseStages(MakeDecodeTiling(128, 128 / parts), 128 / parts, kSmemPerSm, kSmemPerBlock,
-               forced, &sl);
+  ChooseStages(MakeDecodeTiling(128, 128), 128, kSmemPerSm, kSmemPerBlock, forced, &sl);
   return sl;
 }
 
-// CTAs of the fixed-shape kernel per SM that ChooseStages plans for.
-int CtasPerSm(StateFormat f) {
-  return 512 / MakeDecodeTiling(128, 128 / ColumnParts(f, true)).threads;
-}
+// CTAs of the fixed-shape kernel per SM that the stage counts plan for.
+int CtasPerSm(StateFormat f) { return IsStagedFormat(f) ? kStagedCtasPerSm : 2; }
 
 int64_t CtaBytes(const StageLayout& sl) {
   return sl.scratch_bytes + int64_t{sl.stages} * sl.bytes + 1024;
@@ -51,32 +49,34 @@ TEST(StageOffsets, FieldsAreAlignedAndInsideTheStage) {
   }
 }
 
-// 16 warps per SM with as many stages as fit: two CTAs of whole heads with
+// As many stages as fit the planned CTAs: two CTAs of whole heads with
 // three stages for the compressed formats (damp's 20 KiB heads included,
-// with either input width) and two for 16-bit heads (32 KiB); four CTAs of
-// half heads (ColumnParts) with one stage for fp32 (32 KiB halves). A
+// with either input width) and two for 16-bit heads (32 KiB); two staged
+// CTAs of fp32 half heads (ColumnParts, 32 KiB) with three stages. A
 // scratch or stage that grows past these budgets shows up here before it
 // shows up as a slower H200 run.
 TEST(ChooseStages, StageCountsOnTheH200) {
   for (StateFormat f : AllStateFormats()) {
     const bool fp32 = f == StateFormat::kFp32;
+    EXPECT_EQ(IsStagedFormat(f), fp32) << FormatName(f);
     EXPECT_EQ(ColumnParts(f, true), fp32 ? 2 : 1) << FormatName(f);
     EXPECT_EQ(ColumnParts(f, false), 1) << FormatName(f);
-    EXPECT_EQ(CtasPerSm(f), fp32 ? 4 : 2) << FormatName(f);
     for (int ds : {2, 4}) {
       const StageLayout sl = FixedStage(f, ds);
       const std::string what = std::string(FormatName(f)) + " ds " + std::to_string(ds);
-      const int want = f == StateFormat::kFp32                               ? 1
-                       : f == StateFormat::kFp16 || f == StateFormat::kBf16 ? 2
-                                                                            : 3;
-      EXPECT_EQ(sl.stages, want) << what;
+      const bool half = f == StateFormat::kFp16 || f == StateFormat::kBf16;
+      EXPECT_EQ(sl.stages, half ? 2 : 3) << what;
       EXPECT_LE(CtasPerSm(f) * CtaBytes(sl) + 2048, kSmemPerSm) << what;
     }
   }
+  // The staged kernel's scratch is the stripe exchange's arrays alone.
+  EXPECT_EQ(StagedScratchBytes(), 3072);
+  // Its CTAs fit the register file at 128 registers per thread.
+  EXPECT_LE(kStagedCtasPerSm * kStagedThreads * 128, 65536);
 }
 
 TEST(ChooseStages, ForcedCountsNeverExceedOneCta) {
-  // fp32 half heads: three 33 KiB stages fit one CTA.
+  // fp32 half heads: three 35 KiB stages fit one CTA.
   EXPECT_EQ(FixedStage(StateFormat::kFp32, 4, 3).stages, 3);
   EXPECT_EQ(FixedStage(StateFormat::kFp32, 4, 1).stages, 1);
   EXPECT_EQ(FixedStage(StateFormat::kDamp, 2, 1).stages, 1);

@@ -85,6 +85,33 @@ __device__ __forceinline__ void TensorCopy3D(void* dst, const CUtensorMap* tmap,
       : "memory");
 }
 
+// 3D tensor-map copy of shared memory at `src` to the box at (x, y, z) of
+// global memory (the inverse of TensorCopy3D, same box and swizzle), in the
+// issuing thread's bulk async-group. Before the copy, every thread that wrote
+// src must have run FenceProxyAsyncShared and be ordered before the issuer
+// (e.g. by an mbarrier); src may be overwritten after BulkWaitGroupRead0.
+__device__ __forceinline__ void TensorStore3D(const CUtensorMap* tmap, int x, int y, int z,
+                                              const void* src) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+          reinterpret_cast<uint64_t>(tmap)),
+      "r"(x), "r"(y), "r"(z), "r"(SmemAddr(src))
+      : "memory");
+}
+// Closes the issuing thread's bulk async-group of the stores issued so far.
+__device__ __forceinline__ void BulkCommitGroup() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Waits until every committed bulk store of this thread has read its source.
+__device__ __forceinline__ void BulkWaitGroupRead0() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+// Orders this thread's earlier generic-proxy shared-memory accesses before
+// later async-proxy (bulk copy) accesses of the same memory.
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 // 4-byte asynchronous global -> shared copy (completes at CpAsyncWaitAll).
 __device__ __forceinline__ void CopyAsync4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(SmemAddr(dst)), "l"(src)

@@ -1,6 +1,6 @@
 // The fused decode / prefill kernels.
 //
-// Both keep each lane's 4 x 16 slice of a head in registers from the decode
+// All keep each lane's 4 x 16 slice of a head in registers from the decode
 // to the encode (the head is read once and written once) and run
 // TokenStep (decode_math.h's arithmetic): one sweep computes both row sums
 // (S^T k and S^T q, before the update), one reduction phase, then the rank-1
@@ -9,8 +9,7 @@
 //
 //  - PipelinedDecodeKernel (decode, T = 1, the serving path): persistent
 //    CTAs, 2 per SM; each walks items (batch item, value head) with a stride
-//    of gridDim.x (fixed-shape fp32: items are a head's column halves, on 4
-//    CTAs of 4 warps per SM; ColumnParts in stage_layout.h). The next item's
+//    of gridDim.x. The next item's
 //    packed head and its inputs (q, k, v, KDA gates, permutation, damp-sr
 //    maps) are fetched into shared memory by the
 //    copy engine (the fixed shape's head by 2D tensor-map copies with the
@@ -29,6 +28,10 @@
 //    dtype is a template argument); the fixed 128 x 128 shape uses
 //    branch-free tile code whose affine group parameters are derived once
 //    per lane pair.
+//  - StagedFpDecodeKernel (decode of fixed-shape fp32 heads): the same
+//    staging on column halves, with a producer warp that also stores each
+//    updated half back to the pool by a tensor-map copy of its stage (the
+//    compute warps write the tile back into the stage); see its comment.
 //  - RecurrenceKernel (prefill, and decode when pointers / sizes are not
 //    16-byte aligned): one CTA per item, direct loads, T tokens.
 #include <cuda.h>  // CUtensorMap and its encoder's types (the encoder is fetched at run time)
@@ -299,6 +302,22 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
 // spreading the issue over a warp: measured on the H200).
 inline constexpr int kBulkChunk = 4096;
 
+// A head's column part in the pool viewed as [key rows][S][128 bytes], S = a
+// key row's bytes / 128 (EncodePoolPartsTensorMap; a box is S / kParts
+// columns of 128 bytes of d_k rows): the head's first key row and the
+// part's first column. head: the head's first byte in the pool.
+struct PartBox {
+  int column;
+  int key_row0;
+};
+template <int kParts>
+__device__ __forceinline__ PartBox PartBoxOf(const RecurrenceParams& p, const HeadGeometry& geo,
+                                             const uint8_t* head, int part) {
+  const int row_bytes = static_cast<int>(geo.layout.lo_code_row_bytes);
+  return PartBox{part * (row_bytes / 128 / kParts),
+                 static_cast<int>((head - p.pool.base) / row_bytes)};
+}
+
 // One thread (the item's producer) only: stage work item `item` (pool slot
 // `slot`) into `stage`: its scalars into the header, the packed head (or,
 // kParts = 2, the item's column half of it, ColumnParts), then one copy per
@@ -332,12 +351,8 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   MbarrierExpectTx(bar, total);
   const uint8_t* src = HeadPtr(p, geo, slot, h);
   if constexpr (kParts > 1) {
-    // The pool as [key rows][S][128 bytes], S = a key row's bytes / 128
-    // (EncodePoolPartsTensorMap; a box is S / kParts columns of 128 bytes
-    // of d_k rows): the head's first key row, the part's first column.
-    const int row_bytes = static_cast<int>(geo.layout.lo_code_row_bytes);
-    const int key_row0 = static_cast<int>((src - p.pool.base) / row_bytes);
-    TensorCopy3D(stage + sl.head, tmap, 0, part * (row_bytes / 128 / kParts), key_row0, bar);
+    const PartBox box = PartBoxOf<kParts>(p, geo, src, part);
+    TensorCopy3D(stage + sl.head, tmap, 0, box.column, box.key_row0, bar);
   } else if (sl.tma_rows > 0) {
     // The pool as [rows][128 bytes]: the head's first row, then boxes.
     const int row0 = static_cast<int>((src - p.pool.base) >> 7);
@@ -435,19 +450,15 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];   // stage staged (producer + copies)
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // stage read by every warp
+  static_assert(!kFixed || !IsStagedFormat(F), "fixed-shape FP heads run StagedFpDecodeKernel");
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
-  // A work item is a head's column part (ColumnParts): dv of its columns.
-  constexpr int kParts = ColumnParts(F, kFixed);
-  const int dv = geo.d_v / kParts;
-  // The staged part: the head's layout with the part's row bytes.
-  PackedHeadLayout ls = l;
-  ls.lo_code_row_bytes /= kParts;
+  const int dv = geo.d_v;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, dv);
   const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
   constexpr ValueTransform kVt = ValueTransformOf(F);
   const StageLayout sl = FixedStageLayout<F, kFixed, kDtype>(sl_in);
-  const int items = p.batch * geo.h_v * kParts;
+  const int items = p.batch * geo.h_v;
   const int stride = gridDim.x;
   if (ValidationFailed(p)) return;
   float* scratch = reinterpret_cast<float*>(smem_raw);
@@ -474,17 +485,16 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   const auto fetch_ahead = [&](int w, int j) {
     const int it = blockIdx.x + j * stride;
     if (it < items) {
-      const int head_item = it / kParts;
-      CopyAsync4(&ahead_beta[w], p.beta + head_item);
-      if (!geo.kda) CopyAsync4(&ahead_g[w], p.g + head_item);
-      CopyAsync4(&ahead_slot[w], p.slots + BatchOf(head_item, geo.h_v));
+      CopyAsync4(&ahead_beta[w], p.beta + it);
+      if (!geo.kda) CopyAsync4(&ahead_g[w], p.g + it);
+      CopyAsync4(&ahead_slot[w], p.slots + BatchOf(it, geo.h_v));
     }
     CpAsyncCommit();
   };
   // Stages the CTA's j-th item, whose scalars are in slot w (complete), into
   // stage s.
   const auto issue = [&](int s, int w, int j) {
-    IssueItem<kParts>(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s],
+    IssueItem<1>(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s],
                       blockIdx.x + j * stride, ahead_slot[w], ahead_beta[w],
                       geo.kda ? 0.0f : DecayExp(ahead_g[w]));
   };
@@ -548,11 +558,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     };
     MbarrierWait(&full[st], parity);
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
-    const int part = item % kParts;
-    const int head_item = item / kParts;
-    const int hv = kParts == 1 ? h
-                               : head_item - BatchOf(head_item, geo.h_v) * geo.h_v;
-    float* o = p.o + int64_t{head_item} * geo.d_v + part * dv;
+    float* o = p.o + int64_t{item} * geo.d_v;
     if (slot < 0) {
       if (m.row_warp == 0) o[m.jc] = 0.0f;
       release();
@@ -580,7 +586,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                        geo.scale};
     GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, dv, m), kk, qs, a);
     float s[kTileSteps][kTileColsPerLane];
-    LoadItemTile<F, kFixed>(ls, head_s, m, global_scale, s, a);
+    LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
     const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
     const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
     // The stripe's two value-axis maps are split between its row warps:
@@ -597,14 +603,12 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       // damp-sr: the stage is released by now; its maps are per-layer
       // constants, read from global memory (L2-resident) instead.
       StoreOutput<kVt>(m, os, o,
-                       kVt == ValueTransform::kScaleReorder ? p.maps.value_order + hv * geo.d_v
+                       kVt == ValueTransform::kScaleReorder ? p.maps.value_order + h * geo.d_v
                                                             : nullptr,
-                       kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + hv * geo.d_v
+                       kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
                                                             : nullptr);
     }
-    // The part's first column of the head's first row (ColumnParts formats
-    // have no metadata: a row is its values).
-    uint8_t* head = HeadPtr(p, geo, slot, hv) + part * (l.lo_code_row_bytes / kParts);
+    uint8_t* head = HeadPtr(p, geo, slot, h);
     const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, dv), t.warps);
     StoreItemTile<F, kFixed>(l, head, m, gs, s, sc.wred);  // wred: free after TokenStep
     if (l.has_global_scale && threadIdx.x == 0) {
@@ -612,6 +616,159 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     }
   }
   if (threadIdx.x == 0 && (SmemAddr(stage_base) & 1023u) != 0) __trap();
+}
+
+// ---- Staged decode of fixed-shape FP heads -----------------------------------
+
+// StagedFpDecodeKernel: the fixed-shape heads of fp32 (IsStagedFormat; a
+// work item is a head's column half, ColumnParts) on CTAs of
+// kStagedComputeWarps compute warps and one producer warp, kStagedCtasPerSm
+// per SM, each with its own stages (StagedStageLayout: three), and no head
+// ever leaves shared memory through the compute warps' stores:
+//  - the producer (lane 0 of the last warp) stages the CTA's items in turn
+//    (IssueItem; its scalars loaded one item ahead), and before refilling a
+//    stage stores the item it held back to the pool with one tensor-map copy
+//    (TensorStore3D, the load's box and swizzle) once every compute warp
+//    marked it written;
+//  - the compute warps decode the staged half with the decay folded in,
+//    run TokenStep with shuffle reductions (no per-warp buffers: the
+//    scratch is the stripe exchange's only) and write the updated tile back
+//    into the stage where they read it (StoreTileStaged), then arrive on
+//    the stage's `written` barrier.
+// So a CTA's next items are in flight while it computes (the pipelined
+// kernel's fp32 CTAs at 16 warps per SM fit one 32 KiB stage each), and the
+// stores leave as whole boxes: fp32 GDN B = 256 on the H200 288.5 -> 276 us
+// (docs/BENCHMARKS.md).
+template <StateFormat F, int kDtype>
+__global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
+    StagedFpDecodeKernel(const RecurrenceParams p, const StageLayout sl_in,
+                         const __grid_constant__ CUtensorMap tmap) {
+  static_assert(IsStagedFormat(F), "the staged formats only");
+  constexpr int kParts = ColumnParts(F, true);
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full[kMaxStages];     // stage staged (producer + copies)
+  __shared__ __align__(8) uint64_t written[kMaxStages];  // stage's tile written back by every compute warp
+  const HeadGeometry geo = EffectiveGeometry<F, true>(p.geo);
+  const int dv = geo.d_v / kParts;
+  PackedHeadLayout ls = geo.layout;  // the staged part: the part's row bytes
+  ls.lo_code_row_bytes /= kParts;
+  const DecodeTiling t = MakeDecodeTiling(geo.d_k, dv);
+  const StageLayout sl = FixedStageLayout<F, true, kDtype>(sl_in);
+  const int items = p.batch * geo.h_v * kParts;
+  const int stride = gridDim.x;
+  if (ValidationFailed(p)) return;
+  float* scratch = reinterpret_cast<float*>(smem_raw);
+  uint8_t* stage_base = smem_raw + sl.scratch_bytes;  // 1024-aligned (StagedScratchBytes)
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < sl.stages; ++s) {
+      MbarrierInit(&full[s], 1);
+      MbarrierInit(&written[s], t.warps);
+    }
+    FenceMbarrierInit();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the roles split here
+
+  if (threadIdx.x >= 32 * t.warps) {  // the producer warp
+    if (threadIdx.x != 32 * t.warps) return;
+    int32_t next_slot = 0;
+    float next_beta = 0.0f, next_g = 0.0f;
+    const auto fetch = [&](int it) {  // plain loads: consumed one iteration later
+      const int head_item = it / kParts;
+      next_slot = p.slots[BatchOf(head_item, geo.h_v)];
+      next_beta = p.beta[head_item];
+      if (!geo.kda) next_g = p.g[head_item];
+    };
+    const int count = blockIdx.x < items ? (items - 1 - blockIdx.x) / stride + 1 : 0;
+    if (count > 0) fetch(blockIdx.x);
+    // Pass j stores item j - stages (if any) from stage j % stages, then
+    // stages item j (if any) there.
+    int st = 0;
+    uint32_t parity = 0;
+    for (int j = 0; j < count + sl.stages; ++j) {
+      uint8_t* stage = stage_base + st * sl.bytes;
+      if (j >= sl.stages) {
+        MbarrierWait(&written[st], parity ^ 1u);
+        const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
+        if (slot >= 0) {
+          const int old = blockIdx.x + (j - sl.stages) * stride;
+          const int head_item = old / kParts;
+          const int hv = head_item - BatchOf(head_item, geo.h_v) * geo.h_v;
+          const PartBox box = PartBoxOf<kParts>(p, geo, HeadPtr(p, geo, slot, hv), old % kParts);
+          TensorStore3D(&tmap, 0, box.column, box.key_row0, stage + sl.head);
+          BulkCommitGroup();
+        }
+      }
+      if (j < count) {
+        const int item = blockIdx.x + j * stride;
+        const int32_t slot = next_slot;
+        const float beta = next_beta, g = next_g;
+        if (j + 1 < count) fetch(item + stride);
+        if (j >= sl.stages) BulkWaitGroupRead0();  // the store has read the stage
+        IssueItem<kParts>(p, geo, sl, &tmap, stage, &full[st], item, slot, beta,
+                          geo.kda ? 0.0f : DecayExp(g));
+      }
+      parity ^= st + 1 == sl.stages ? 1u : 0u;
+      st = st + 1 == sl.stages ? 0 : st + 1;
+    }
+    // The stores must have read the stages before the CTA's shared memory
+    // goes; their writes are visible at the grid's completion (as CUTLASS's
+    // tensor-map store epilogues end).
+    BulkWaitGroupRead0();
+    return;
+  }
+
+  // The compute warps. Pass n uses stage n % stages in phase parity
+  // (n / stages) & 1.
+  int st = 0;
+  uint32_t parity = 0;
+  for (int n = 0, item = blockIdx.x; item < items;
+       ++n, item += stride, parity ^= st + 1 == sl.stages ? 1u : 0u,
+           st = st + 1 == sl.stages ? 0 : st + 1) {
+    uint8_t* stage = stage_base + st * sl.bytes;
+    const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes, OpaqueThreadIdx());
+    // After this warp's last access of the stage (its write-back included).
+    const auto mark_written = [&] {
+      FenceProxyAsyncShared();
+      __syncwarp();
+      if (m.lane == 0) MbarrierArrive(&written[st]);
+    };
+    MbarrierWait(&full[st], parity);
+    const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
+    const int head_item = item / kParts;
+    float* o = p.o + int64_t{head_item} * geo.d_v + (item % kParts) * dv;
+    if (slot < 0) {
+      if (m.row_warp == 0) o[m.jc] = 0.0f;
+      mark_written();
+      continue;
+    }
+    const float beta = reinterpret_cast<const float*>(stage + sl.header)[1];
+    const float a_head = reinterpret_cast<const float*>(stage + sl.header)[2];  // exp(g)
+    const uint8_t* head_s = stage + sl.head;
+    float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
+    const RowSource in{reinterpret_cast<const int32_t*>(stage + sl.perm),
+                       stage + sl.q,
+                       stage + sl.k,
+                       reinterpret_cast<const float*>(stage + sl.g),
+                       p.maps.key_perm != nullptr,
+                       geo.kda,
+                       p.dtype,
+                       a_head,
+                       geo.scale};
+    GatherRows<kDtype>(m, geo.d_k, in, kk, qs, a);
+    float s[kTileSteps][kTileColsPerLane];
+    LoadItemTile<F, true>(ls, head_s, m, 0.0f, s, a);
+    const float vp = m.row_warp == 0
+                         ? StoredValue<ValueTransform::kNone, kDtype>(m, p.dtype, stage + sl.v,
+                                                                      nullptr, nullptr)
+                         : 0.0f;
+    // Only the exchange arrays of the scratch exist (kShuffle needs no
+    // wbuf / wred).
+    const StepScratch sc = MakeScratch(scratch, t, dv, m, n & 1);
+    const float os = TokenStep<true, true, true>(s, kk, qs, a, vp, beta, m, t, dv, sc);
+    StoreTileStaged<F>(ls, SmemAddr(head_s), m, s);
+    if (m.row_warp == t.row_warps - 1) o[m.jc] = os;
+    mark_written();
+  }
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -637,25 +794,30 @@ bool PipelineEligible(const RecurrenceParams& p) {
   return !geo.kda || Aligned16(p.g);
 }
 
-// fixed: the stage of the fixed-shape kernels (FixedShapeStageOffsets).
-// max_smem_per_block: the opt-in limit of one CTA's shared memory.
-// parts: the column parts of a head (ColumnParts; 1 unless fixed).
+// STATECACHE_CUDA_STAGES=1..3 forces the stage count of the persistent
+// kernels (then large heads may run one CTA per SM; never more stages than
+// one CTA holds); for A/B benchmarks. 0: not forced.
+int ForcedStages() {
+  static const int forced = [] {
+    const char* e = std::getenv("STATECACHE_CUDA_STAGES");
+    return e == nullptr ? 0 : std::atoi(e);
+  }();
+  return forced;
+}
+
+// The pipelined kernel's stage. fixed: the fixed-shape kernels' stage
+// (FixedShapeStageOffsets). max_smem_per_block: the opt-in limit of one
+// CTA's shared memory.
 StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
-                            int max_smem_per_block, bool fixed, int parts) {
+                            int max_smem_per_block, bool fixed) {
   const HeadGeometry& geo = p.geo;
   const int ds = p.dtype == 0 ? 4 : 2;
   StageLayout sl = fixed ? FixedShapeStageOffsets(geo.format, ds)
                          : StageOffsets(geo.layout.head_bytes, geo.d_k, geo.d_v, ds, geo.kda,
                                         p.maps.key_perm != nullptr,
                                         p.maps.value_order != nullptr);
-  // STATECACHE_CUDA_STAGES=1..3 forces the stage count (then large heads may run one
-  // CTA per SM; never more stages than one CTA holds); for A/B benchmarks.
-  static const int forced = [] {
-    const char* e = std::getenv("STATECACHE_CUDA_STAGES");
-    return e == nullptr ? 0 : std::atoi(e);
-  }();
-  ChooseStages(MakeDecodeTiling(geo.d_k, geo.d_v / parts), geo.d_v / parts, max_smem_per_sm,
-               max_smem_per_block, forced, &sl);
+  ChooseStages(MakeDecodeTiling(geo.d_k, geo.d_v), geo.d_v, max_smem_per_sm, max_smem_per_block,
+               ForcedStages(), &sl);
   return sl;
 }
 
@@ -768,15 +930,17 @@ bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, i
   return cache.ok;
 }
 
-// Launches the pipelined kernel (kDtype fixed or -1); cudaErrorNotSupported
-// when it cannot be resident (the caller falls back to RecurrenceKernel).
+// Launches a persistent decode kernel (kKernel: PipelinedDecodeKernel or
+// StagedFp32DecodeKernel, both (params, stage layout, tensor map)) on as
+// many CTAs as are resident, at most one per item; cudaErrorNotSupported
+// when none can be (the caller falls back to RecurrenceKernel).
 // The shared-memory attribute (only ever raised, under a lock, so a launch
 // never sees it below its size) and the occupancy query run once per
-// instantiation and shared-memory size; the last (size, blocks per SM) pair
+// kernel and shared-memory size; the last (size, blocks per SM) pair
 // is cached (it changes only with the dtype / gates / maps of a call). Like
 // DeviceLimits, this assumes the process drives one device.
-template <StateFormat F, bool kFixed, int kDtype>
-int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
+template <auto kKernel>
+int LaunchPersistent(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
                      size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
   static std::mutex mu;
   static size_t attribute_smem = 0;            // guarded by mu
@@ -786,23 +950,50 @@ int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, const CUt
   if (c == 0 || (c >> 32) != smem) {
     std::lock_guard<std::mutex> lock(mu);
     if (smem > attribute_smem) {
-      const cudaError_t e = cudaFuncSetAttribute(PipelinedDecodeKernel<F, kFixed, kDtype>,
+      const cudaError_t e = cudaFuncSetAttribute(kKernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem));
       if (e != cudaSuccess) return e;
       attribute_smem = smem;
     }
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, PipelinedDecodeKernel<F, kFixed, kDtype>, threads, smem);
+    const cudaError_t e =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem);
     if (e != cudaSuccess) return e;
     last_config.store((uint64_t{smem} << 32) | static_cast<uint32_t>(per_sm),
                       std::memory_order_release);
   }
   if (per_sm == 0) return cudaErrorNotSupported;
   const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
-  PipelinedDecodeKernel<F, kFixed, kDtype>
-      <<<static_cast<unsigned>(grid), threads, smem, st>>>(p, sl, tmap);
+  kKernel<<<static_cast<unsigned>(grid), threads, smem, st>>>(p, sl, tmap);
   return cudaGetLastError();
+}
+template <StateFormat F, bool kFixed, int kDtype>
+int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
+                     size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
+  return LaunchPersistent<PipelinedDecodeKernel<F, kFixed, kDtype>>(p, sl, tmap, smem, sms,
+                                                                     threads, items, st);
+}
+
+// StagedFpDecodeKernel<F> for a fixed-shape call whose pool has the parts
+// tensor map `tmap`: `items` column halves (StagedStageLayout, ForcedStages).
+template <StateFormat F>
+int LaunchStaged(const RecurrenceParams& p, const CUtensorMap& tmap, int sms,
+                 int max_smem_per_sm, int max_smem_per_block, int64_t items, cudaStream_t st) {
+  const StageLayout sl = StagedStageLayout(F, p.dtype == 0 ? 4 : 2, max_smem_per_sm,
+                                           max_smem_per_block, ForcedStages());
+  const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
+  switch (p.dtype) {
+    case 0:
+      return LaunchPersistent<StagedFpDecodeKernel<F, 0>>(p, sl, tmap, smem, sms, kStagedThreads,
+                                                         items, st);
+    case 1:
+      return LaunchPersistent<StagedFpDecodeKernel<F, 1>>(p, sl, tmap, smem, sms, kStagedThreads,
+                                                         items, st);
+    case 2:
+      return LaunchPersistent<StagedFpDecodeKernel<F, 2>>(p, sl, tmap, smem, sms, kStagedThreads,
+                                                         items, st);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <StateFormat F, bool kFixed>
@@ -844,25 +1035,35 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
       return d;
     }();
     const int sms = limits.sms;
-    const int max_smem_per_sm = limits.max_smem_per_sm;
     CUtensorMap tmap{};
     int tma_rows = 0;
-    // The fixed tile code expects swizzled heads; without them the general one runs.
+    // The fixed tile code expects swizzled heads (the staged kernel: the
+    // parts map's column halves); without them the general one runs.
     constexpr int kParts = ColumnParts(F, kFixed);
     const bool fixed = kFixed && MakePoolTensorMap(p.pool, p.geo.layout, p.geo.d_k, kParts,
                                                    &tmap, &tma_rows);
-    const int parts = fixed ? kParts : 1;
+    if constexpr (kParts > 1) {
+      if (fixed) {
+        const int e = LaunchStaged<F>(p, tmap, sms, limits.max_smem_per_sm,
+                                      limits.max_smem_per_block, items * kParts, st);
+        if (e != cudaErrorNotSupported) return e;
+      }
+    }
+    const bool pipelined_fixed = fixed && kParts == 1;
     StageLayout sl =
-        MakeStageLayout(p, max_smem_per_sm, limits.max_smem_per_block, fixed, parts);
+        MakeStageLayout(p, limits.max_smem_per_sm, limits.max_smem_per_block, pipelined_fixed);
     sl.tma_rows = tma_rows;
     const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
     // A head too large for one stage per CTA takes the direct kernel.
     const bool fits = smem + 1024 <= static_cast<size_t>(limits.max_smem_per_block);
-    const int threads = MakeDecodeTiling(p.geo.d_k, p.geo.d_v / parts).threads;
-    const int e =
-        !fits   ? cudaErrorNotSupported
-        : fixed ? LaunchPipelined<F, true>(p, sl, tmap, smem, sms, threads, items * parts, st)
-                : LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, threads, items, st);
+    int e = cudaErrorNotSupported;
+    if (fits && pipelined_fixed) {
+      if constexpr (kFixed && kParts == 1) {  // (not instantiated for staged formats)
+        e = LaunchPipelined<F, true>(p, sl, tmap, smem, sms, t.threads, items, st);
+      }
+    } else if (fits) {
+      e = LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, t.threads, items, st);
+    }
     if (e != cudaErrorNotSupported) return e;
   }
   const size_t smem = sizeof(float) * ScratchFloats(t, p.geo.d_v);

@@ -88,20 +88,31 @@ SC_HD StageLayout StageOffsets(int64_t head_bytes, int d_k, int d_v, int ds,
   return sl;
 }
 
-// The column parts a fixed-shape (128 x 128) head of format f is split into
-// for the pipelined kernel. fp32's columns are independent (no group
-// parameters across a row, no global scale, no value-axis map), so each
-// head goes to two CTAs of half its columns (two stripes, four warps): a
-// 32 KiB stage instead of 64 and four CTAs per SM instead of two, so more of
-// this memory-bound format's loads are in flight per SM (H200, GDN: B = 256
-// 290 -> 287 us, B = 8 13.9 -> 12.3 us). fp16 / bf16 would qualify too but
-// lose (B = 256 150 -> 156 and 155 -> 162 us: their whole heads already
-// have two stages, and each part converts the row inputs again). The tile
-// code also supports only formats whose rows hold nothing but values.
-// 1: whole heads.
+// The formats whose fixed-shape heads run the staged kernel
+// (StagedFpDecodeKernel): fp32. Its rows hold FP values only, so a head's
+// columns are independent (no group parameters across a row, no global
+// scale, no value-axis map) and the updated tile is written back into its
+// stage as is. fp16 / bf16 qualify too but measured slower there (H200,
+// B = 256: bf16 155 -> 159 us, fp16 151 -> 150; their whole heads already
+// have two stages per CTA and compute weighs more per byte), so they stay
+// on the pipelined kernel.
+SC_HD constexpr bool IsStagedFormat(StateFormat f) { return f == StateFormat::kFp32; }
+
+// The column parts a head of format f is split into: a staged kernel's work
+// item is a fixed-shape head's column half (two stripes, four compute
+// warps: half the stage, so more stages per SM); 1 (whole heads) for
+// everything else.
 SC_HD constexpr int ColumnParts(StateFormat f, bool fixed) {
-  return fixed && f == StateFormat::kFp32 ? 2 : 1;
+  return fixed && IsStagedFormat(f) ? 2 : 1;
 }
+
+// The staged kernel's CTA: four compute warps (MakeDecodeTiling(128, 64))
+// and one producer warp; two CTAs per SM, each with three 35 KiB fp32
+// stages (measured against three CTAs of two stages: B = 256 278.0 ->
+// 276.2 us, B = 8 11.8 -> 11.5).
+inline constexpr int kStagedComputeWarps = 4;
+inline constexpr int kStagedThreads = 32 * (kStagedComputeWarps + 1);
+inline constexpr int kStagedCtasPerSm = 2;
 
 // The head layout of the fixed-shape kernels: d_k = d_v = 128 and, for the
 // mixed formats, the default k_hi (the common model shape; heads of this
@@ -121,17 +132,13 @@ SC_HD StageLayout FixedShapeStageOffsets(StateFormat f, int ds) {
                       ValueTransformOf(f) == ValueTransform::kScaleReorder);
 }
 
-// The stage count of a pipelined launch (into sl->stages, with
-// sl->scratch_bytes): as many stages (up to kMaxStages) as leave 16 warps
-// per SM (two CTAs of 256 threads, four of 128; 1 KB of static shared
-// memory per CTA, 2 KB reserved per SM); `forced` (1..kMaxStages, 0: none)
-// overrides that choice, but never beyond what one CTA can hold.
-// d_v: the columns of one CTA's item (a part's, see ColumnParts).
-inline void ChooseStages(const DecodeTiling& t, int d_v, int max_smem_per_sm,
-                         int max_smem_per_block, int forced, StageLayout* sl) {
-  sl->scratch_bytes = AlignUp(ScratchFloats(t, d_v) * 4, 1024);
+// Stage count (into sl->stages) for `ctas` CTAs per SM of sl->scratch_bytes
+// of scratch each: as many stages (up to kMaxStages) as fit (1 KB of static
+// shared memory per CTA, 2 KB reserved per SM); `forced` (1..kMaxStages, 0:
+// none) overrides that choice, but never beyond what one CTA can hold.
+inline void FitStages(int ctas, int max_smem_per_sm, int max_smem_per_block, int forced,
+                      StageLayout* sl) {
   sl->stages = 1;
-  const int ctas = t.threads >= 512 ? 1 : 512 / t.threads;
   while (sl->stages < kMaxStages &&
          ctas * (sl->scratch_bytes + (sl->stages + 1) * sl->bytes + 1024) + 2048 <=
              max_smem_per_sm) {
@@ -142,6 +149,34 @@ inline void ChooseStages(const DecodeTiling& t, int d_v, int max_smem_per_sm,
          sl->scratch_bytes + int64_t{sl->stages} * sl->bytes + 1024 > max_smem_per_block) {
     --sl->stages;
   }
+}
+
+// The stage count of a pipelined launch (into sl->stages, with
+// sl->scratch_bytes): FitStages for 16 warps per SM (two CTAs of 256
+// threads). d_v: the columns of one CTA's item.
+inline void ChooseStages(const DecodeTiling& t, int d_v, int max_smem_per_sm,
+                         int max_smem_per_block, int forced, StageLayout* sl) {
+  sl->scratch_bytes = AlignUp(ScratchFloats(t, d_v) * 4, 1024);
+  FitStages(t.threads >= 512 ? 1 : 512 / t.threads, max_smem_per_sm, max_smem_per_block, forced,
+            sl);
+}
+
+// Scratch of the staged kernel: the stripe exchange's arrays only (both
+// parities; its reductions go through shuffles, TokenStep<.., true>).
+SC_HD int64_t StagedScratchBytes() {
+  const DecodeTiling t = MakeDecodeTiling(128, 128 / 2);
+  return AlignUp(2 * ScratchPer(t, 128 / 2) * 4, 1024);
+}
+
+// The staged kernel's stage for format f (IsStagedFormat) and q / k / v
+// elements of ds bytes: FixedShapeStageOffsets with the scratch and as many
+// stages as fit kStagedCtasPerSm CTAs per SM (FitStages).
+inline StageLayout StagedStageLayout(StateFormat f, int ds, int max_smem_per_sm,
+                                     int max_smem_per_block, int forced) {
+  StageLayout sl = FixedShapeStageOffsets(f, ds);
+  sl.scratch_bytes = StagedScratchBytes();
+  FitStages(kStagedCtasPerSm, max_smem_per_sm, max_smem_per_block, forced, &sl);
+  return sl;
 }
 
 }  // namespace cuda_internal

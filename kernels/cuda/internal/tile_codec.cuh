@@ -104,6 +104,12 @@ __device__ __forceinline__ uint2 Ld8(const P& p) {
     return v;
   }
 }
+// Stores 16 bytes at a kSwizzled location (the inverse of Ld16<kSwizzled>).
+__device__ __forceinline__ void St16Swizzled(const SwizzledRef& p, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(SmemAt<Src::kSwizzled>(p)),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 // A metadata word (uint32_t, float or uint8_t) of a row.
 template <Src S, typename T, typename P>
 __device__ __forceinline__ T LdMeta(const P& p) {

@@ -180,6 +180,30 @@ __device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, H head,
   for (int i = 1; i < kTileSteps; ++i) load_lo(i);
 }
 
+// Writes a fixed-shape FP tile back into its kSwizzled stage, in place: each
+// lane's chunks go where LoadTileFixed read them (StoreRow16's chunk
+// order), so a tensor-map store of the stage writes the updated head.
+template <StateFormat F>
+__device__ __forceinline__ void StoreTileStaged(const PackedHeadLayout& l, uint32_t head,
+                                                const LaneMap& m,
+                                                const float (&s)[kTileSteps][kTileColsPerLane]) {
+  constexpr RowCodec kLo = LoRowCodec(F);
+  static_assert(!IsMixedFormat(F) && (kLo == RowCodec::kFp32 || kLo == RowCodec::kFp16 ||
+                                      kLo == RowCodec::kBf16),
+                "rows of FP values only");
+  constexpr int N = FpChunks<kLo>();  // also the bytes per value
+  constexpr int W = LaneWidth<F>();
+#pragma unroll
+  for (int i = 0; i < kTileSteps; ++i) {
+    uint4 chunks[N];
+    FpRowChunks<kLo>(s[i], chunks);
+    const SwizzledRef row =
+        RowRef(head, l.lo_codes_offset, l.lo_code_row_bytes, m.row(i) - m.rl, m.rl);
+#pragma unroll
+    for (int v = 0; v < N; ++v) St16Swizzled(row + N * (m.col0 + ChunkCol<W>(v, 16 / N)), chunks[v]);
+  }
+}
+
 // Affine group parameters of N rows held by a lane pair (r: this lane's
 // half of each row, LaneRangeBits). Each row's parameters are derived once
 // per pair: lane cl takes rows cl, cl + 2, ... and the pair swaps the
@@ -413,6 +437,47 @@ __device__ __forceinline__ float WarpReduceScatter16Smem(const float (&p)[16], f
   return WarpTreeSum(v);
 }
 
+// c ? a : b as one selp (the compiler keeps it a select of values).
+__device__ __forceinline__ float SelectF32(bool c, float a, float b) {
+  float r;
+  asm("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n selp.f32 %0, %2, %3, p;\n}"
+      : "=f"(r)
+      : "r"(static_cast<uint32_t>(c)), "f"(a), "f"(b));
+  return r;
+}
+
+// One halving level of ShuffleReduceScatter16 over rl bit H (lane bit 2H):
+// values [0, 2H) -> [0, H).
+template <int H>
+__device__ __forceinline__ void ShuffleHalve(float (&v)[16], int rl) {
+  const bool upper = (rl & H) != 0;
+#pragma unroll
+  for (int c = 0; c < H; ++c) {
+    // Selects of values (selp), not of array elements: the latter become a
+    // dynamically indexed array in local memory.
+    const float lo = v[c], hi = v[c + H];
+    const float send = SelectF32(upper, lo, hi);
+    const float keep = SelectF32(upper, hi, lo);
+    v[c] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * H);  // lane = 2 rl + cl
+  }
+}
+
+// WarpReduceScatter16Smem's result through shuffles, without a buffer: four
+// halving levels over the row lanes (rl bit 3, 2, 1, 0); at each a lane keeps
+// the half of its values whose index has its own rl bit and adds its
+// partner's copy of that half, so the sums pair the same groups as
+// WarpTreeSum's tree (each level's adds are commutative: the same bits).
+__device__ __forceinline__ float ShuffleReduceScatter16(const float (&p)[16], int rl) {
+  float v[16];
+#pragma unroll
+  for (int c = 0; c < 16; ++c) v[c] = p[c];
+  ShuffleHalve<8>(v, rl);
+  ShuffleHalve<4>(v, rl);
+  ShuffleHalve<2>(v, rl);
+  ShuffleHalve<1>(v, rl);
+  return v[0];
+}
+
 // Max over the 16 row lanes of 16 per-lane column values (max is
 // order-free): the warp maximum of column col0 + rl.
 __device__ __forceinline__ float WarpMaxScatter16Smem(const float (&p)[16], float* buf, int rl,
@@ -445,7 +510,10 @@ struct StepScratch {
 // (id 1 + stripe) among the row warps of the lane's stripe only, which are
 // the only warps that share columns; then only those warps must call it,
 // and vp is needed in row warp 0 only (the others receive it there).
-template <bool kFolded = false, bool kStripeBarrier = false>
+// kShuffle: the warp reductions and the delta all-gather go through
+// shuffles instead of sc.wred / sc.wbuf (same sums), which then need not
+// exist.
+template <bool kFolded = false, bool kStripeBarrier = false, bool kShuffle = false>
 __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLane],
                                            const float (&kk)[kTileSteps],
                                            const float (&qs)[kTileSteps],
@@ -471,6 +539,7 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
 #pragma unroll
       for (int j = 0; j < kTileColsPerLane; ++j) part[j] = Fma(c[i], s[i][j], part[j]);
     }
+    if constexpr (kShuffle) return ShuffleReduceScatter16(part, m.rl);
     return WarpReduceScatter16Smem(part, sc.wred, m.rl, m.cl);
   };
   float ks = column_sums(ka);
@@ -500,18 +569,24 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
     }
   }
   const float db = beta * (vp - ks);
-  // All-gather the 16 deltas of this lane's columns.
-  __syncwarp();
-  sc.wbuf[m.c32] = db;
-  __syncwarp();
+  // All-gather the 16 deltas of this lane's columns (column ColOf(c) is
+  // held by lane 2 c + cl).
   float d[kTileColsPerLane];
+  if constexpr (kShuffle) {
 #pragma unroll
-  for (int c4 = 0; c4 < 4; ++c4) {
-    const float4 v4 = *reinterpret_cast<const float4*>(sc.wbuf + m.ColOf(4 * c4));
-    d[4 * c4] = v4.x;
-    d[4 * c4 + 1] = v4.y;
-    d[4 * c4 + 2] = v4.z;
-    d[4 * c4 + 3] = v4.w;
+    for (int c = 0; c < kTileColsPerLane; ++c) d[c] = __shfl_sync(0xffffffffu, db, 2 * c + m.cl);
+  } else {
+    __syncwarp();
+    sc.wbuf[m.c32] = db;
+    __syncwarp();
+#pragma unroll
+    for (int c4 = 0; c4 < 4; ++c4) {
+      const float4 v4 = *reinterpret_cast<const float4*>(sc.wbuf + m.ColOf(4 * c4));
+      d[4 * c4] = v4.x;
+      d[4 * c4 + 1] = v4.y;
+      d[4 * c4 + 2] = v4.z;
+      d[4 * c4 + 3] = v4.w;
+    }
   }
 #pragma unroll
   for (int i = 0; i < kTileSteps; ++i) {
