@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];   // stage staged (producer + copies)
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // stage read by every warp
-  static_assert(!kFixed || !IsStagedFormat(F), "fixed-shape FP heads run StagedFpDecodeKernel");
+  static_assert(!kFixed || !IsStagedFormat(F), "fixed-shape fp32 heads run StagedFpDecodeKernel");
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
   const int dv = geo.d_v;
@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
   constexpr int kParts = ColumnParts(F, true);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];     // stage staged (producer + copies)
-  __shared__ __align__(8) uint64_t written[kMaxStages];  // stage's tile written back by every compute warp
+  __shared__ __align__(8) uint64_t written[kMaxStages];  // tile written back by every compute warp
   const HeadGeometry geo = EffectiveGeometry<F, true>(p.geo);
   const int dv = geo.d_v / kParts;
   PackedHeadLayout ls = geo.layout;  // the staged part: the part's row bytes
@@ -670,6 +670,8 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
 
   if (threadIdx.x >= 32 * t.warps) {  // the producer warp
     if (threadIdx.x != 32 * t.warps) return;
+    // The swizzle needs 1024-byte aligned stages (as in PipelinedDecodeKernel).
+    if ((SmemAddr(stage_base) & 1023u) != 0) __trap();
     int32_t next_slot = 0;
     float next_beta = 0.0f, next_g = 0.0f;
     const auto fetch = [&](int it) {  // plain loads: consumed one iteration later

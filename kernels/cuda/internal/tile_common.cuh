@@ -200,7 +200,9 @@ __device__ __forceinline__ void StoreTileStaged(const PackedHeadLayout& l, uint3
     const SwizzledRef row =
         RowRef(head, l.lo_codes_offset, l.lo_code_row_bytes, m.row(i) - m.rl, m.rl);
 #pragma unroll
-    for (int v = 0; v < N; ++v) St16Swizzled(row + N * (m.col0 + ChunkCol<W>(v, 16 / N)), chunks[v]);
+    for (int v = 0; v < N; ++v) {
+      St16Swizzled(row + N * (m.col0 + ChunkCol<W>(v, 16 / N)), chunks[v]);
+    }
   }
 }
 
