@@ -382,6 +382,22 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   }
 }
 
+// The row inputs of the item staged in `stage` (a_head: its GDN exp(g)).
+__device__ __forceinline__ RowSource StagedRowSource(const RecurrenceParams& p,
+                                                     const HeadGeometry& geo,
+                                                     const StageLayout& sl, const uint8_t* stage,
+                                                     float a_head) {
+  return RowSource{reinterpret_cast<const int32_t*>(stage + sl.perm),
+                   stage + sl.q,
+                   stage + sl.k,
+                   reinterpret_cast<const float*>(stage + sl.g),
+                   p.maps.key_perm != nullptr,
+                   geo.kda,
+                   p.dtype,
+                   a_head,
+                   geo.scale};
+}
+
 // The stage layout a pipelined kernel uses: the launcher's, with the
 // offsets of FixedShapeStageOffsets as compile-time constants for the fixed
 // shape (its stage count, scratch size and tensor-map rows stay).
@@ -575,15 +591,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                                : kFixed ? LdMeta<Src::kSwizzled, float>(global_ref)
                                         : LdMeta<Src::kShared, float>(head_s + l.global_offset);
     float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
-    const RowSource in{reinterpret_cast<const int32_t*>(stage + sl.perm),
-                       stage + sl.q,
-                       stage + sl.k,
-                       reinterpret_cast<const float*>(stage + sl.g),
-                       p.maps.key_perm != nullptr,
-                       geo.kda,
-                       p.dtype,
-                       a_head,
-                       geo.scale};
+    const RowSource in = StagedRowSource(p, geo, sl, stage, a_head);
     GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, dv, m), kk, qs, a);
     float s[kTileSteps][kTileColsPerLane];
     LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
@@ -747,15 +755,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
     const float a_head = reinterpret_cast<const float*>(stage + sl.header)[2];  // exp(g)
     const uint8_t* head_s = stage + sl.head;
     float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
-    const RowSource in{reinterpret_cast<const int32_t*>(stage + sl.perm),
-                       stage + sl.q,
-                       stage + sl.k,
-                       reinterpret_cast<const float*>(stage + sl.g),
-                       p.maps.key_perm != nullptr,
-                       geo.kda,
-                       p.dtype,
-                       a_head,
-                       geo.scale};
+    const RowSource in = StagedRowSource(p, geo, sl, stage, a_head);
     GatherRows<kDtype>(m, geo.d_k, in, kk, qs, a);
     float s[kTileSteps][kTileColsPerLane];
     LoadItemTile<F, true>(ls, head_s, m, 0.0f, s, a);
