@@ -617,16 +617,18 @@ TEST(GpuShapeTest, OddShapesMatchReference) {
   }
 }
 
-class GpuBindingTest : public ::testing::Test {
+// The binding's checks and slot copies on a damp pool and on an fp32 pool
+// (whose decode runs the staged kernel: its abort path must not write either).
+class GpuBindingTest : public ::testing::TestWithParam<StateFormat> {
  protected:
   void SetUp() override {
     if (TestGpu() == nullptr) GTEST_SKIP() << "no usable CUDA device";
-    layout_ = std::make_unique<StateLayout>(MakeLayout(Arch::kGdn, StateFormat::kDamp, 128, 128, 1));
+    layout_ = std::make_unique<StateLayout>(MakeLayout(Arch::kGdn, GetParam(), 128, 128, 1));
     model_ = TestGpu()->Prepare(*layout_).value();
     const ModelGeometry& geo = layout_->geometry();
     std::mt19937 rng(3);
     std::vector<uint8_t> bytes(4 * layout_->slot_bytes());
-    for (auto& b : bytes) b = static_cast<uint8_t>(rng() & 0x3f);  // finite fp16 / codes
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng() & 0x3f);  // finite fp16 / fp32 / codes
     before_ = bytes;
     pool_arr_ = DeviceArray::From(bytes);
     pool_ = PoolView{pool_arr_.ptr<uint8_t>(), 4, geo.layers, geo.h_v,
@@ -652,7 +654,7 @@ class GpuBindingTest : public ::testing::Test {
   HostInputs in_;
 };
 
-TEST_F(GpuBindingTest, RejectsBadSlotsAndInputsWithoutWriting) {
+TEST_P(GpuBindingTest, RejectsBadSlotsAndInputsWithoutWriting) {
   absl::Status s = Decode({0, 4}, in_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(s.message()).find("slots[1]"), std::string::npos) << s;
@@ -694,7 +696,7 @@ TEST_F(GpuBindingTest, RejectsBadSlotsAndInputsWithoutWriting) {
   EXPECT_FALSE(PoolUnchanged());
 }
 
-TEST_F(GpuBindingTest, CopySlotsAndZeroSlots) {
+TEST_P(GpuBindingTest, CopySlotsAndZeroSlots) {
   const int64_t sb = layout_->slot_bytes();
   auto snap_buf = TestGpu()->Allocate(3 * sb).value();
   const PoolView snap{snap_buf->data(), 3, pool_.layers, pool_.heads, pool_.head_bytes};
@@ -733,6 +735,12 @@ TEST_F(GpuBindingTest, CopySlotsAndZeroSlots) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(pool_arr_.To<uint8_t>(expect.size()), expect);
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, GpuBindingTest,
+                         ::testing::Values(StateFormat::kDamp, StateFormat::kFp32),
+                         [](const ::testing::TestParamInfo<StateFormat>& info) {
+                           return std::string(FormatName(info.param));  // damp, fp32
+                         });
 
 TEST(GpuFactoryTest, DescribesDeviceOrIsUnavailable) {
   absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend();
