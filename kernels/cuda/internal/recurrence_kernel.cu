@@ -933,7 +933,7 @@ bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, i
 }
 
 // Launches a persistent decode kernel (kKernel: PipelinedDecodeKernel or
-// StagedFp32DecodeKernel, both (params, stage layout, tensor map)) on as
+// StagedFpDecodeKernel, both (params, stage layout, tensor map)) on as
 // many CTAs as are resident, at most one per item; cudaErrorNotSupported
 // when none can be (the caller falls back to RecurrenceKernel).
 // The shared-memory attribute (only ever raised, under a lock, so a launch
