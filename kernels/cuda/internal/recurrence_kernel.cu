@@ -9,9 +9,8 @@
 //
 //  - PipelinedDecodeKernel (decode, T = 1, the serving path): persistent
 //    CTAs, 2 per SM; each walks items (batch item, value head) with a stride
-//    of gridDim.x. The next item's
-//    packed head and its inputs (q, k, v, KDA gates, permutation, damp-sr
-//    maps) are fetched into shared memory by the
+//    of gridDim.x. The next item's packed head and its inputs (q, k, v, KDA
+//    gates, permutation, damp-sr maps) are fetched into shared memory by the
 //    copy engine (the fixed shape's head by 2D tensor-map copies with the
 //    128-byte swizzle, the rest by cp.async.bulk; all complete on an
 //    mbarrier) while the current item computes, so DRAM streams
@@ -42,6 +41,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <type_traits>
 
 #include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/launchers.h"
@@ -469,8 +469,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   static_assert(!kFixed || !IsStagedFormat(F), "fixed-shape fp32 heads run StagedFpDecodeKernel");
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
-  const int dv = geo.d_v;
-  const DecodeTiling t = MakeDecodeTiling(geo.d_k, dv);
+  const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
   const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
   constexpr ValueTransform kVt = ValueTransformOf(F);
   const StageLayout sl = FixedStageLayout<F, kFixed, kDtype>(sl_in);
@@ -510,9 +509,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   // Stages the CTA's j-th item, whose scalars are in slot w (complete), into
   // stage s.
   const auto issue = [&](int s, int w, int j) {
-    IssueItem<1>(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s],
-                      blockIdx.x + j * stride, ahead_slot[w], ahead_beta[w],
-                      geo.kda ? 0.0f : DecayExp(ahead_g[w]));
+    IssueItem<1>(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s], blockIdx.x + j * stride,
+                 ahead_slot[w], ahead_beta[w], geo.kda ? 0.0f : DecayExp(ahead_g[w]));
   };
   // The producer of the CTA's j-th item (j >= stages): stages it into stage
   // s, then fetches the scalars of its next one.
@@ -541,8 +539,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     fetch_ahead(m.warp, sl.stages + (m.warp - sl.stages % producers + producers) % producers);
   }
 
-  // The item's value head, kept incrementally for whole-head items (a
-  // runtime modulo per use costs ~20 instructions).
+  // The item's value head, kept incrementally (a runtime modulo per use
+  // costs ~20 instructions).
   const int h_step = stride % geo.h_v;
   int h = blockIdx.x % geo.h_v;
   // Pass n uses stage st = n % stages in phase parity (n / stages) & 1.
@@ -592,7 +590,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                                         : LdMeta<Src::kShared, float>(head_s + l.global_offset);
     float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
     const RowSource in = StagedRowSource(p, geo, sl, stage, a_head);
-    GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, dv, m), kk, qs, a);
+    GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, geo.d_v, m), kk, qs, a);
     float s[kTileSteps][kTileColsPerLane];
     LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
     const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
@@ -604,8 +602,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                          ? StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s)
                          : 0.0f;
     release();
-    const StepScratch sc = MakeScratch(scratch, t, dv, m, n & 1);
-    const float os = TokenStep<true, true>(s, kk, qs, a, vp, beta, m, t, dv, sc);
+    const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
+    const float os = TokenStep<true, true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
     refill();
     if (m.row_warp == t.row_warps - 1) {  // o' -> o (see vp)
       // damp-sr: the stage is released by now; its maps are per-layer
@@ -617,7 +615,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                                                             : nullptr);
     }
     uint8_t* head = HeadPtr(p, geo, slot, h);
-    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, dv), t.warps);
+    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
     StoreItemTile<F, kFixed>(l, head, m, gs, s, sc.wred);  // wred: free after TokenStep
     if (l.has_global_scale && threadIdx.x == 0) {
       *reinterpret_cast<float*>(head + l.global_offset) = gs;
@@ -969,11 +967,16 @@ int LaunchPersistent(const RecurrenceParams& p, const StageLayout& sl, const CUt
   kKernel<<<static_cast<unsigned>(grid), threads, smem, st>>>(p, sl, tmap);
   return cudaGetLastError();
 }
-template <StateFormat F, bool kFixed, int kDtype>
-int LaunchPipelinedT(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
-                     size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
-  return LaunchPersistent<PipelinedDecodeKernel<F, kFixed, kDtype>>(p, sl, tmap, smem, sms,
-                                                                     threads, items, st);
+// launch(std::integral_constant<int, dtype>) for the input dtype of a call
+// (0 fp32, 1 bf16, 2 fp16: the fixed-shape kernels' kDtype).
+template <typename Launch>
+int ForInputDtype(int dtype, Launch launch) {
+  switch (dtype) {
+    case 0: return launch(std::integral_constant<int, 0>{});
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // StagedFpDecodeKernel<F> for a fixed-shape call whose pool has the parts
@@ -984,29 +987,10 @@ int LaunchStaged(const RecurrenceParams& p, const CUtensorMap& tmap, int sms,
   const StageLayout sl = StagedStageLayout(F, p.dtype == 0 ? 4 : 2, max_smem_per_sm,
                                            max_smem_per_block, ForcedStages());
   const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
-  switch (p.dtype) {
-    case 0:
-      return LaunchPersistent<StagedFpDecodeKernel<F, 0>>(p, sl, tmap, smem, sms, kStagedThreads,
-                                                         items, st);
-    case 1:
-      return LaunchPersistent<StagedFpDecodeKernel<F, 1>>(p, sl, tmap, smem, sms, kStagedThreads,
-                                                         items, st);
-    case 2:
-      return LaunchPersistent<StagedFpDecodeKernel<F, 2>>(p, sl, tmap, smem, sms, kStagedThreads,
-                                                         items, st);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-template <StateFormat F, bool kFixed>
-int LaunchPipelined(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
-                    size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
-  switch (p.dtype) {
-    case 0: return LaunchPipelinedT<F, kFixed, 0>(p, sl, tmap, smem, sms, threads, items, st);
-    case 1: return LaunchPipelinedT<F, kFixed, 1>(p, sl, tmap, smem, sms, threads, items, st);
-    case 2: return LaunchPipelinedT<F, kFixed, 2>(p, sl, tmap, smem, sms, threads, items, st);
-    default: return cudaErrorInvalidValue;
-  }
+  return ForInputDtype(p.dtype, [&](auto dtype) {
+    return LaunchPersistent<StagedFpDecodeKernel<F, decltype(dtype)::value>>(
+        p, sl, tmap, smem, sms, kStagedThreads, items, st);
+  });
 }
 
 template <StateFormat F, bool kFixed>
@@ -1059,12 +1043,16 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
     // A head too large for one stage per CTA takes the direct kernel.
     const bool fits = smem + 1024 <= static_cast<size_t>(limits.max_smem_per_block);
     int e = cudaErrorNotSupported;
-    if (fits && pipelined_fixed) {
-      if constexpr (kFixed && kParts == 1) {  // (not instantiated for staged formats)
-        e = LaunchPipelined<F, true>(p, sl, tmap, smem, sms, t.threads, items, st);
+    if (fits) {
+      if (!pipelined_fixed) {
+        e = LaunchPersistent<PipelinedDecodeKernel<F, false, -1>>(p, sl, tmap, smem, sms,
+                                                                   t.threads, items, st);
+      } else if constexpr (kFixed && kParts == 1) {  // (not instantiated for staged formats)
+        e = ForInputDtype(p.dtype, [&](auto dtype) {
+          return LaunchPersistent<PipelinedDecodeKernel<F, true, decltype(dtype)::value>>(
+              p, sl, tmap, smem, sms, t.threads, items, st);
+        });
       }
-    } else if (fits) {
-      e = LaunchPipelinedT<F, false, -1>(p, sl, tmap, smem, sms, t.threads, items, st);
     }
     if (e != cudaErrorNotSupported) return e;
   }
