@@ -158,6 +158,28 @@ __device__ __forceinline__ int ChunkCol(int v, int n) {
   return ((v * n) / W) * 2 * W + (v * n) % W;
 }
 
+// Rows of plain FP values (no metadata): fp32, fp16, bf16.
+constexpr bool IsFpRowCodec(RowCodec c) {
+  return c == RowCodec::kFp32 || c == RowCodec::kFp16 || c == RowCodec::kBf16;
+}
+
+// The 16-byte chunks of a lane's 16 values of an FP row: also the bytes of
+// one value.
+template <RowCodec C>
+constexpr int FpChunks() {
+  static_assert(IsFpRowCodec(C), "FP codecs");
+  return C == RowCodec::kFp32 ? 4 : 2;
+}
+
+// Byte offset in an FP row of codec C of the lane's 16-byte chunk v (values
+// 16 / N * v .., N = FpChunks; col0 as below): where LoadRow16 reads it and
+// StoreRow16 / StoreTileStaged write it.
+template <RowCodec C, int W>
+__device__ __forceinline__ int FpChunkOffset(int col0, int v) {
+  constexpr int N = FpChunks<C>();
+  return N * (col0 + ChunkCol<W>(v, 16 / N));
+}
+
 // ---- Row codec: load 16 values ------------------------------------------------
 // codes: start of this row's codes; meta: start of this row's metadata;
 // col0: the lane's first column, stripe * 32 + cl * W.
@@ -171,7 +193,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
   if constexpr (C == RowCodec::kFp32) {
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      const uint4 u = Ld16<S>(codes + 4 * (col0 + ChunkCol<W>(v, 4)));
+      const uint4 u = Ld16<S>(codes + FpChunkOffset<C, W>(col0, v));
       x[4 * v + 0] = row_scale * __uint_as_float(u.x);
       x[4 * v + 1] = row_scale * __uint_as_float(u.y);
       x[4 * v + 2] = row_scale * __uint_as_float(u.z);
@@ -180,7 +202,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
   } else if constexpr (C == RowCodec::kFp16 || C == RowCodec::kBf16) {
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
-      const uint4 u = Ld16<S>(codes + 2 * (col0 + ChunkCol<W>(v, 8)));
+      const uint4 u = Ld16<S>(codes + FpChunkOffset<C, W>(col0, v));
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -368,14 +390,6 @@ __device__ __forceinline__ void PackRow16Bits(const float* x, uint32_t (&w)[8]) 
   }
 }
 
-// The 16-byte chunks of a lane's 16 values of an FP row: also the bytes of
-// one value.
-template <RowCodec C>
-constexpr int FpChunks() {
-  static_assert(C == RowCodec::kFp32 || C == RowCodec::kFp16 || C == RowCodec::kBf16, "FP codecs");
-  return C == RowCodec::kFp32 ? 4 : 2;
-}
-
 // The lane's 16 values of an FP row as the 16-byte chunks it stores: chunk v
 // holds values 16 / N * v .. (N = FpChunks), stored at column ChunkCol<W>(v,
 // 16 / N) of the lane's columns (StoreRow16; the fixed tiles' line stores).
@@ -398,12 +412,12 @@ __device__ __forceinline__ void FpRowChunks(const float* x, uint4 (&chunks)[FpCh
 template <RowCodec C, int W = 16>
 __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int col0,
                                            float global_scale, bool write_meta, const float* x) {
-  if constexpr (C == RowCodec::kFp32 || C == RowCodec::kFp16 || C == RowCodec::kBf16) {
+  if constexpr (IsFpRowCodec(C)) {
     constexpr int N = FpChunks<C>();  // also the bytes per value
     uint4 chunks[N];
     FpRowChunks<C>(x, chunks);
 #pragma unroll
-    for (int v = 0; v < N; ++v) StStream(codes + N * (col0 + ChunkCol<W>(v, 16 / N)), chunks[v]);
+    for (int v = 0; v < N; ++v) StStream(codes + FpChunkOffset<C, W>(col0, v), chunks[v]);
   } else if constexpr (C == RowCodec::kAffineU8 || C == RowCodec::kAffineU4) {
     RangeBits r = LaneRangeBits<16>(x);
     r = MaxRange(r, RangeBits{__shfl_xor_sync(0xffffffffu, r.neg, 1),

@@ -188,9 +188,7 @@ __device__ __forceinline__ void StoreTileStaged(const PackedHeadLayout& l, uint3
                                                 const LaneMap& m,
                                                 const float (&s)[kTileSteps][kTileColsPerLane]) {
   constexpr RowCodec kLo = LoRowCodec(F);
-  static_assert(!IsMixedFormat(F) && (kLo == RowCodec::kFp32 || kLo == RowCodec::kFp16 ||
-                                      kLo == RowCodec::kBf16),
-                "rows of FP values only");
+  static_assert(!IsMixedFormat(F) && IsFpRowCodec(kLo), "rows of FP values only");
   constexpr int N = FpChunks<kLo>();  // also the bytes per value
   constexpr int W = LaneWidth<F>();
 #pragma unroll
@@ -200,9 +198,7 @@ __device__ __forceinline__ void StoreTileStaged(const PackedHeadLayout& l, uint3
     const SwizzledRef row =
         RowRef(head, l.lo_codes_offset, l.lo_code_row_bytes, m.row(i) - m.rl, m.rl);
 #pragma unroll
-    for (int v = 0; v < N; ++v) {
-      St16Swizzled(row + N * (m.col0 + ChunkCol<W>(v, 16 / N)), chunks[v]);
-    }
+    for (int v = 0; v < N; ++v) St16Swizzled(row + FpChunkOffset<kLo, W>(m.col0, v), chunks[v]);
   }
 }
 
@@ -333,7 +329,7 @@ __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_
     StoreRow16<HiRowCodec(F), W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr, m.col0,
                                  0.0f, false, s[0]);
   };
-  if constexpr (kLo == RowCodec::kFp32 || kLo == RowCodec::kFp16 || kLo == RowCodec::kBf16) {
+  if constexpr (IsFpRowCodec(kLo)) {
     static_assert(!IsMixedFormat(F), "FP formats have no hi rows");
     constexpr int N = FpChunks<kLo>();
     static_assert(W == 16 / N, "chunk 2v + cl of a lane pair is lane cl's value run v");
