@@ -366,10 +366,7 @@ void ExpectDecodeStepsMatchReference(const Case& c, const DecodeCheck& check) {
   EXPECT_LT(worst_o, 1e-5);
   // Slots outside the batch, and layer 0 of every slot, were never updated:
   // they must still equal the CPU pack.
-  std::vector<bool> in_batch(num_slots, false);
-  for (int32_t slot : batch_slots) {
-    if (slot >= 0) in_batch[slot] = true;
-  }
+  const std::vector<bool> in_batch = UsedSlots(num_slots, batch_slots);
   std::vector<uint8_t> cpu_bytes(cpu_pool_buf->data(), cpu_pool_buf->data() + pool_bytes);
   const std::vector<uint8_t> now = pool_arr.To<uint8_t>(pool_bytes);
   int untouched = 0;

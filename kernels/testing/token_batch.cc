@@ -44,6 +44,14 @@ DecodeInputs DecodeInputsFor(const TokenBatch& b, const ModelGeometry& geo, cons
                       o};
 }
 
+std::vector<bool> UsedSlots(int num_slots, const std::vector<int32_t>& slots) {
+  std::vector<bool> used(num_slots, false);
+  for (int32_t s : slots) {
+    if (s >= 0) used[s] = true;
+  }
+  return used;
+}
+
 ShuffledBatch MakeShuffledBatch(int num_slots, int batch, uint32_t seed, int first, int gap) {
   std::vector<int32_t> all(num_slots);
   std::iota(all.begin(), all.end(), 0);
@@ -52,10 +60,7 @@ ShuffledBatch MakeShuffledBatch(int num_slots, int batch, uint32_t seed, int fir
   ShuffledBatch b;
   b.slots.assign(all.begin(), all.begin() + batch);
   for (int i = first; i < batch; i += gap) b.slots[i] = -1;
-  b.used.assign(num_slots, false);
-  for (int32_t s : b.slots) {
-    if (s >= 0) b.used[s] = true;
-  }
+  b.used = UsedSlots(num_slots, b.slots);
   return b;
 }
 

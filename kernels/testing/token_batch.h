@@ -29,6 +29,10 @@ TokenBatch RandomTokenBatch(const ModelGeometry& geometry, int rows, uint32_t se
 DecodeInputs DecodeInputsFor(const TokenBatch& b, const ModelGeometry& geometry,
                              const int32_t* slots, int batch, float* o, int row = 0);
 
+// used[s]: whether slot s of [0, num_slots) is among `slots` (-1 entries
+// skipped).
+std::vector<bool> UsedSlots(int num_slots, const std::vector<int32_t>& slots);
+
 // A batch of `batch` distinct slots of [0, num_slots) in shuffled order
 // (std::mt19937(seed) over 0..num_slots-1) with every `gap`-th entry from
 // `first` on set to -1 (skipped), and which slots it updates (used[s]).
