@@ -318,6 +318,15 @@ __device__ __forceinline__ PartBox PartBoxOf(const RecurrenceParams& p, const He
                  static_cast<int>((head - p.pool.base) / row_bytes)};
 }
 
+// The staged item's head as a row of the pool viewed as [rows][128 bytes]
+// (header word 3; written by IssueItem when the head arrives by tensor-map
+// copies, sl.tma_rows > 0): its address for the write-back without
+// HeadPtr's 64-bit products.
+__device__ __forceinline__ int32_t& StagedHeadRow(uint8_t* stage, const StageLayout& sl) {
+  static_assert(kStageHeaderWords == 4, "slot, beta, exp(g), head row");
+  return reinterpret_cast<int32_t*>(stage + sl.header)[3];
+}
+
 // One thread (the item's producer) only: stage work item `item` (pool slot
 // `slot`) into `stage`: its scalars into the header, the packed head (or,
 // kParts = 2, the item's column half of it, ColumnParts), then one copy per
@@ -348,14 +357,15 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   if (geo.kda) total += geo.d_k * 4;
   if (p.maps.key_perm != nullptr) total += geo.d_k * 4;
   if (p.maps.value_order != nullptr) total += 2 * geo.d_v * 4;
-  MbarrierExpectTx(bar, total);
   const uint8_t* src = HeadPtr(p, geo, slot, h);
+  // The pool as [rows][128 bytes]: the head's first row (tensor-map copies).
+  const int row0 = static_cast<int>((src - p.pool.base) >> 7);
+  if (kParts == 1 && sl.tma_rows > 0) StagedHeadRow(stage, sl) = row0;
+  MbarrierExpectTx(bar, total);  // publishes the header
   if constexpr (kParts > 1) {
     const PartBox box = PartBoxOf<kParts>(p, geo, src, part);
     TensorCopy3D(stage + sl.head, tmap, 0, box.column, box.key_row0, bar);
   } else if (sl.tma_rows > 0) {
-    // The pool as [rows][128 bytes]: the head's first row, then boxes.
-    const int row0 = static_cast<int>((src - p.pool.base) >> 7);
     for (int r = 0; r < hb / 128; r += sl.tma_rows) {
       TensorCopy2D(stage + sl.head + r * 128, tmap, 0, row0 + r, bar);
     }
@@ -564,7 +574,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     const auto refill = [&] {
       const bool one = sl.stages == 1;
       const int j = n + (one ? 1 : sl.stages - 1);  // the CTA-local item to stage
-      if (m.lane != 0 || j % producers != m.warp) return;
+      if (m.lane != 0 || static_cast<unsigned>(j) % producers != static_cast<unsigned>(m.warp)) {
+        return;  // (unsigned: j >= 0, a mask for the usual power-of-two stripe count)
+      }
       if ((!one && n == 0) || item + (j - n) * stride >= items) return;  // n == 0: staged up front
       const int sx = one ? st : (st == 0 ? sl.stages - 1 : st - 1);
       MbarrierWait(&empty[sx], one || st > 0 ? parity : parity ^ 1u);
@@ -581,6 +593,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     }
     const float beta = reinterpret_cast<const float*>(stage + sl.header)[1];
     const float a_head = reinterpret_cast<const float*>(stage + sl.header)[2];  // exp(g)
+    const int32_t head_row = kFixed ? StagedHeadRow(stage, sl) : 0;
     // Registers <- staged inputs, then the staged head decoded with the
     // decay folded in (decode_math.h).
     const uint8_t* head_s = stage + sl.head;
@@ -614,7 +627,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                        kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
                                                             : nullptr);
     }
-    uint8_t* head = HeadPtr(p, geo, slot, h);
+    // The fixed shape's heads arrive by tensor-map copies (their row in the
+    // header: one product instead of HeadPtr's).
+    uint8_t* head = kFixed ? p.pool.base + uint64_t{static_cast<uint32_t>(head_row)} * 128
+                           : HeadPtr(p, geo, slot, h);
     const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
     StoreItemTile<F, kFixed>(l, head, m, gs, s, sc.wred);  // wred: free after TokenStep
     if (l.has_global_scale && threadIdx.x == 0) {

@@ -38,10 +38,14 @@ SC_HD int64_t ScratchFloats(const DecodeTiling& t, int d_v) {
   return WarpScratchOffset(t, d_v) + int64_t{t.warps} * kWarpScratchFloats;
 }
 
+// 4-byte words of a stage's header (StageLayout::header).
+inline constexpr int kStageHeaderWords = 4;
+
 // Byte offsets inside one shared-memory stage (all multiples of 16; the
 // stage itself is 1024-byte aligned and a multiple of 1024 bytes).
 struct StageLayout {
-  int header = 0;      // the staged item's int32 slot, float beta, float exp(g) (GDN)
+  int header = 0;      // kStageHeaderWords: the staged item's int32 slot, float beta,
+                       // float exp(g) (GDN), int32 head row (StagedHeadRow)
   int head = 0;        // packed head [head_bytes], 1024-byte aligned
   int tma_rows = 0;    // > 0: the head arrives by tensor-map copies of tma_rows
                        // 128-byte rows each, 128-byte swizzled (Src::kSwizzled)
@@ -83,7 +87,7 @@ SC_HD StageLayout StageOffsets(int64_t head_bytes, int d_k, int d_v, int ds,
   sl.scale = off + d_v * 4;
   if (order) off += 2 * d_v * 4;
   sl.header = off;
-  off += 16;
+  off += 4 * kStageHeaderWords;
   sl.bytes = (off + 1023) / 1024 * 1024;
   return sl;
 }

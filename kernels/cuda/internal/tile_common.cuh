@@ -62,6 +62,9 @@ __device__ __forceinline__ LaneMap MakeLaneMap(int stripes, int tid = threadIdx.
 __device__ __forceinline__ int OpaqueThreadIdx() {
   int t;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  // Non-negative (blocks have at most 1024 threads): lane-map divisions and
+  // remainders compile to shifts and masks instead of signed sequences.
+  __builtin_assume(t >= 0 && t < 1024);
   return t;
 }
 
