@@ -105,8 +105,16 @@ SC_HD uint8_t AffineEncode(float x, const AffineParams& p, int qmax) {
   return static_cast<uint8_t>(Clamp(AffineRound(x, p.inv_s) + p.z, 0.0f, static_cast<float>(qmax)));
 }
 
-// x_hat = s (q - z); s and z as stored (FP16 bits).
-SC_HD float AffineDecode(uint8_t q, float s, float z) { return s * (static_cast<float>(q) - z); }
+// x_hat = s (q - z), evaluated as fma(s, q, -(s z)) (the GPU decoders' one
+// FFMA per value, tile_codec.cuh). s: the stored FP16 scale, or that scale
+// times a row factor (DecodeRow's row_scale: the token's decay folded in);
+// z: the stored integer zero point. For a stored scale s z is exact (11 x 8
+// significant bits), so this is s (q - z) with one rounding, as before; with
+// a row factor s z is rounded once, an error of at most half an ulp of s z
+// (about 1e-5 of a quantization step at z = 255).
+SC_HD float AffineDecode(uint8_t q, float s, float z) {
+  return Fma(s, static_cast<float>(q), -(s * z));
+}
 
 // ---- Symmetric int8 (damp-sr), FP32 s ---------------------------------------
 

@@ -134,6 +134,16 @@ __device__ __forceinline__ float ByteMinus(uint32_t word, uint32_t sel, float bi
   return __uint_as_float(__byte_perm(word, 0x4B000000u, sel)) - bias;
 }
 
+// Bytes 2i and 2i + 1 of `word` as b * 2^-24, exactly: one PRMT puts each
+// in the low byte of an FP16 subnormal (bits 0x00bb), one widening per value
+// (HADD2.F32). So an 8-bit code costs half a PRMT, a widening and one FFMA
+// with the scale times 2^24 (AffineDecode, SymDecode).
+inline constexpr float kTinyByteScale = 16777216.0f;  // 2^24
+__device__ __forceinline__ float2 BytePairTiny(uint32_t word, int i) {
+  const uint32_t h = __byte_perm(word, 0u, i == 0 ? 0x4140u : 0x4342u);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
 template <int N>
 __device__ __forceinline__ float LaneAbsMax(const float* x) {
   float a[N / 2];
@@ -221,26 +231,30 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
     const uint32_t m = LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize));
     const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
-    const float bias = kMagicByte + z;
+    // AffineDecode: fma(s, q, -(s z)) = fma(s 2^24, q 2^-24, -(s z)), s <= 65504.
+    const float s24 = s * kTinyByteScale;
+    const float c = -(s * z);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      x[4 * e + 0] = s * ByteMinus(w[e], 0x7650u, bias);
-      x[4 * e + 1] = s * ByteMinus(w[e], 0x7651u, bias);
-      x[4 * e + 2] = s * ByteMinus(w[e], 0x7652u, bias);
-      x[4 * e + 3] = s * ByteMinus(w[e], 0x7653u, bias);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float2 t = BytePairTiny(w[e], i);
+        x[4 * e + 2 * i] = __fmaf_rn(s24, t.x, c);
+        x[4 * e + 2 * i + 1] = __fmaf_rn(s24, t.y, c);
+      }
     }
   } else if constexpr (C == RowCodec::kAffineU4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
     const uint32_t m = LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize));
     const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
-    const float bias = kMagicByte + z;
+    const float c = -(s * z);  // AffineDecode
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
       const uint32_t q = (w[e / 8] >> (4 * (e % 8))) & 0xfu;
-      x[e] = s * (__uint_as_float(0x4B000000u | q) - bias);
+      x[e] = __fmaf_rn(s, __uint_as_float(0x4B000000u | q) - kMagicByte, c);
     }
   } else if constexpr (C == RowCodec::kSymI8) {
     const uint4 u = Ld16<S>(codes + col0);
