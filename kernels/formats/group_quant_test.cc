@@ -1,6 +1,7 @@
 #include "kernels/formats/group_quant.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 
@@ -44,6 +45,46 @@ TEST(QuotientByReciprocal, SpecialValues) {
 
 // Host side of ReciprocalOfHalf is the division; the parameters it feeds
 // must keep the documented convention (codes of the range's ends).
+// AffineDecode runs as fma(s, q, -(s z)) (one FFMA per value on the GPU);
+// with a stored scale (every finite positive FP16 value) and zero point
+// (an integer <= 255) s z is exact, so it is s (q - z) rounded once: the
+// double product of the exact difference, rounded to float.
+TEST(AffineDecode, EqualsTheOnceRoundedProductForStoredScales) {
+  uint64_t mismatches = 0;
+  for (uint32_t bits = 1; bits < 0x7c00u; ++bits) {
+    const float s = HalfBitsToFloat(static_cast<uint16_t>(bits));
+    for (const int z : {0, 1, 15, 127, 128, 200, 255}) {
+      for (int q = 0; q <= 255; ++q) {
+        const float want = static_cast<float>(static_cast<double>(s) * (q - z));
+        const float got = AffineDecode(static_cast<uint8_t>(q), s, static_cast<float>(z));
+        if (FloatToBits(got) != FloatToBits(want) && !(got == 0.0f && want == 0.0f)) ++mismatches;
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
+// With a row factor folded in (the decode kernels' decay), s' z is rounded
+// once: the result is within half an ulp of s' z plus the FMA's own rounding
+// of the exact s' (q - z).
+TEST(AffineDecode, WithARowFactorStaysWithinHalfAnUlpOfTheZeroPointProduct) {
+  const float s = HalfBitsToFloat(FloatToHalfBits(0.0123f));
+  for (const float a : {0.999f, 0.5f, 0.12345f, 1e-3f}) {
+    const float sa = a * s;
+    for (const int z : {0, 3, 77, 255}) {
+      const double sz = static_cast<double>(sa) * z;
+      const double ulp = std::nextafter(static_cast<float>(sz), 1e30f) - static_cast<float>(sz);
+      for (int q = 0; q <= 255; ++q) {
+        const double exact = static_cast<double>(sa) * (q - z);
+        const float got = AffineDecode(static_cast<uint8_t>(q), sa, static_cast<float>(z));
+        // The FMA's own rounding (half an ulp of the result) plus s' z's.
+        const double bound = ulp / 2 + std::fabs(exact) * 0x1p-24 + 1e-45;
+        EXPECT_LE(std::fabs(got - exact), bound) << "a " << a << " z " << z << " q " << q;
+      }
+    }
+  }
+}
+
 TEST(MakeAffineParams, EndsOfTheRangeEncodeToZeroAndQmax) {
   const AffineParams p = MakeAffineParams(-1.5f, 2.25f, 255);
   EXPECT_EQ(p.inv_s, 1.0f / HalfBitsToFloat(p.s_bits));
