@@ -43,8 +43,6 @@ TEST(QuotientByReciprocal, SpecialValues) {
   EXPECT_EQ(QuotientByReciprocal(3.0f, 15), 0.2f);
 }
 
-// Host side of ReciprocalOfHalf is the division; the parameters it feeds
-// must keep the documented convention (codes of the range's ends).
 // AffineDecode runs as fma(s, q, -(s z)) (one FFMA per value on the GPU);
 // with a stored scale (every finite positive FP16 value) and zero point
 // (an integer <= 255) s z is exact, so it is s (q - z) rounded once: the
@@ -85,6 +83,8 @@ TEST(AffineDecode, WithARowFactorStaysWithinHalfAnUlpOfTheZeroPointProduct) {
   }
 }
 
+// Host side of ReciprocalOfHalf is the division; the parameters it feeds
+// must keep the documented convention (codes of the range's ends).
 TEST(MakeAffineParams, EndsOfTheRangeEncodeToZeroAndQmax) {
   const AffineParams p = MakeAffineParams(-1.5f, 2.25f, 255);
   EXPECT_EQ(p.inv_s, 1.0f / HalfBitsToFloat(p.s_bits));

@@ -137,7 +137,7 @@ __device__ __forceinline__ float ByteMinus(uint32_t word, uint32_t sel, float bi
 // Bytes 2i and 2i + 1 of `word` as b * 2^-24, exactly: one PRMT puts each
 // in the low byte of an FP16 subnormal (bits 0x00bb), one widening per value
 // (HADD2.F32). So an 8-bit code costs half a PRMT, a widening and one FFMA
-// with the scale times 2^24 (AffineDecode, SymDecode).
+// with the scale times 2^24 (AffineDecode).
 inline constexpr float kTinyByteScale = 16777216.0f;  // 2^24
 __device__ __forceinline__ float2 BytePairTiny(uint32_t word, int i) {
   const uint32_t h = __byte_perm(word, 0u, i == 0 ? 0x4140u : 0x4342u);
@@ -231,7 +231,9 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
     const uint32_t m = LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize));
     const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
     const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
-    // AffineDecode: fma(s, q, -(s z)) = fma(s 2^24, q 2^-24, -(s z)), s <= 65504.
+    // AffineDecode: fma(s, q, -(s z)) = fma(s 2^24, q 2^-24, -(s z)): the same
+    // exact product, s 2^24 finite (s: an FP16 scale times a decay <= 1, the
+    // binding validates g <= 0).
     const float s24 = s * kTinyByteScale;
     const float c = -(s * z);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
