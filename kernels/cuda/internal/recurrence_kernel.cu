@@ -302,26 +302,19 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
 // spreading the issue over a warp: measured on the H200).
 inline constexpr int kBulkChunk = 4096;
 
-// A head's column part in the pool viewed as [key rows][S][128 bytes], S = a
-// key row's bytes / 128 (EncodePoolPartsTensorMap; a box is S / kParts
-// columns of 128 bytes of d_k rows): the head's first key row and the
-// part's first column. head: the head's first byte in the pool.
-struct PartBox {
-  int column;
-  int key_row0;
-};
+// The first column of a head's column part in the pool viewed as [key
+// rows][S][128 bytes], S = a key row's bytes / 128 (EncodePoolPartsTensorMap;
+// a box is S / kParts columns of 128 bytes of d_k rows).
 template <int kParts>
-__device__ __forceinline__ PartBox PartBoxOf(const RecurrenceParams& p, const HeadGeometry& geo,
-                                             const uint8_t* head, int part) {
-  const int row_bytes = static_cast<int>(geo.layout.lo_code_row_bytes);
-  return PartBox{part * (row_bytes / 128 / kParts),
-                 static_cast<int>((head - p.pool.base) / row_bytes)};
+__device__ __forceinline__ int PartColumn(const HeadGeometry& geo, int part) {
+  return part * (static_cast<int>(geo.layout.lo_code_row_bytes) / 128 / kParts);
 }
 
-// The staged item's head as a row of the pool viewed as [rows][128 bytes]
-// (header word 3; written by IssueItem when the head arrives by tensor-map
-// copies, sl.tma_rows > 0): its address for the write-back without
-// HeadPtr's 64-bit products.
+// The staged item's head as the outer coordinate of its tensor-map copy
+// (header word 3, written by IssueItem when the head arrives by tensor-map
+// copies): its first row of the pool viewed as [rows][128 bytes] (whole
+// heads, sl.tma_rows > 0), or its first key row of the parts map (kParts >
+// 1). The write-back addresses it without HeadPtr's 64-bit products.
 __device__ __forceinline__ int32_t& StagedHeadRow(uint8_t* stage, const StageLayout& sl) {
   static_assert(kStageHeaderWords == 4, "slot, beta, exp(g), head row");
   return reinterpret_cast<int32_t*>(stage + sl.header)[3];
@@ -358,13 +351,15 @@ __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadG
   if (p.maps.key_perm != nullptr) total += geo.d_k * 4;
   if (p.maps.value_order != nullptr) total += 2 * geo.d_v * 4;
   const uint8_t* src = HeadPtr(p, geo, slot, h);
-  // The pool as [rows][128 bytes]: the head's first row (tensor-map copies).
-  const int row0 = static_cast<int>((src - p.pool.base) >> 7);
-  if (kParts == 1 && sl.tma_rows > 0) StagedHeadRow(stage, sl) = row0;
+  // The copy's outer tensor-map coordinate (StagedHeadRow): the parts map's
+  // key rows, or the 2D map's 128-byte rows.
+  const int64_t offset = src - p.pool.base;
+  const int row0 =
+      static_cast<int>(kParts > 1 ? offset / geo.layout.lo_code_row_bytes : offset >> 7);
+  if (kParts > 1 || sl.tma_rows > 0) StagedHeadRow(stage, sl) = row0;
   MbarrierExpectTx(bar, total);  // publishes the header
   if constexpr (kParts > 1) {
-    const PartBox box = PartBoxOf<kParts>(p, geo, src, part);
-    TensorCopy3D(stage + sl.head, tmap, 0, box.column, box.key_row0, bar);
+    TensorCopy3D(stage + sl.head, tmap, 0, PartColumn<kParts>(geo, part), row0, bar);
   } else if (sl.tma_rows > 0) {
     for (int r = 0; r < hb / 128; r += sl.tma_rows) {
       TensorCopy2D(stage + sl.head + r * 128, tmap, 0, row0 + r, bar);
@@ -715,10 +710,8 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
         const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
         if (slot >= 0) {
           const int old = blockIdx.x + (j - sl.stages) * stride;
-          const int head_item = old / kParts;
-          const int hv = head_item - BatchOf(head_item, geo.h_v) * geo.h_v;
-          const PartBox box = PartBoxOf<kParts>(p, geo, HeadPtr(p, geo, slot, hv), old % kParts);
-          TensorStore3D(&tmap, 0, box.column, box.key_row0, stage + sl.head);
+          TensorStore3D(&tmap, 0, PartColumn<kParts>(geo, old % kParts),
+                        StagedHeadRow(stage, sl), stage + sl.head);
           BulkCommitGroup();
         }
       }
