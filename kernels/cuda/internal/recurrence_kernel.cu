@@ -106,12 +106,13 @@ __device__ __forceinline__ void GatherRows(const LaneMap& m, int d_k, const RowS
 // GatherRows for the pipelined kernel: the lane pair converts its 4 rows
 // once (lane cl takes steps cl and cl + 2) into the warp's shared `rows`,
 // then both lanes read all 4 (same values and arithmetic as GatherRows).
+// No leading __syncwarp: the kernel's previous item released its stage
+// (release(): a __syncwarp) after this warp's last reads of `rows`.
 template <int kDtype, bool kAllRows>
 __device__ __forceinline__ void GatherRowsPaired(const LaneMap& m, int d_k, const RowSource& in,
                                                  float4* rows, float (&kk)[kTileSteps],
                                                  float (&qs)[kTileSteps],
                                                  float (&a)[kTileSteps]) {
-  __syncwarp();  // earlier reads of rows are done
 #pragma unroll
   for (int j = 0; j < kTileSteps / 2; ++j) {
     const int i = m.cl + 2 * j;
@@ -611,7 +612,9 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                          : 0.0f;
     release();
     const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
-    const float os = TokenStep<true, true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
+    // kWredSynced: GatherRowsPaired and release() synced the warp since the
+    // previous item's reads of sc.wred (TokenStep, StoreItemTile).
+    const float os = TokenStep<true, true, false, true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
     refill();
     if (m.row_warp == t.row_warps - 1) {  // o' -> o (see vp)
       // damp-sr: the stage is released by now; its maps are per-layer

@@ -416,9 +416,12 @@ __device__ __forceinline__ void PairHadamard(float (&x)[kTileColsPerLane], int c
 
 // The transpose of the reduce-scatter: every lane writes its 16 per-column
 // values, then reads the 16 values of its column (one per row lane) into v.
+// kSynced: the caller's warp passed a __syncwarp (or a barrier) after its
+// last reads of buf, so the writes need no leading one (two instructions).
+template <bool kSynced = false>
 __device__ __forceinline__ void WarpTranspose16Smem(const float (&p)[16], float* buf, int rl,
                                                     int cl, float (&v)[16]) {
-  __syncwarp();  // earlier reads of buf are done
+  if (!kSynced) __syncwarp();  // earlier reads of buf are done
   float* mine = buf + cl * 336 + rl * 20;
 #pragma unroll
   for (int c4 = 0; c4 < 4; ++c4) {
@@ -431,10 +434,11 @@ __device__ __forceinline__ void WarpTranspose16Smem(const float (&p)[16], float*
   for (int r = 0; r < 16; ++r) v[r] = col[r * 20];
 }
 
+template <bool kSynced = false>
 __device__ __forceinline__ float WarpReduceScatter16Smem(const float (&p)[16], float* buf,
                                                          int rl, int cl) {
   float v[16];
-  WarpTranspose16Smem(p, buf, rl, cl, v);
+  WarpTranspose16Smem<kSynced>(p, buf, rl, cl, v);
   return WarpTreeSum(v);
 }
 
@@ -514,7 +518,12 @@ struct StepScratch {
 // kShuffle: the warp reductions and the delta all-gather go through
 // shuffles instead of sc.wred / sc.wbuf (same sums), which then need not
 // exist.
-template <bool kFolded = false, bool kStripeBarrier = false, bool kShuffle = false>
+// kWredSynced: the caller's warp passed a __syncwarp (or a barrier) after
+// its last reads of sc.wred, so the first reduce-scatter skips its leading
+// one (the pipelined decode kernel: GatherRowsPaired and the stage release
+// sync the warp between items).
+template <bool kFolded = false, bool kStripeBarrier = false, bool kShuffle = false,
+          bool kWredSynced = false>
 __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLane],
                                            const float (&kk)[kTileSteps],
                                            const float (&qs)[kTileSteps],
@@ -531,7 +540,7 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
   }
   // The lane's column partials of sum_r c_r w_rj, then their warp totals;
   // one sum at a time keeps 16 fewer registers live.
-  const auto column_sums = [&](const float (&c)[kTileSteps]) {
+  const auto column_sums = [&](const float (&c)[kTileSteps], auto synced) {
     float part[kTileColsPerLane];
 #pragma unroll
     for (int j = 0; j < kTileColsPerLane; ++j) part[j] = 0.0f;
@@ -541,10 +550,10 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
       for (int j = 0; j < kTileColsPerLane; ++j) part[j] = Fma(c[i], s[i][j], part[j]);
     }
     if constexpr (kShuffle) return ShuffleReduceScatter16(part, m.rl);
-    return WarpReduceScatter16Smem(part, sc.wred, m.rl, m.cl);
+    return WarpReduceScatter16Smem<decltype(synced)::value>(part, sc.wred, m.rl, m.cl);
   };
-  float ks = column_sums(ka);
-  float qsum = column_sums(qa);
+  float ks = column_sums(ka, std::integral_constant<bool, kWredSynced>{});
+  float qsum = column_sums(qa, std::false_type{});  // after ks's reads of sc.wred
 #pragma unroll
   for (int off = 16; off >= 2; off >>= 1) qk = qk + __shfl_xor_sync(0xffffffffu, qk, off);
   if (t.row_warps > 1) {
@@ -577,7 +586,8 @@ __device__ __forceinline__ float TokenStep(float (&s)[kTileSteps][kTileColsPerLa
 #pragma unroll
     for (int c = 0; c < kTileColsPerLane; ++c) d[c] = __shfl_sync(0xffffffffu, db, 2 * c + m.cl);
   } else {
-    __syncwarp();
+    // No leading __syncwarp: the reduce-scatters above synced the warp
+    // after its earlier reads of sc.wbuf.
     sc.wbuf[m.c32] = db;
     __syncwarp();
 #pragma unroll
