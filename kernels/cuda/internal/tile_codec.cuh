@@ -190,6 +190,17 @@ __device__ __forceinline__ int FpChunkOffset(int col0, int v) {
   return N * (col0 + ChunkCol<W>(v, 16 / N));
 }
 
+// An affine row's scale (times the row factor) and zero point from its
+// metadata word (FP16 s in the low half, FP16 z above: AffineMetaWord).
+struct AffineRowParams {
+  float s, z;
+};
+__device__ __forceinline__ AffineRowParams AffineRowParamsOf(uint32_t meta, float row_scale) {
+  return AffineRowParams{
+      row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(meta & 0xffffu))),
+      __half2float(__ushort_as_half(static_cast<unsigned short>(meta >> 16)))};
+}
+
 // ---- Row codec: load 16 values ------------------------------------------------
 // codes: start of this row's codes; meta: start of this row's metadata;
 // col0: the lane's first column, stripe * 32 + cl * W.
@@ -228,14 +239,13 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
     }
   } else if constexpr (C == RowCodec::kAffineU8) {
     const uint4 u = Ld16<S>(codes + col0);
-    const uint32_t m = LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize));
-    const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
-    const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
+    const AffineRowParams r =
+        AffineRowParamsOf(LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize)), row_scale);
     // AffineDecode: fma(s, q, -(s z)) = fma(s 2^24, q 2^-24, -(s z)): the same
     // exact product, s 2^24 finite (s: an FP16 scale times a decay <= 1, the
     // binding validates g <= 0).
-    const float s24 = s * kTinyByteScale;
-    const float c = -(s * z);
+    const float s24 = r.s * kTinyByteScale;
+    const float c = -(r.s * r.z);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -248,15 +258,14 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
     }
   } else if constexpr (C == RowCodec::kAffineU4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
-    const uint32_t m = LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize));
-    const float s = row_scale * __half2float(__ushort_as_half(static_cast<unsigned short>(m & 0xffffu)));
-    const float z = __half2float(__ushort_as_half(static_cast<unsigned short>(m >> 16)));
-    const float c = -(s * z);  // AffineDecode
+    const AffineRowParams r =
+        AffineRowParamsOf(LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize)), row_scale);
+    const float c = -(r.s * r.z);  // AffineDecode
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
       const uint32_t q = (w[e / 8] >> (4 * (e % 8))) & 0xfu;
-      x[e] = __fmaf_rn(s, __uint_as_float(0x4B000000u | q) - kMagicByte, c);
+      x[e] = __fmaf_rn(r.s, __uint_as_float(0x4B000000u | q) - kMagicByte, c);
     }
   } else if constexpr (C == RowCodec::kSymI8) {
     const uint4 u = Ld16<S>(codes + col0);
