@@ -37,11 +37,11 @@ inline float HorizontalMax(__m256 v) {
 }
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
-// AffineRound (group_quant.h) on 8 lanes: rint of the exact product x * inv_s
-// by one FMA with the 1.5 * 2^23 constant, as the codecs encode.
-inline __m256 RoundProduct(__m256 x, __m256 inv_s) {
+// AffineRound (group_quant.h) on 8 lanes: rint of the exact x * inv_s + c
+// by one FMA with the 1.5 * 2^23 constant plus c, as the codecs encode.
+inline __m256 RoundProduct(__m256 x, __m256 inv_s, float c = 0.0f) {
   const __m256 magic = _mm256_set1_ps(kRoundMagic);
-  return _mm256_sub_ps(_mm256_fmadd_ps(x, inv_s, magic), magic);
+  return _mm256_sub_ps(_mm256_fmadd_ps(x, inv_s, _mm256_set1_ps(kRoundMagic + c)), magic);
 }
 
 }  // namespace
@@ -57,10 +57,10 @@ double AffineU8RowError(const float* x, int d_v) {
     const AffineParams p = MakeAffineParams(mn, mx, 255);
     const __m256 s = _mm256_set1_ps(HalfBitsToFloat(p.s_bits));
     const __m256 z = _mm256_set1_ps(HalfBitsToFloat(p.z_bits));
-    const __m256 inv_s = _mm256_set1_ps(p.inv_s), zf = _mm256_set1_ps(p.z);
+    const __m256 inv_s = _mm256_set1_ps(p.inv_s);
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
-      __m256 q = _mm256_add_ps(RoundProduct(v[i], inv_s), zf);
+      __m256 q = RoundProduct(v[i], inv_s, p.z);  // AffineEncode
       q = _mm256_min_ps(_mm256_max_ps(q, zero), qmax);
       const __m256 x_hat = _mm256_mul_ps(s, _mm256_sub_ps(q, z));
       const __m256 d = _mm256_sub_ps(x_hat, v[i]);

@@ -9,13 +9,17 @@
 //
 // Conventions (fixed here, relied on by the CUDA kernels):
 //  - Affine (uint8 / uint4): the range is widened to include 0, so the zero
-//    point z is an integer in [0, 2^b - 1] (exact in FP16). s is rounded to
-//    FP16 (saturating at 65504) *before* encoding, and codes use the FP32
-//    reciprocal of that rounded s: q = clamp(rint(x * (1/s)) + z, 0, 2^b - 1),
-//    where x * (1/s) is rounded to an integer directly from the exact
-//    product (one fused multiply-add with the 1.5 * 2^23 rounding constant),
-//    so a kernel encodes a value with a single FMA.
-//    A group whose FP16 s is 0 (all zero, or a range below FP16 resolution)
+//    point z is an integer in [0, 2^b - 1] (exact in FP16). s is
+//    (max - min) / (2^b - 1) with a margin of about 2^-11 and half the least
+//    FP16 step added, rounded to FP16 (saturating at 65504) *before*
+//    encoding, so that it is never below the range / (2^b - 1); codes use
+//    the FP32 reciprocal of that rounded s: z = rint(-min * (1/s)) and
+//    q = clamp(rint(x * (1/s) + z), 0, 2^b - 1), where each rint rounds the
+//    exact value (one fused multiply-add with the 1.5 * 2^23 rounding
+//    constant, z folded into it), so a kernel encodes a value with a single
+//    FMA. The margin makes the clamp dead whenever s did not saturate (proof
+//    at MakeAffineParams), so kernels skip it.
+//    A group whose FP16 s is 0 (all zero, or a range below about 1e-12)
 //    stores s = z = 0 and all-zero codes; it decodes to exact zeros.
 //  - Symmetric int8 (damp-sr) and FP8: s = max(absmax, 1e-10) / qmax in FP32;
 //    int8 codes round the exact product x * (1/s) as the affine codes do.
@@ -42,19 +46,17 @@ struct AffineParams {
   float z;          // zero point as float
 };
 
-// x / d for the affine ranges (x >= 0 or NaN, d = qmax), correctly rounded:
-// one multiply by the rounded reciprocal and one FMA correction (Markstein),
-// so device code runs three instructions instead of the division's checked
-// path. Bit-identical to the IEEE quotient for every non-negative float and
-// NaN with d = 15 or 255 (group_quant_test checks all 2^31 inputs of each;
-// other d are not checked, and no caller passes one); infinity takes the
-// uncorrected product (also infinity).
-SC_HD float QuotientByReciprocal(float x, int d) {
-  const float r = d == 255 ? 1.0f / 255.0f : (d == 15 ? 1.0f / 15.0f : 1.0f / static_cast<float>(d));
-  const float q0 = x * r;
-  const float q = Fma(Fma(-static_cast<float>(d), q0, x), r, q0);
-  return x <= 3.40282347e38f ? q : q0;
+// s = RN_fp16(fma(range, AffineScaleFactor(qmax), kAffineScaleBias)): the
+// factor is at least (1 + 2^-11 + 2^-19) / qmax (group_quant_test checks it
+// in double precision; 2^-11 is the largest relative half-step of FP16) and
+// the bias is half the least FP16 step, so that neither the FP32 nor the FP16
+// rounding can leave s below the range / qmax (proof at MakeAffineParams). A
+// zero range gives exactly the bias, a tie that rounds to s = 0.
+SC_HD float AffineScaleFactor(int qmax) {
+  constexpr float kMargin = 1.0f + 0x1p-11f + 0x1p-18f;
+  return qmax == 255 ? (1.0f / 255.0f) * kMargin : (1.0f / 15.0f) * kMargin;
 }
+inline constexpr float kAffineScaleBias = 0x1p-25f;
 
 // 1 / s for a positive finite FP16 value s (as float: exponent in
 // [-24, 15]), correctly rounded. On CUDA: the instruction sequence of the
@@ -71,13 +73,40 @@ SC_HD float ReciprocalOfHalf(float s) {
 #endif
 }
 
+// fma(x, inv_s, M + c) - M with M = 1.5 * 2^23 and an integer 0 <= c <= 255
+// (M + c exact) is rint(x * inv_s + c) of the exact value for |x * inv_s + c|
+// < 2^22 (ties to even); beyond that it is a value of the same sign and size,
+// which the clamps below map to 0 or qmax as rint would.
+inline constexpr float kRoundMagic = 12582912.0f;
+
+SC_HD float AffineRound(float x, float inv_s, float c = 0.0f) {
+  return Fma(x, inv_s, kRoundMagic + c) - kRoundMagic;
+}
+
 // From the group's min and max (any order of reduction gives the same values);
 // qmax is 15 (uint4) or 255 (uint8).
+// The clamp of AffineEncode never binds when s is neither 0 nor saturated
+// (s_bits != kFp16MaxBits), for every group without NaN. With D = RN(mx - mn),
+// c = AffineScaleFactor(qmax) >= (1 + 2^-11 + 2^-19) / qmax and
+// t = RN32(D c + 2^-25):
+//  - s >= D (1 + 2^-20) / qmax. A normal FP16 s is within half an FP16 step,
+//    at most 2^-11 t, of t: s >= t (1 - 2^-11) >= D c (1 - 2^-24) (1 - 2^-11)
+//    >= D (1 + 2^-20) / qmax. A subnormal s != 0 is >= 2^-24 and >= t - 2^-25
+//    >= D c (1 - 2^-24) - 2^-49, which covers D (1 + 2^-20) / qmax either way
+//    (the first when D / qmax >= 2^-37, the second otherwise).
+//  - Let y(x) = x * inv_s (exact), inv_s = RN(1 / s) <= (1 + 2^-24) / s.
+//  - Low end: z = rint(-y(mn)) = -rint(y(mn)) (0 <= z <= qmax by the high-end
+//    bound), so y(mn) + z lies in [-1/2, 1/2] and rounds to 0; every x >= mn
+//    codes to >= 0 (rint is monotonic).
+//  - High end: y(mx) + z <= (mx - mn) inv_s + 1/2 and (mx - mn) inv_s <=
+//    D (1 + 2^-24)^2 / s <= qmax (1 + 2^-24)^2 / (1 + 2^-20) < qmax, so
+//    y(x) + z < qmax + 1/2 rounds to <= qmax.
+// group_quant_test checks both ends on a dense sweep of ranges.
 SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) {
   const float mn = group_min < 0.0f ? group_min : 0.0f;
   const float mx = group_max > 0.0f ? group_max : 0.0f;
   AffineParams p;
-  p.s_bits = FloatToHalfBits(QuotientByReciprocal(mx - mn, qmax));
+  p.s_bits = FloatToHalfBits(Fma(mx - mn, AffineScaleFactor(qmax), kAffineScaleBias));
   const float s = HalfBitsToFloat(p.s_bits);
   if (!(s > 0.0f)) {
     p.s_bits = 0;
@@ -87,22 +116,13 @@ SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) 
     return p;
   }
   p.inv_s = ReciprocalOfHalf(s);
-  p.z = Clamp(RoundEven(-mn * p.inv_s), 0.0f, static_cast<float>(qmax));
+  p.z = Clamp(AffineRound(-mn, p.inv_s), 0.0f, static_cast<float>(qmax));
   p.z_bits = FloatToHalfBits(p.z);
   return p;
 }
 
-// fma(x, inv_s, M) - M with M = 1.5 * 2^23 is rint of the exact product for
-// |x * inv_s| < 2^22 (ties to even); beyond that it is a value of the same
-// sign and size, which the clamp maps to 0 or qmax as rint would.
-inline constexpr float kRoundMagic = 12582912.0f;
-
-SC_HD float AffineRound(float x, float inv_s) {
-  return Fma(x, inv_s, kRoundMagic) - kRoundMagic;
-}
-
 SC_HD uint8_t AffineEncode(float x, const AffineParams& p, int qmax) {
-  return static_cast<uint8_t>(Clamp(AffineRound(x, p.inv_s) + p.z, 0.0f, static_cast<float>(qmax)));
+  return static_cast<uint8_t>(Clamp(AffineRound(x, p.inv_s, p.z), 0.0f, static_cast<float>(qmax)));
 }
 
 // x_hat = s (q - z), evaluated as fma(s, q, -(s z)) (the GPU decoders' one

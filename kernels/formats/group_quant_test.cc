@@ -10,37 +10,16 @@
 namespace statecache {
 namespace {
 
-// The affine scale's quotient (mx - mn) / qmax runs as a multiply and one
-// FMA correction; it must equal IEEE division bit for bit on every input the
-// quantizer can give it: all non-negative floats, infinity and NaN.
-void ExpectQuotientMatchesDivision(int d) {
-  uint64_t mismatches = 0;
-  uint32_t first_bad = 0;
-  for (uint64_t b = 0; b <= 0x7fffffffu; ++b) {
-    const uint32_t u = static_cast<uint32_t>(b);
-    const float x = BitsToFloat(u);
-    const float want = x / static_cast<float>(d);
-    const float got = QuotientByReciprocal(x, d);
-    const bool same = FloatToBits(got) == FloatToBits(want) || (want != want && got != got);
-    if (!same && mismatches++ == 0) first_bad = u;
+// The factor in front of the affine scale's FP16 rounding: at least
+// (1 + 2^-11 + 2^-19) / qmax exactly (the bound MakeAffineParams's proof
+// needs), and no larger than it has to be by much (the scale's precision).
+TEST(AffineScaleFactor, CoversTheMarginOfTheProof) {
+  for (const int qmax : {15, 255}) {
+    const double c = AffineScaleFactor(qmax);
+    EXPECT_GE(c * qmax, 1.0 + 0x1p-11 + 0x1p-19) << qmax;
+    EXPECT_LT(c * qmax, 1.0 + 0x1p-10) << qmax;
   }
-  EXPECT_EQ(mismatches, 0u) << "d = " << d << ", first input bits 0x" << std::hex << first_bad;
-}
-
-TEST(QuotientByReciprocal, EqualsDivisionByInt8QmaxForAllNonNegativeFloats) {
-  ExpectQuotientMatchesDivision(255);
-}
-
-TEST(QuotientByReciprocal, EqualsDivisionByInt4QmaxForAllNonNegativeFloats) {
-  ExpectQuotientMatchesDivision(15);
-}
-
-TEST(QuotientByReciprocal, SpecialValues) {
-  const float inf = 1.0f / 0.0f;
-  EXPECT_EQ(QuotientByReciprocal(inf, 255), inf);
-  EXPECT_EQ(QuotientByReciprocal(0.0f, 255), 0.0f);
-  EXPECT_EQ(QuotientByReciprocal(255.0f, 255), 1.0f);
-  EXPECT_EQ(QuotientByReciprocal(3.0f, 15), 0.2f);
+  EXPECT_EQ(static_cast<double>(kAffineScaleBias), std::ldexp(1.0, -25));
 }
 
 // AffineDecode runs as fma(s, q, -(s z)) (one FFMA per value on the GPU);
@@ -84,21 +63,59 @@ TEST(AffineDecode, WithARowFactorStaysWithinHalfAnUlpOfTheZeroPointProduct) {
 }
 
 // Host side of ReciprocalOfHalf is the division; the parameters it feeds
-// must keep the documented convention (codes of the range's ends).
-TEST(MakeAffineParams, EndsOfTheRangeEncodeToZeroAndQmax) {
+// must keep the documented convention: s is at least the range / qmax (by a
+// margin of about an FP16 step), z = rint(-min / s), the range's low end
+// codes to 0 and its high end to qmax or just below.
+TEST(MakeAffineParams, RangeEndsEncodeToZeroAndTheTopCodes) {
+  struct Case {
+    float mn, mx;
+    int qmax;
+  };
+  for (const Case c : {Case{-1.5f, 2.25f, 255}, Case{-1.0f, 3.0f, 255}, Case{0.0f, 1.0f, 255},
+                       Case{-0.75f, 0.0f, 255}, Case{-1.5f, 2.25f, 15}, Case{-3e-3f, 7e-2f, 15}}) {
+    const AffineParams p = MakeAffineParams(c.mn, c.mx, c.qmax);
+    const double s = HalfBitsToFloat(p.s_bits);
+    EXPECT_EQ(p.inv_s, 1.0f / static_cast<float>(s));
+    EXPECT_GE(s, (static_cast<double>(c.mx) - c.mn) / c.qmax) << c.mn << " " << c.mx;
+    EXPECT_EQ(p.z, std::nearbyint(-static_cast<double>(c.mn) * p.inv_s));
+    EXPECT_EQ(p.z, HalfBitsToFloat(p.z_bits));
+    EXPECT_EQ(AffineEncode(c.mn, p, c.qmax), 0);
+    EXPECT_GE(AffineEncode(c.mx, p, c.qmax), c.qmax - 1) << c.mn << " " << c.mx;
+  }
+  // -1.5 .. 2.25 at 8 bits: s = RN(3.75 (1 + 2^-11 + 2^-18) / 255 + 2^-25) =
+  // 1928 x 2^-17 (the exact quotient is 1927.53 x 2^-17), z = rint(1.5 / s) =
+  // rint(101.98) = 102, 2.25 -> rint(152.96 + 102) = 255.
   const AffineParams p = MakeAffineParams(-1.5f, 2.25f, 255);
-  EXPECT_EQ(p.inv_s, 1.0f / HalfBitsToFloat(p.s_bits));
-  EXPECT_EQ(AffineEncode(-1.5f, p, 255), 0);
+  EXPECT_EQ(HalfBitsToFloat(p.s_bits), 1928 * 0x1p-17f);
+  EXPECT_EQ(p.z, 102.0f);
   EXPECT_EQ(AffineEncode(2.25f, p, 255), 255);
-  EXPECT_EQ(p.z, HalfBitsToFloat(p.z_bits));
+}
+
+TEST(MakeAffineParams, DegenerateGroupsAreZero) {
+  for (const float v : {0.0f, -0.0f}) {
+    const AffineParams p = MakeAffineParams(v, v, 255);
+    EXPECT_EQ(p.s_bits, 0);
+    EXPECT_EQ(p.z_bits, 0);
+    EXPECT_EQ(AffineEncode(v, p, 255), 0);
+  }
+  // A range below about 1e-12 still rounds to s = 0: all-zero codes.
+  const AffineParams tiny = MakeAffineParams(-1e-30f, 3e-30f, 255);
+  EXPECT_EQ(tiny.s_bits, 0);
+  EXPECT_EQ(AffineEncode(3e-30f, tiny, 255), 0);
+  // A small one gets at least the least FP16 step (2^-24) and keeps its shape.
+  const AffineParams small = MakeAffineParams(-2e-7f, 1e-6f, 255);
+  EXPECT_EQ(small.s_bits, 0x0001);
+  EXPECT_EQ(AffineEncode(-2e-7f, small, 255), 0);
+  EXPECT_EQ(small.z, 3.0f);                             // rint(2e-7 * 2^24 = 3.36)
+  EXPECT_EQ(AffineEncode(1e-6f, small, 255), 20);       // rint(16.78 + 3)
 }
 
 // The CUDA encoders rely on two bounds of the shared parameters (see
 // tile_codec.cuh): the symmetric int8 code never reaches SymEncode's clamp,
-// and the affine fast encoder's 16-bit arithmetic is exact (|x / s| < 2^14)
-// whenever the FP16 scale did not saturate. Both are checked here on a dense
-// sweep of group ranges (every 61st positive finite float: all exponents,
-// ~35 million ranges), in double, where the products are exact.
+// and the affine codes never reach AffineEncode's clamp whenever the FP16
+// scale did not saturate (the proof at MakeAffineParams). Both are checked
+// here on a dense sweep of group ranges (every 61st positive finite float:
+// all exponents, ~35 million ranges), in double, where the products are exact.
 constexpr uint32_t kMaxFiniteBits = 0x7f7fffffu;
 constexpr uint32_t kSweepStride = 61;
 
@@ -115,34 +132,53 @@ TEST(MakeSymScale, CodesNeverReachTheClamp) {
   EXPECT_EQ(bad, 0u) << "first absmax bits 0x" << std::hex << first_bad;
 }
 
-void ExpectAffineFastPathBound(int qmax) {
-  uint64_t bad = 0, saturated = 0;
+// The unclamped code of x, rint(x * inv_s + z) of the exact value, in double.
+double UnclampedCode(float x, const AffineParams& p) {
+  return std::nearbyint(static_cast<double>(x) * p.inv_s + p.z);
+}
+
+void ExpectAffineCodesNeedNoClamp(int qmax) {
+  uint64_t bad = 0, saturated = 0, coarse = 0;
   float first_mn = 0, first_mx = 0;
+  const auto check = [&](float mn, float mx) {
+    const AffineParams p = MakeAffineParams(mn, mx, qmax);
+    if (p.s_bits == kFp16MaxBits) {  // saturated: the exact encoder's case
+      ++saturated;
+      return;
+    }
+    // The margin costs s at most about 2^-11 plus half an FP16 step over the
+    // exact range / qmax (the accuracy price of the dead clamp: < 0.2%).
+    const double exact_s = (static_cast<double>(mx) - mn) / qmax;
+    coarse += HalfBitsToFloat(p.s_bits) > exact_s * (1.0 + 0x1p-9) + 0x1p-24;
+    // Codes are monotonic in x, so the range's ends bound every code.
+    const double lo = UnclampedCode(mn, p), hi = UnclampedCode(mx, p);
+    // The encoder's float formula is that rounding, with no clamp to apply.
+    const bool ok = lo >= 0 && hi <= qmax && AffineRound(mn, p.inv_s, p.z) == lo &&
+                    AffineRound(mx, p.inv_s, p.z) == hi;
+    if (!ok && bad++ == 0) {
+      first_mn = mn;
+      first_mx = mx;
+    }
+  };
   for (uint64_t b = 1; b <= kMaxFiniteBits; b += kSweepStride) {
     const float d = BitsToFloat(static_cast<uint32_t>(b));
-    // The group's widest value is at an end of [mn, mx] (which contains 0).
-    for (const auto& [mn, mx] :
-         {std::pair<float, float>{0.0f, d}, {-d, 0.0f}, {-d / 3.0f, d}, {-d, d / 7.0f}}) {
-      const AffineParams p = MakeAffineParams(mn, mx, qmax);
-      if (p.s_bits == kFp16MaxBits) {  // saturated: the exact encoder's case
-        ++saturated;
-        continue;
-      }
-      const double widest = std::max(-static_cast<double>(mn), static_cast<double>(mx));
-      if (!(widest * p.inv_s < 16384.0) && bad++ == 0) {
-        first_mn = mn;
-        first_mx = mx;
-      }
-    }
+    // Ends of groups containing 0, in several proportions (the zero point's
+    // rounding moves with the low end's fraction).
+    check(0.0f, d);
+    check(-d, 0.0f);
+    check(-d / 3.0f, d);
+    check(-d, d / 7.0f);
+    check(-d * 0.4996f, d);
   }
   EXPECT_EQ(bad, 0u) << "qmax " << qmax << ", first range [" << first_mn << ", " << first_mx
                      << "]";
   EXPECT_GT(saturated, 0u) << "the sweep must reach saturated scales too";
+  EXPECT_EQ(coarse, 0u) << "qmax " << qmax;
 }
 
-TEST(MakeAffineParams, FastEncoderIsExactUnlessTheScaleSaturated) {
-  ExpectAffineFastPathBound(255);
-  ExpectAffineFastPathBound(15);
+TEST(MakeAffineParams, CodesNeedNoClampUnlessTheScaleSaturated) {
+  ExpectAffineCodesNeedNoClamp(255);
+  ExpectAffineCodesNeedNoClamp(15);
 }
 
 }  // namespace

@@ -24,9 +24,8 @@
 namespace statecache {
 namespace cuda_internal {
 
-// kRoundMagic (group_quant.h) = 1.5 * 2^23: x + M rounds x to an integer,
-// which then sits in the low bits of M + x's bits (kMagicRoundBits + n).
-inline constexpr int32_t kMagicRoundBits = 0x4B400000;
+// kRoundMagic (group_quant.h) = 1.5 * 2^23: x + M rounds x to an integer n,
+// which then sits in the low bits of M + x's bits (0x4B400000 + n).
 inline constexpr float kMagicByte = 8388608.0f;    // 2^23: bits 0x4B0000xx = 2^23 + xx
 
 __device__ __forceinline__ uint4 LdStream(const uint8_t* p) {
@@ -321,41 +320,34 @@ __device__ __forceinline__ uint32_t AffineMetaWord(const AffineParams& p) {
   return static_cast<uint32_t>(p.s_bits) | (static_cast<uint32_t>(p.z_bits) << 16);
 }
 
-// The fast encoder below works on 16-bit integers: exact when
-// |x / s| < 2^14 for every x of the group, which holds unless the FP16
-// scale saturated (s_bits == kFp16MaxBits; then the shared encoder runs instead).
-// Proof: MakeAffineParams widens [min, max] to contain 0, so |x| <= D =
-// mx - mn, and s = fp16(RN(D / qmax)) unsaturated is >= D / qmax * (1 -
-// 2^-11) (normal) or >= D / qmax - 2^-25 >= 2^-24 (subnormal, s > 0), so
-// |x| * inv_s <= 1.5 * qmax * (1 + 2^-23) < 2^14; s == 0 gives inv_s == 0.
-// (Groups containing NaN are outside the byte-equality contract: see
-// LaneRangeBits.)
+// The fast encoder below skips AffineEncode's clamp: exact whenever the
+// FP16 scale did not saturate (s_bits != kFp16MaxBits; else the shared
+// encoder runs instead), since then every code of the group already lies in
+// [0, qmax] (the proof at MakeAffineParams, group_quant.h). s == 0 gives
+// inv_s == z == 0 and code 0. (Groups containing NaN are outside the
+// byte-equality contract: see LaneRangeBits.)
 __device__ __forceinline__ bool AffineFastPathExact(const AffineParams& p) {
   return p.s_bits != kFp16MaxBits;
 }
 
 // Encodes and stores the lane's 16 values of a row, bit-exact with
-// AffineEncode. Fast path: one FFMA gives rint(x / s) in the low 16 bits of
-// 1.5 * 2^23 + n; pairs are packed into s16x2 words, z added and the clamp
-// to [0, qmax] applied per half by one VIADDMNMX, then bytes (or nibbles)
-// are packed.
+// AffineEncode. Fast path: one FFMA with the zero point folded into the
+// rounding constant gives the code q = rint(x / s + z) in the low bits of
+// 1.5 * 2^23 + q, so the bytes (or nibbles) are packed straight from the
+// FFMA results.
 template <RowCodec C, bool kFast>
 __device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, int col0, const float* x,
                                                  float inv_s, float z) {
   constexpr int kQmax = AffineQmax<C>();
+  const float magic_z = kRoundMagic + z;  // exact: z is an integer in [0, qmax]
   if constexpr (C == RowCodec::kAffineU8) {
     uint32_t w[4];
     if constexpr (kFast) {
-      const uint32_t zz = static_cast<uint32_t>(z) * 0x10001u;
-      uint32_t h[8];  // s16x2 codes of values 2j, 2j + 1
+      uint32_t b[16];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t lo = __float_as_uint(__fmaf_rn(x[2 * j], inv_s, kRoundMagic));
-        const uint32_t hi = __float_as_uint(__fmaf_rn(x[2 * j + 1], inv_s, kRoundMagic));
-        h[j] = __viaddmin_s16x2_relu(__byte_perm(lo, hi, 0x5410), zz, kQmax * 0x10001u);
-      }
+      for (int e = 0; e < 16; ++e) b[e] = __float_as_uint(__fmaf_rn(x[e], inv_s, magic_z));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) w[e] = __byte_perm(h[2 * e], h[2 * e + 1], 0x6420);
+      for (int e = 0; e < 4; ++e) w[e] = PackBytes(b[4 * e], b[4 * e + 1], b[4 * e + 2], b[4 * e + 3]);
     } else {
       AffineParams p;
       p.inv_s = inv_s;
@@ -370,10 +362,9 @@ __device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, int col0, const
   } else {
     int32_t q[16];
     if constexpr (kFast) {
-      const int32_t zb = static_cast<int32_t>(z) - kMagicRoundBits;
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
-        q[e] = __vimin_s32_relu(__float_as_int(__fmaf_rn(x[e], inv_s, kRoundMagic)) + zb, kQmax);
+        q[e] = static_cast<int32_t>(__float_as_uint(__fmaf_rn(x[e], inv_s, magic_z)) & 0xfu);
       }
     } else {
       AffineParams p;
