@@ -102,9 +102,10 @@ SC_HD float AffineRound(float x, float inv_s, float c = 0.0f) {
 //    D (1 + 2^-24)^2 / s <= qmax (1 + 2^-24)^2 / (1 + 2^-20) < qmax, so
 //    y(x) + z < qmax + 1/2 rounds to <= qmax.
 // group_quant_test checks both ends on a dense sweep of ranges.
-SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) {
-  const float mn = group_min < 0.0f ? group_min : 0.0f;
-  const float mx = group_max > 0.0f ? group_max : 0.0f;
+// MakeAffineParamsOfWidened: the same from the widened range itself,
+// mn = min(group_min, 0) <= 0 <= mx = max(group_max, 0) (the kernels' range
+// reduction yields it directly: range_bits.h).
+SC_HD AffineParams MakeAffineParamsOfWidened(float mn, float mx, int qmax) {
   AffineParams p;
   p.s_bits = FloatToHalfBits(Fma(mx - mn, AffineScaleFactor(qmax), kAffineScaleBias));
   const float s = HalfBitsToFloat(p.s_bits);
@@ -119,6 +120,11 @@ SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) 
   p.z = Clamp(AffineRound(-mn, p.inv_s), 0.0f, static_cast<float>(qmax));
   p.z_bits = FloatToHalfBits(p.z);
   return p;
+}
+
+SC_HD AffineParams MakeAffineParams(float group_min, float group_max, int qmax) {
+  return MakeAffineParamsOfWidened(group_min < 0.0f ? group_min : 0.0f,
+                                   group_max > 0.0f ? group_max : 0.0f, qmax);
 }
 
 SC_HD uint8_t AffineEncode(float x, const AffineParams& p, int qmax) {

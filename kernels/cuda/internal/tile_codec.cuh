@@ -438,7 +438,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     RangeBits r = LaneRangeBits<16>(x);
     r = MaxRange(r, RangeBits{__shfl_xor_sync(0xffffffffu, r.neg, 1),
                               __shfl_xor_sync(0xffffffffu, r.pos, 1)});
-    const AffineParams p = MakeAffineParams(RangeMin(r), RangeMax(r), AffineQmax<C>());
+    const AffineParams p = MakeAffineParamsOfWidened(RangeMin(r), RangeMax(r), AffineQmax<C>());
     EncodeAffineRow<C>(codes, col0, x, p.inv_s, p.z, AffineFastPathExact(p));
     if (write_meta) {
       *reinterpret_cast<uint32_t*>(meta + 4 * (col0 / kGroupSize)) = AffineMetaWord(p);

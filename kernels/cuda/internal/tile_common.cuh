@@ -227,7 +227,7 @@ __device__ __forceinline__ bool PairAffineParams(const RangeBits (&r)[N], int cl
     const int32_t send_pos = cl ? r[j0].pos : r[j1].pos;
     const RangeBits g = MaxRange(keep, RangeBits{__shfl_xor_sync(0xffffffffu, send_neg, 1),
                                                  __shfl_xor_sync(0xffffffffu, send_pos, 1)});
-    const AffineParams ap = MakeAffineParams(RangeMin(g), RangeMax(g), qmax);
+    const AffineParams ap = MakeAffineParamsOfWidened(RangeMin(g), RangeMax(g), qmax);
     exact = exact && AffineFastPathExact(ap);
     meta[p] = AffineMetaWord(ap);
     const float other_inv = __shfl_xor_sync(0xffffffffu, ap.inv_s, 1);
