@@ -135,8 +135,9 @@ struct HostInputs {
 };
 
 struct DeviceInputs {
+  DType dtype = DType::kFp32;
   DeviceArray q, k, v, g, beta;
-  explicit DeviceInputs(const HostInputs& in) {
+  explicit DeviceInputs(const HostInputs& in) : dtype(in.dtype) {
     if (in.dtype == DType::kFp32) {
       q = DeviceArray::From(in.q);
       k = DeviceArray::From(in.k);
@@ -150,6 +151,21 @@ struct DeviceInputs {
     beta = DeviceArray::From(in.beta);
   }
 };
+
+// DecodeInputs of `batch` rows over the device inputs.
+DecodeInputs DecodeInputsOf(const DeviceInputs& din, int batch, const int32_t* slots, float* o) {
+  DecodeInputs di;
+  di.batch = batch;
+  di.slots = slots;
+  di.dtype = din.dtype;
+  di.q = din.q.buf->data();
+  di.k = din.k.buf->data();
+  di.v = din.v.buf->data();
+  di.g = din.g.ptr<float>();
+  di.beta = din.beta.ptr<float>();
+  di.o = o;
+  return di;
+}
 
 // The decay of token `row` for head h per stored row (exp(g), key-permuted).
 std::vector<float> TokenDecay(const StateLayout& layout, int layer, int h, const HostInputs& in,
@@ -333,16 +349,7 @@ void ExpectDecodeStepsMatchReference(const Case& c, const DecodeCheck& check) {
     DeviceInputs din(in);
     std::vector<float> o_ref(batch * geo.h_v * geo.d_v, 0.0f);
     DeviceArray d_o = DeviceArray::From(std::vector<float>(o_ref.size(), 12345.0f));
-    DecodeInputs di;
-    di.batch = batch;
-    di.slots = d_slots.ptr<int32_t>();
-    di.dtype = c.dtype;
-    di.q = din.q.buf->data();
-    di.k = din.k.buf->data();
-    di.v = din.v.buf->data();
-    di.g = din.g.ptr<float>();
-    di.beta = din.beta.ptr<float>();
-    di.o = d_o.ptr<float>();
+    const DecodeInputs di = DecodeInputsOf(din, batch, d_slots.ptr<int32_t>(), d_o.ptr<float>());
     const absl::Status s = TestGpu()->DecodeUpdate(*gpu_model, pool, layer, di);
     ASSERT_TRUE(s.ok()) << s;
     const PoolView host_pool{ref.data(), num_slots, geo.layers, geo.h_v, head_bytes};
@@ -425,6 +432,76 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Arch::kKda, StateFormat::kFp32, DType::kBf16},
                       Case{Arch::kGdn, StateFormat::kBf16, DType::kBf16},
                       Case{Arch::kKda, StateFormat::kFp16, DType::kFp16}),
+    CaseName);
+
+// Decode steps of one layer enqueued back to back on the same slots with no
+// host synchronization in between (CudaEnqueueDecodeUnchecked: the fused
+// kernels alone), as a serving engine's graph runs them: each kernel is a
+// programmatic dependent of the previous one (grid_dependency.cuh) and must
+// read the state that one wrote. Bytes equal the reference after every
+// step's outputs and after the last step's state.
+class GpuBackToBackTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuBackToBackTest, DependentStepsMatchReference) {
+  STATECACHE_SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 5);
+  const ModelGeometry& geo = layout.geometry();
+  auto gpu_model = TestGpu()->Prepare(layout).value();
+  auto cpu = CpuBackend::Create({2});
+  auto cpu_model = cpu->Prepare(layout).value();
+  const int num_slots = 40;
+  const int64_t head_bytes = layout.head_layout().head_bytes;
+  const int64_t pool_bytes = num_slots * layout.slot_bytes();
+  auto cpu_pool_buf = cpu->Allocate(pool_bytes).value();
+  const PoolView cpu_pool{cpu_pool_buf->data(), num_slots, geo.layers, geo.h_v, head_bytes};
+  std::mt19937 rng(99 + static_cast<int>(c.format));
+  std::vector<int32_t> all_slots(num_slots);
+  std::iota(all_slots.begin(), all_slots.end(), 0);
+  const std::vector<float> states = RandomStates(geo, num_slots, rng);
+  ASSERT_TRUE(cpu->PackStates(*cpu_model, cpu_pool, all_slots.data(), num_slots, states.data()).ok());
+  std::vector<uint8_t> ref(cpu_pool_buf->data(), cpu_pool_buf->data() + pool_bytes);
+  DeviceArray pool_arr = DeviceArray::From(ref);
+  const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
+  // 36 of the 40 slots, shuffled, every 11th entry from the 4th skipped:
+  // 132 head items, one per SM of an H200.
+  const std::vector<int32_t> batch_slots = MakeShuffledBatch(num_slots, 36, 5, 3, 11).slots;
+  const int batch = static_cast<int>(batch_slots.size());
+  DeviceArray d_slots = DeviceArray::From(batch_slots);
+  constexpr int kSteps = 12;
+  const int layer = 1;
+  std::vector<HostInputs> inputs;
+  std::vector<std::unique_ptr<DeviceInputs>> device_inputs;
+  std::vector<DeviceArray> outputs;
+  for (int step = 0; step < kSteps; ++step) {
+    inputs.push_back(HostInputs::Random(geo, batch, c.dtype, rng));
+    device_inputs.push_back(std::make_unique<DeviceInputs>(inputs.back()));
+    outputs.push_back(DeviceArray::From(std::vector<float>(batch * geo.h_v * geo.d_v, 0.0f)));
+  }
+  for (int step = 0; step < kSteps; ++step) {
+    const DecodeInputs di = DecodeInputsOf(*device_inputs[step], batch, d_slots.ptr<int32_t>(),
+                                           outputs[step].ptr<float>());
+    ASSERT_TRUE(CudaEnqueueDecodeUnchecked(*TestGpu(), *gpu_model, pool, layer, di).ok());
+  }
+  ASSERT_TRUE(CudaSynchronize(*TestGpu()).ok());
+  const PoolView host_pool{ref.data(), num_slots, geo.layers, geo.h_v, head_bytes};
+  double worst_o = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<float> o_ref(batch * geo.h_v * geo.d_v, 0.0f);
+    ReferenceLayer(layout, host_pool, layer, batch_slots, 1, inputs[step], true, &o_ref);
+    worst_o = std::max(worst_o, MaxRelError(outputs[step].To<float>(o_ref.size()), o_ref));
+  }
+  EXPECT_LT(worst_o, 1e-5);
+  EXPECT_EQ(CountMismatches(pool_arr.To<uint8_t>(pool_bytes), ref), 0)
+      << "packed-state bytes after " << kSteps << " dependent steps";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, GpuBackToBackTest,
+    ::testing::Values(Case{Arch::kGdn, StateFormat::kDamp, DType::kBf16},
+                      Case{Arch::kKda, StateFormat::kInt8Hadamard, DType::kFp32},
+                      // The staged kernel (fixed-shape fp32).
+                      Case{Arch::kGdn, StateFormat::kFp32, DType::kBf16}),
     CaseName);
 
 INSTANTIATE_TEST_SUITE_P(

@@ -15,7 +15,9 @@
 //    128-byte swizzle, the rest by cp.async.bulk; all complete on an
 //    mbarrier) while the current item computes, so DRAM streams
 //    continuously; the decay of the token is folded into the decode
-//    (decode_math.h). Up to three stages; no CTA-wide barrier per item: the
+//    (decode_math.h). Launched as a programmatic dependent of the stream's
+//    previous kernel (grid_dependency.cuh: its launch overlaps that
+//    kernel's tail). Up to three stages; no CTA-wide barrier per item: the
 //    two row warps of a stripe exchange column sums through their own named
 //    barrier, every warp releases a stage after its last read (an mbarrier
 //    arrival) and the producer of a later item (a role that rotates over
@@ -44,6 +46,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/internal/async_copy.cuh"
+#include "kernels/cuda/internal/grid_dependency.cuh"
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/stage_layout.h"
 #include "kernels/cuda/internal/tile_common.cuh"
@@ -473,6 +476,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   __shared__ __align__(8) uint64_t full[kMaxStages];   // stage staged (producer + copies)
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // stage read by every warp
   static_assert(!kFixed || !IsStagedFormat(F), "fixed-shape fp32 heads run StagedFpDecodeKernel");
+  WaitForPrecedingGrids();  // before any global access (grid_dependency.cuh)
+  AllowDependentLaunch();
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
@@ -668,6 +673,8 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];     // stage staged (producer + copies)
   __shared__ __align__(8) uint64_t written[kMaxStages];  // tile written back by every compute warp
+  WaitForPrecedingGrids();  // before any global access (grid_dependency.cuh)
+  AllowDependentLaunch();
   const HeadGeometry geo = EffectiveGeometry<F, true>(p.geo);
   const int dv = geo.d_v / kParts;
   PackedHeadLayout ls = geo.layout;  // the staged part: the part's row bytes
@@ -804,6 +811,17 @@ bool PipelineEligible(const RecurrenceParams& p) {
     if (!Aligned16(ptr)) return false;
   }
   return !geo.kda || Aligned16(p.g);
+}
+
+// The persistent kernels are launched as programmatic dependents of the
+// previous kernel in their stream (grid_dependency.cuh); STATECACHE_CUDA_PDL=0
+// launches them plainly (A/B benchmarks).
+bool ProgrammaticLaunchEnabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("STATECACHE_CUDA_PDL");
+    return e == nullptr || e[0] != '0';
+  }();
+  return enabled;
 }
 
 // STATECACHE_CUDA_STAGES=1..3 forces the stage count of the persistent
@@ -944,8 +962,10 @@ bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, i
 
 // Launches a persistent decode kernel (kKernel: PipelinedDecodeKernel or
 // StagedFpDecodeKernel, both (params, stage layout, tensor map)) on as
-// many CTAs as are resident, at most one per item; cudaErrorNotSupported
-// when none can be (the caller falls back to RecurrenceKernel).
+// many CTAs as are resident, at most one per item, as a programmatic
+// dependent of the stream's previous kernel (ProgrammaticLaunchEnabled);
+// cudaErrorNotSupported when none can be (the caller falls back to
+// RecurrenceKernel).
 // The shared-memory attribute (only ever raised, under a lock, so a launch
 // never sees it below its size) and the occupancy query run once per
 // kernel and shared-memory size; the last (size, blocks per SM) pair
@@ -976,8 +996,19 @@ int LaunchPersistent(const RecurrenceParams& p, const StageLayout& sl, const CUt
   }
   if (per_sm == 0) return cudaErrorNotSupported;
   const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
-  kKernel<<<static_cast<unsigned>(grid), threads, smem, st>>>(p, sl, tmap);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = st;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  if (ProgrammaticLaunchEnabled()) {
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kKernel, p, sl, tmap);
 }
 // launch(std::integral_constant<int, dtype>) for the input dtype of a call
 // (0 fp32, 1 bf16, 2 fp16: the fixed-shape kernels' kDtype).
