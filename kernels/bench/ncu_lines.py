@@ -2,8 +2,8 @@
 export and the matching cubin's line table.
 
     # here: the cubin of the staged binary, disassembled with line info
-    cuobjdump -xelf all .device/decode_bench            # recurrence_kernel.sm_90a.cubin
-    nvdisasm -g -c recurrence_kernel.sm_90a.cubin > lines.txt
+    cuobjdump -xelf all .device/decode_bench            # recurrence_kernel{,_affine}.sm_90a.cubin
+    nvdisasm -g -c recurrence_kernel_affine.sm_90a.cubin > lines.txt   # damp, int8/int4[-h]
     python3 kernels/bench/ncu_lines.py lines.txt \
         PipelinedDecodeKernelILNS_11StateFormatE9ELb1ELi1E damp_sass.csv [N]
 

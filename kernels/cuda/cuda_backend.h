@@ -2,7 +2,7 @@
 //
 // Memory is device memory (cudaMalloc, zero-filled). DecodeUpdate / Prefill
 // run one fused kernel per call (decode_math.h states its exact arithmetic,
-// recurrence_kernel.cu its design); PackStates / UnpackStates, CopySlots and
+// recurrence_kernels.cuh its design); PackStates / UnpackStates, CopySlots and
 // ZeroSlots are one kernel each. Every call is a binding: it checks shapes on
 // the host, then runs a validation kernel over the device-resident slots and
 // inputs (slot range, duplicates, NaN / Inf in q, k, v, g <= 0, beta in

@@ -3,16 +3,17 @@
 # StagedFpDecodeKernel<F, dtype>: the 128 x 128 serving path of every format
 # and input dtype) must not spill: they run at their 128-register limit, and
 # a spill of a few hoisted values costs 12-17% on the H200
-# (docs/BENCHMARKS.md, issue 5). Reads ptxas's resource report of
-# recurrence_kernel.cu (cuda_library keeps it, output group "ptxas"); needs
-# no GPU.
-#   usage: fixed_kernel_spills_test.sh <ptxas reports...>  (recurrence_kernel's is used)
+# (docs/BENCHMARKS.md, issue 5). Reads ptxas's resource reports of
+# recurrence_kernel.cu and recurrence_kernel_affine.cu (cuda_library keeps
+# them, output group "ptxas"); needs no GPU.
+#   usage: fixed_kernel_spills_test.sh <ptxas reports...>  (the two recurrence ones are used)
 set -u
-report=""
+reports=()
 for f in "$@"; do
-  case "$f" in */recurrence_kernel.ptxas.txt) report="$f" ;; esac
+  case "$f" in */recurrence_kernel.ptxas.txt|*/recurrence_kernel_affine.ptxas.txt) reports+=("$f") ;; esac
 done
-[ -s "$report" ] || { echo "FAIL: no recurrence_kernel.ptxas.txt among: $*"; exit 1; }
+[ "${#reports[@]}" -eq 2 ] && [ -s "${reports[0]}" ] && [ -s "${reports[1]}" ] ||
+  { echo "FAIL: expected recurrence_kernel{,_affine}.ptxas.txt among: $*"; exit 1; }
 # "Function properties for <mangled name>" is followed by
 # "    N bytes stack frame, N bytes spill stores, N bytes spill loads".
 awk '
@@ -34,4 +35,4 @@ awk '
     }
     if (bad > 0) exit 1;
     print "ok: " found " fixed-shape decode kernels, no stack frame, no spills";
-  }' "$report"
+  }' "${reports[@]}"

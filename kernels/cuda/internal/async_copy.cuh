@@ -1,5 +1,5 @@
 // Asynchronous copies into shared memory and their mbarriers (sm_90), shared
-// by the decode kernels (recurrence_kernel.cu, stepquant_kernel.cu,
+// by the decode kernels (recurrence_kernels.cuh, stepquant_kernel.cu,
 // stepquant_tile_kernel.cu). Thin wrappers over the PTX instructions:
 //
 //   if (threadIdx.x == 0) { MbarrierInit(&bar, 1); FenceMbarrierInit(); }

@@ -1,0 +1,1141 @@
+// The fused decode / prefill kernels and their launch (Launch<F>), included by
+// the translation units that instantiate them: recurrence_kernel.cu (most
+// formats) and recurrence_kernel_affine.cu (the formats with affine rows,
+// compiled with other ptxas options: kernels/cuda/BUILD). Everything here has
+// internal linkage (an anonymous namespace), so each unit holds only the
+// formats it launches.
+//
+// All keep each lane's 4 x 16 slice of a head in registers from the decode
+// to the encode (the head is read once and written once) and run
+// TokenStep (decode_math.h's arithmetic): one sweep computes both row sums
+// (S^T k and S^T q, before the update), one reduction phase, then the rank-1
+// update; the value-axis map runs once per head on v and o (DESIGN.md
+// section 7), so the per-element work is codec + 4 FP32 ops for every format.
+//
+//  - PipelinedDecodeKernel (decode, T = 1, the serving path): persistent
+//    CTAs, 2 per SM; each walks items (batch item, value head) with a stride
+//    of gridDim.x. The next item's packed head and its inputs (q, k, v, KDA
+//    gates, permutation, damp-sr maps) are fetched into shared memory by the
+//    copy engine (the fixed shape's head by 2D tensor-map copies with the
+//    128-byte swizzle, the rest by cp.async.bulk; all complete on an
+//    mbarrier) while the current item computes, so DRAM streams
+//    continuously; the decay of the token is folded into the decode
+//    (decode_math.h). Launched as a programmatic dependent of the stream's
+//    previous kernel (grid_dependency.cuh: its launch overlaps that
+//    kernel's tail). Up to three stages; no CTA-wide barrier per item: the
+//    two row warps of a stripe exchange column sums through their own named
+//    barrier, every warp releases a stage after its last read (an mbarrier
+//    arrival) and the producer of a later item (a role that rotates over
+//    the row-warp-0 warps) refills it; the item's scalars ride in the stage
+//    header.
+//    The fixed shape's swizzled stage is addressed through SwizzledRef (the
+//    lane's position swizzled once, constant offsets per row block). Each
+//    lane pair converts its rows' inputs once (a fixed input
+//    dtype is a template argument); the fixed 128 x 128 shape uses
+//    branch-free tile code whose affine group parameters are derived once
+//    per lane pair.
+//  - StagedFpDecodeKernel (decode of fixed-shape fp32 heads): the same
+//    staging on column halves, with a producer warp that also stores each
+//    updated half back to the pool by a tensor-map copy of its stage (the
+//    compute warps write the tile back into the stage); see its comment.
+//  - RecurrenceKernel (prefill, and decode when pointers / sizes are not
+//    16-byte aligned): one CTA per item, direct loads, T tokens.
+#ifndef STATECACHE_KERNELS_CUDA_INTERNAL_RECURRENCE_KERNELS_CUH_
+#define STATECACHE_KERNELS_CUDA_INTERNAL_RECURRENCE_KERNELS_CUH_
+
+#include <cuda.h>  // CUtensorMap and its encoder's types (the encoder is fetched at run time)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <type_traits>
+
+#include "kernels/cuda/internal/async_copy.cuh"
+#include "kernels/cuda/internal/grid_dependency.cuh"
+#include "kernels/cuda/internal/launchers.h"
+#include "kernels/cuda/internal/stage_layout.h"
+#include "kernels/cuda/internal/tile_common.cuh"
+
+namespace statecache {
+namespace cuda_internal {
+namespace {
+
+// ---- Common per-item helpers ------------------------------------------------
+
+// Per-row inputs of one token for the lane's rows, from q/k/g arrays indexed
+// by key channel (either global tensors offset to this token's key head, or
+// the staged copies in shared memory).
+// kDtype >= 0 fixes the input dtype at compile time (no per-load branches);
+// -1 reads it from `dtype`.
+template <int kDtype>
+__device__ __forceinline__ float LoadInputT(int dtype, const void* p, int64_t i) {
+  return LoadInput(kDtype >= 0 ? kDtype : dtype, p, i);
+}
+
+// Where one token's per-key-channel inputs of a head are (global tensors
+// offset to the token's key head, or the staged copies in shared memory).
+// has_perm / kda are flags rather than null tests of the pointers: a shared
+// address tested against null costs a generic conversion per item.
+struct RowSource {
+  const int32_t* perm;  // stored row -> key channel (used when has_perm)
+  const void* q;
+  const void* k;
+  const float* g;  // KDA per-channel gates (used when kda)
+  bool has_perm;
+  bool kda;
+  int dtype;
+  float a_head;  // GDN: exp(g) of the head
+  float scale;
+};
+
+// One stored row's inputs {k, scale * q, a, 0} (a: the row's decay).
+template <int kDtype>
+__device__ __forceinline__ float4 RowInput(int r, const RowSource& in) {
+  const int c = in.has_perm ? in.perm[r] : r;
+  return make_float4(LoadInputT<kDtype>(in.dtype, in.k, c),
+                     in.scale * LoadInputT<kDtype>(in.dtype, in.q, c),
+                     in.kda ? DecayExp(in.g[c]) : in.a_head, 0.0f);
+}
+
+template <int kDtype = -1>
+__device__ __forceinline__ void GatherRows(const LaneMap& m, int d_k, const RowSource& in,
+                                           float (&kk)[kTileSteps], float (&qs)[kTileSteps],
+                                           float (&a)[kTileSteps]) {
+#pragma unroll
+  for (int i = 0; i < kTileSteps; ++i) {
+    const int r = m.row(i);
+    const float4 x = r < d_k ? RowInput<kDtype>(r, in) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    kk[i] = x.x;
+    qs[i] = x.y;
+    a[i] = x.z;
+  }
+}
+
+// GatherRows for the pipelined kernel: the lane pair converts its 4 rows
+// once (lane cl takes steps cl and cl + 2) into the warp's shared `rows`,
+// then both lanes read all 4 (same values and arithmetic as GatherRows).
+// No leading __syncwarp: the kernel's previous item released its stage
+// (release(): a __syncwarp) after this warp's last reads of `rows`.
+template <int kDtype, bool kAllRows>
+__device__ __forceinline__ void GatherRowsPaired(const LaneMap& m, int d_k, const RowSource& in,
+                                                 float4* rows, float (&kk)[kTileSteps],
+                                                 float (&qs)[kTileSteps],
+                                                 float (&a)[kTileSteps]) {
+#pragma unroll
+  for (int j = 0; j < kTileSteps / 2; ++j) {
+    const int i = m.cl + 2 * j;
+    const int r = m.row(i);
+    rows[i * kTileRowsPerStep + m.rl] = (kAllRows || r < d_k)
+                                            ? RowInput<kDtype>(r, in)
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kTileSteps; ++i) {
+    const float4 x = rows[i * kTileRowsPerStep + m.rl];
+    kk[i] = x.x;
+    qs[i] = x.y;
+    a[i] = x.z;
+  }
+}
+
+// v' = M^T v at the lane's reduced column (v indexed by value channel).
+template <ValueTransform kVt, int kDtype = -1>
+__device__ __forceinline__ float StoredValue(const LaneMap& m, int dtype, const void* v,
+                                             const int32_t* order, const float* scale) {
+  if constexpr (kVt == ValueTransform::kScaleReorder) {
+    const int oj = order[m.jc];
+    return LoadInputT<kDtype>(dtype, v, oj) / scale[oj];
+  } else {
+    float x = LoadInputT<kDtype>(dtype, v, m.jc);
+    if constexpr (kVt == ValueTransform::kHadamard32) x = StripeHadamard(x, m.c32);
+    return x;
+  }
+}
+
+// o = M^-T o' (all lanes of row warp 0 call it; o indexed by value channel).
+template <ValueTransform kVt>
+__device__ __forceinline__ void StoreOutput(const LaneMap& m, float os, float* o,
+                                            const int32_t* order, const float* scale) {
+  if constexpr (kVt == ValueTransform::kScaleReorder) {
+    const int oj = order[m.jc];
+    o[oj] = os * scale[oj];
+  } else if constexpr (kVt == ValueTransform::kHadamard32) {
+    o[m.jc] = StripeHadamard(os, m.c32);
+  } else {
+    o[m.jc] = os;
+  }
+}
+
+// The geometry a kernel instantiation sees: kFixed pins d_k = d_v = 128 and
+// the default k_hi, so the packed layout and the tiling fold to constants
+// (the common model shape; other shapes use the runtime instantiation).
+template <StateFormat F, bool kFixed>
+__device__ __forceinline__ HeadGeometry EffectiveGeometry(const HeadGeometry& in) {
+  HeadGeometry g = in;
+  if constexpr (kFixed) {
+    g.d_k = 128;
+    g.d_v = 128;
+    g.layout = FixedShapeHeadLayout(F);
+  }
+  return g;
+}
+
+// n / d for the pipelined kernel's index math: a shift when d is a power of
+// two (`shift` = log2 d: the common head counts), else a division (~20
+// instructions).
+__device__ __forceinline__ int DivIndex(int n, int d, int shift) {
+  return shift >= 0 ? n >> shift : n / d;
+}
+__device__ __forceinline__ int Log2IfPow2(int d) { return (d & (d - 1)) == 0 ? __ffs(d) - 1 : -1; }
+// The batch item of a (batch item, value head) index of h_v heads each.
+__device__ __forceinline__ int BatchOf(int head_item, int h_v) {
+  return DivIndex(head_item, h_v, Log2IfPow2(h_v));
+}
+
+__device__ __forceinline__ uint8_t* HeadPtr(const RecurrenceParams& p, const HeadGeometry& geo,
+                                           int32_t slot, int h) {
+  return p.pool.base + slot * p.pool.slot_bytes +
+         (int64_t{p.layer} * geo.h_v + h) * geo.layout.head_bytes;
+}
+
+__device__ __forceinline__ StepScratch MakeScratch(float* base, const DecodeTiling& t, int d_v,
+                                                   const LaneMap& m, int parity) {
+  const int64_t per = ScratchPer(t, d_v);
+  float* p = base + parity * per;
+  StepScratch sc;
+  sc.red_k = p;
+  sc.red_q = p + t.row_warps * d_v;
+  sc.red_v = p + 2 * t.row_warps * d_v;
+  sc.red_qk = p + (2 * t.row_warps + 1) * d_v;
+  sc.wbuf = base + 2 * per + m.warp * 32;
+  sc.wred = base + WarpScratchOffset(t, d_v) + int64_t{m.warp} * kWarpScratchFloats;
+  return sc;
+}
+// The warp's staged row inputs (after its reduce-scatter buffer).
+__device__ __forceinline__ float4* WarpRows(float* base, const DecodeTiling& t, int d_v,
+                                            const LaneMap& m) {
+  return reinterpret_cast<float4*>(base + WarpScratchOffset(t, d_v) +
+                                   int64_t{m.warp} * kWarpScratchFloats + kWarpReduceFloats);
+}
+__device__ __forceinline__ float* GlobalScaleScratch(float* base, const DecodeTiling& t, int d_v) {
+  return base + 2 * ScratchPer(t, d_v) + t.warps * 32;
+}
+
+// True when the binding's validation found an error (nothing may be written).
+__device__ __forceinline__ bool ValidationFailed(const RecurrenceParams& p) {
+  if (p.abort_if_error == nullptr) return false;
+  bool bad = false;
+  for (int f = 0; f < kNumValidationFields; ++f) bad |= p.abort_if_error[f] != kNoError;
+  return bad;
+}
+
+// ---- Simple kernel: prefill and unaligned decode ---------------------------
+
+template <StateFormat F, bool kFixed>
+__global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const RecurrenceParams p) {
+  extern __shared__ float smem[];
+  const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
+  const PackedHeadLayout& l = geo.layout;
+  const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
+  if (ValidationFailed(p)) return;
+  const int b = blockIdx.x / geo.h_v;
+  const int h = blockIdx.x % geo.h_v;
+  const int32_t slot = p.slots[b];
+  const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
+  constexpr ValueTransform kVt = ValueTransformOf(F);
+
+  if (slot < 0) {  // skipped item: o is zeroed, the pool is untouched
+    if (p.o != nullptr && m.row_warp == 0) {
+      for (int tok = 0; tok < p.tokens; ++tok) {
+        const int64_t row = int64_t{b} * p.tokens + tok;
+        p.o[(row * geo.h_v + h) * geo.d_v + m.jc] = 0.0f;
+      }
+    }
+    return;
+  }
+  uint8_t* head = HeadPtr(p, geo, slot, h);
+  const float global_scale =
+      l.has_global_scale ? *reinterpret_cast<const float*>(head + l.global_offset) : 0.0f;
+  // The head is decoded with token 0's decay folded in (decode_math.h).
+  float s[kTileSteps][kTileColsPerLane];
+  if (p.tokens == 0) LoadTile<F>(l, head, m, global_scale, s);
+
+  const int kh = h / (geo.h_v / geo.h_qk);
+  const bool reorder = kVt == ValueTransform::kScaleReorder;
+  const int32_t* perm =
+      p.maps.key_perm != nullptr ? p.maps.key_perm + int64_t{h} * geo.d_k : nullptr;
+  const int32_t* vorder = reorder ? p.maps.value_order + int64_t{h} * geo.d_v : nullptr;
+  const float* vscale = reorder ? p.maps.value_scale + int64_t{h} * geo.d_v : nullptr;
+  const int ds = p.dtype == 0 ? 4 : 2;
+
+  for (int tok = 0; tok < p.tokens; ++tok) {
+    const int64_t row = int64_t{b} * p.tokens + tok;
+    const int64_t qk_base = (row * geo.h_qk + kh) * geo.d_k;
+    const int64_t v_base = (row * geo.h_v + h) * geo.d_v;
+    const int64_t gh = row * geo.h_v + h;
+    float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
+    const RowSource in{perm,
+                       static_cast<const uint8_t*>(p.q) + qk_base * ds,
+                       static_cast<const uint8_t*>(p.k) + qk_base * ds,
+                       p.g + gh * geo.d_k,  // read only for KDA
+                       perm != nullptr,
+                       geo.kda,
+                       p.dtype,
+                       geo.kda ? 0.0f : DecayExp(p.g[gh]),
+                       geo.scale};
+    GatherRows(m, geo.d_k, in, kk, qs, a);
+    if (tok == 0) {
+      LoadTile<F>(l, head, m, global_scale, s, a);
+#pragma unroll
+      for (int i = 0; i < kTileSteps; ++i) a[i] = 1.0f;  // applied: x * 1 is exact
+    }
+    const float vp = StoredValue<kVt>(m, p.dtype, static_cast<const uint8_t*>(p.v) + v_base * ds,
+                                      vorder, vscale);
+    const StepScratch sc = MakeScratch(smem, t, geo.d_v, m, tok & 1);
+    const float os = TokenStep(s, kk, qs, a, vp, p.beta[gh], m, t, geo.d_v, sc);
+    if (p.o != nullptr && m.row_warp == 0) StoreOutput<kVt>(m, os, p.o + v_base, vorder, vscale);
+  }
+
+  const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(smem, t, geo.d_v), t.warps);
+  StoreTile<F>(l, head, m, gs, s);
+  if (l.has_global_scale && threadIdx.x == 0) {
+    *reinterpret_cast<float*>(head + l.global_offset) = gs;
+  }
+}
+
+// ---- Pipelined decode kernel -------------------------------------------------
+
+// Bulk copies of a head are split into chunks (one 64 KB copy streams slower
+// than several 4 KB ones; one copy per 128-byte row is slower still, and so is
+// spreading the issue over a warp: measured on the H200).
+inline constexpr int kBulkChunk = 4096;
+
+// The first column of a head's column part in the pool viewed as [key
+// rows][S][128 bytes], S = a key row's bytes / 128 (EncodePoolPartsTensorMap;
+// a box is S / kParts columns of 128 bytes of d_k rows).
+template <int kParts>
+__device__ __forceinline__ int PartColumn(const HeadGeometry& geo, int part) {
+  return part * (static_cast<int>(geo.layout.lo_code_row_bytes) / 128 / kParts);
+}
+
+// The staged item's head as the outer coordinate of its tensor-map copy
+// (header word 3, written by IssueItem when the head arrives by tensor-map
+// copies): its first row of the pool viewed as [rows][128 bytes] (whole
+// heads, sl.tma_rows > 0), or its first key row of the parts map (kParts >
+// 1). The write-back addresses it without HeadPtr's 64-bit products.
+__device__ __forceinline__ int32_t& StagedHeadRow(uint8_t* stage, const StageLayout& sl) {
+  static_assert(kStageHeaderWords == 4, "slot, beta, exp(g), head row");
+  return reinterpret_cast<int32_t*>(stage + sl.header)[3];
+}
+
+// One thread (the item's producer) only: stage work item `item` (pool slot
+// `slot`) into `stage`: its scalars into the header, the packed head (or,
+// kParts = 2, the item's column half of it, ColumnParts), then one copy per
+// input vector; all complete on `bar` (whose arrival publishes the header).
+// A work item is head item * kParts + part.
+template <int kParts>
+__device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadGeometry& geo,
+                                          const StageLayout& sl, const CUtensorMap* tmap,
+                                          uint8_t* stage, uint64_t* bar, int item, int32_t slot,
+                                          float beta, float a_head) {
+  *reinterpret_cast<int32_t*>(stage + sl.header) = slot;
+  reinterpret_cast<float*>(stage + sl.header)[1] = beta;
+  reinterpret_cast<float*>(stage + sl.header)[2] = a_head;
+  if (slot < 0) {
+    MbarrierArrive(bar);
+    return;
+  }
+  const int part = item % kParts;
+  const int head_item = item / kParts;
+  const int b = BatchOf(head_item, geo.h_v);
+  const int h = head_item - b * geo.h_v;
+  const int group = geo.h_v / geo.h_qk;
+  const int kh = DivIndex(h, group, Log2IfPow2(group));
+  const int ds = p.dtype == 0 ? 4 : 2;
+  const int hb = static_cast<int>(geo.layout.head_bytes) / kParts;
+  const int dv = geo.d_v / kParts;
+  int total = hb + 2 * geo.d_k * ds + dv * ds;
+  if (geo.kda) total += geo.d_k * 4;
+  if (p.maps.key_perm != nullptr) total += geo.d_k * 4;
+  if (p.maps.value_order != nullptr) total += 2 * geo.d_v * 4;
+  const uint8_t* src = HeadPtr(p, geo, slot, h);
+  // The copy's outer tensor-map coordinate (StagedHeadRow): the parts map's
+  // key rows, or the 2D map's 128-byte rows.
+  const int64_t offset = src - p.pool.base;
+  const int row0 =
+      static_cast<int>(kParts > 1 ? offset / geo.layout.lo_code_row_bytes : offset >> 7);
+  if (kParts > 1 || sl.tma_rows > 0) StagedHeadRow(stage, sl) = row0;
+  MbarrierExpectTx(bar, total);  // publishes the header
+  if constexpr (kParts > 1) {
+    TensorCopy3D(stage + sl.head, tmap, 0, PartColumn<kParts>(geo, part), row0, bar);
+  } else if (sl.tma_rows > 0) {
+    for (int r = 0; r < hb / 128; r += sl.tma_rows) {
+      TensorCopy2D(stage + sl.head + r * 128, tmap, 0, row0 + r, bar);
+    }
+  } else {
+    for (int off = 0; off < hb; off += kBulkChunk) {
+      BulkCopy(stage + sl.head + off, src + off, hb - off < kBulkChunk ? hb - off : kBulkChunk,
+               bar);
+    }
+  }
+  const int64_t qk_off = (int64_t{b} * geo.h_qk + kh) * geo.d_k * ds;
+  BulkCopy(stage + sl.q, static_cast<const uint8_t*>(p.q) + qk_off, geo.d_k * ds, bar);
+  BulkCopy(stage + sl.k, static_cast<const uint8_t*>(p.k) + qk_off, geo.d_k * ds, bar);
+  BulkCopy(stage + sl.v,
+           static_cast<const uint8_t*>(p.v) +
+               ((int64_t{b} * geo.h_v + h) * geo.d_v + part * dv) * ds,
+           dv * ds, bar);
+  if (geo.kda) BulkCopy(stage + sl.g, p.g + int64_t{head_item} * geo.d_k, geo.d_k * 4, bar);
+  if (p.maps.key_perm != nullptr) {
+    BulkCopy(stage + sl.perm, p.maps.key_perm + int64_t{h} * geo.d_k, geo.d_k * 4, bar);
+  }
+  if (p.maps.value_order != nullptr) {
+    BulkCopy(stage + sl.order, p.maps.value_order + int64_t{h} * geo.d_v, geo.d_v * 4, bar);
+    BulkCopy(stage + sl.scale, p.maps.value_scale + int64_t{h} * geo.d_v, geo.d_v * 4, bar);
+  }
+}
+
+// The row inputs of the item staged in `stage` (a_head: its GDN exp(g)).
+__device__ __forceinline__ RowSource StagedRowSource(const RecurrenceParams& p,
+                                                     const HeadGeometry& geo,
+                                                     const StageLayout& sl, const uint8_t* stage,
+                                                     float a_head) {
+  return RowSource{reinterpret_cast<const int32_t*>(stage + sl.perm),
+                   stage + sl.q,
+                   stage + sl.k,
+                   reinterpret_cast<const float*>(stage + sl.g),
+                   p.maps.key_perm != nullptr,
+                   geo.kda,
+                   p.dtype,
+                   a_head,
+                   geo.scale};
+}
+
+// The stage layout a pipelined kernel uses: the launcher's, with the
+// offsets of FixedShapeStageOffsets as compile-time constants for the fixed
+// shape (its stage count, scratch size and tensor-map rows stay).
+template <StateFormat F, bool kFixed, int kDtype>
+__device__ __forceinline__ StageLayout FixedStageLayout(const StageLayout& in) {
+  if constexpr (!kFixed) {
+    return in;
+  } else {
+    static_assert(kDtype >= 0, "the fixed-shape kernels fix the input dtype");
+    StageLayout sl = FixedShapeStageOffsets(F, kDtype == 0 ? 4 : 2);
+    sl.stages = in.stages;
+    sl.scratch_bytes = in.scratch_bytes;
+    sl.tma_rows = in.tma_rows;
+    return sl;
+  }
+}
+
+// Tile load / store of the pipelined kernel: the fixed shape runs the
+// branch-free LoadTileFixed / StoreTileFixed (step 0 of row warp 0 holds the
+// hi rows of a mixed format: a warp-uniform choice).
+template <StateFormat F, bool kFixed>
+__device__ __forceinline__ void LoadItemTile(const PackedHeadLayout& l, const uint8_t* head_s,
+                                             const LaneMap& m, float global_scale,
+                                             float (&s)[kTileSteps][kTileColsPerLane],
+                                             const float (&a)[kTileSteps]) {
+  if constexpr (kFixed) {  // fixed-shape heads always arrive swizzled
+    LoadTileFixed<F, Src::kSwizzled>(l, SmemAddr(head_s), m, global_scale, m.row_warp == 0, s, a);
+  } else {
+    LoadTile<F, Src::kShared>(l, head_s, m, global_scale, s, a);
+  }
+}
+
+template <StateFormat F, bool kFixed>
+__device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t* head,
+                                              const LaneMap& m, float global_scale,
+                                              const float (&s)[kTileSteps][kTileColsPerLane],
+                                              float* buf) {
+  if constexpr (kFixed) {
+    StoreTileFixed<F>(l, head, m, global_scale, m.row_warp == 0, s, buf);
+  } else {
+    StoreTile<F>(l, head, m, global_scale, s);
+  }
+}
+
+// kDtype: the input dtype when fixed at compile time (kFixed), else -1.
+//
+// Synchronization (no CTA-wide barrier per item): the two row warps of a
+// column stripe exchange their column sums through a named barrier of their
+// own (TokenStep<.., true>); a stage is released by each warp after its last
+// read of it (an arrival on empty[stage], expected from every warp), and
+// the producer of a later item (for the CTA's j-th item, lane 0 of warp
+// j % stripes, a row-warp-0 warp) refills it once that phase completed. The
+// item's scalars (slot, beta, exp(g)) ride in the stage header, published
+// by the stage's full barrier. So warps of different stripes drift freely
+// within the staged items and never wait on each other's work; only a
+// producer waits, for a stage every warp released long before (except with
+// a single stage).
+// No deadlock: the lowest warp, at pass n, waits only for item n's stage,
+// staged at pass n - stages + 1 < n by a warp that is at pass >= n, and a
+// producer's empty barrier needs releases of item n - 1, which every warp
+// at pass >= n has given.
+template <StateFormat F, bool kFixed, int kDtype>
+__global__ void __launch_bounds__(kMaxTileThreads, 2)
+    PipelinedDecodeKernel(const RecurrenceParams p, const StageLayout sl_in,
+                          const __grid_constant__ CUtensorMap tmap) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full[kMaxStages];   // stage staged (producer + copies)
+  __shared__ __align__(8) uint64_t empty[kMaxStages];  // stage read by every warp
+  static_assert(!kFixed || !IsStagedFormat(F), "fixed-shape fp32 heads run StagedFpDecodeKernel");
+  WaitForPrecedingGrids();  // before any global access (grid_dependency.cuh)
+  AllowDependentLaunch();
+  const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
+  const PackedHeadLayout& l = geo.layout;
+  const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
+  const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
+  constexpr ValueTransform kVt = ValueTransformOf(F);
+  const StageLayout sl = FixedStageLayout<F, kFixed, kDtype>(sl_in);
+  const int items = p.batch * geo.h_v;
+  const int stride = gridDim.x;
+  if (ValidationFailed(p)) return;
+  float* scratch = reinterpret_cast<float*>(smem_raw);
+  // Stages start 1024-byte aligned (the swizzle pattern's period): the
+  // dynamic shared memory is declared 1024-aligned and scratch_bytes is a
+  // multiple of 1024 (checked at the end: a misaligned stage fails the launch;
+  // the GPU tests would also see wrong bytes).
+  uint8_t* stage_base = smem_raw + sl.scratch_bytes;
+
+  // The producer role rotates: the CTA's j-th item (blockIdx.x + j * stride)
+  // is staged by lane 0 of warp j % producers (the first `stages` by thread
+  // 0 up front), so the extra work is spread over warps instead of pacing
+  // the CTA at warp 0's speed. The producers are the row-warp-0 warps (one
+  // per stripe): they hold the FP16 hi rows of mixed formats (cheaper than
+  // affine rows), so they wait at the stripe barrier for their partners;
+  // the staging fills that wait. Each producer
+  // fetches the scalars of its next item one staging ahead (4-byte cp.async
+  // into its own slot, completed by itself before it stages the item): no
+  // producer waits on a dependent DRAM read.
+  const int producers = t.stripes;
+  __shared__ float ahead_beta[kMaxTileThreads / 32], ahead_g[kMaxTileThreads / 32];
+  __shared__ int32_t ahead_slot[kMaxTileThreads / 32];
+  // Fetches the scalars of the CTA's j-th item into slot w.
+  const auto fetch_ahead = [&](int w, int j) {
+    const int it = blockIdx.x + j * stride;
+    if (it < items) {
+      CopyAsync4(&ahead_beta[w], p.beta + it);
+      if (!geo.kda) CopyAsync4(&ahead_g[w], p.g + it);
+      CopyAsync4(&ahead_slot[w], p.slots + BatchOf(it, geo.h_v));
+    }
+    CpAsyncCommit();
+  };
+  // Stages the CTA's j-th item, whose scalars are in slot w (complete), into
+  // stage s.
+  const auto issue = [&](int s, int w, int j) {
+    IssueItem<1>(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s], blockIdx.x + j * stride,
+                 ahead_slot[w], ahead_beta[w], geo.kda ? 0.0f : DecayExp(ahead_g[w]));
+  };
+  // The producer of the CTA's j-th item (j >= stages): stages it into stage
+  // s, then fetches the scalars of its next one.
+  const auto stage_item = [&](int s, int j) {
+    CpAsyncWaitAll();
+    issue(s, m.warp, j);
+    fetch_ahead(m.warp, j + producers);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < sl.stages; ++s) {
+      MbarrierInit(&full[s], 1);
+      MbarrierInit(&empty[s], t.warps);
+    }
+    FenceMbarrierInit();
+    // The first `stages` items: all scalars in one round trip (slot s of
+    // item s; stages <= warps), then their copies.
+#pragma unroll 1
+    for (int s = 0; s < sl.stages; ++s) fetch_ahead(s, s);
+    CpAsyncWaitAll();
+#pragma unroll 1  // one copy of IssueItem's code here (instruction cache)
+    for (int s = 0; s < sl.stages && blockIdx.x + s * stride < items; ++s) issue(s, s, s);
+  }
+  __syncthreads();  // barriers initialized; the prologue's slots are read
+  // Every producer's first item j >= stages.
+  if (m.lane == 0 && m.warp < producers) {
+    fetch_ahead(m.warp, sl.stages + (m.warp - sl.stages % producers + producers) % producers);
+  }
+
+  // The item's value head, kept incrementally (a runtime modulo per use
+  // costs ~20 instructions).
+  const int h_step = stride % geo.h_v;
+  int h = blockIdx.x % geo.h_v;
+  // Pass n uses stage st = n % stages in phase parity (n / stages) & 1.
+  int st = 0;
+  uint32_t parity = 0;
+  for (int n = 0, item = blockIdx.x; item < items;
+       ++n, item += stride, h = h + h_step >= geo.h_v ? h + h_step - geo.h_v : h + h_step,
+           parity ^= st + 1 == sl.stages ? 1u : 0u, st = st + 1 == sl.stages ? 0 : st + 1) {
+    uint8_t* stage = stage_base + st * sl.bytes;
+    const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes, OpaqueThreadIdx());
+    // After this warp's last read of the stage.
+    const auto release = [&] {
+      __syncwarp();
+      if (m.lane == 0) MbarrierArrive(&empty[st]);
+    };
+    // The producer of the item to stage (after its column-sum exchange,
+    // where the sums' registers are free): with several stages, refills the
+    // stage of the previous item, which every warp released long ago (so it
+    // rarely waits), with the item stages - 1 passes ahead; with one stage,
+    // refills this item's stage once every warp released it.
+    const auto refill = [&] {
+      const bool one = sl.stages == 1;
+      const int j = n + (one ? 1 : sl.stages - 1);  // the CTA-local item to stage
+      if (m.lane != 0 || static_cast<unsigned>(j) % producers != static_cast<unsigned>(m.warp)) {
+        return;  // (unsigned: j >= 0, a mask for the usual power-of-two stripe count)
+      }
+      if ((!one && n == 0) || item + (j - n) * stride >= items) return;  // n == 0: staged up front
+      const int sx = one ? st : (st == 0 ? sl.stages - 1 : st - 1);
+      MbarrierWait(&empty[sx], one || st > 0 ? parity : parity ^ 1u);
+      stage_item(sx, j);
+    };
+    MbarrierWait(&full[st], parity);
+    const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
+    float* o = p.o + int64_t{item} * geo.d_v;
+    if (slot < 0) {
+      if (m.row_warp == 0) o[m.jc] = 0.0f;
+      release();
+      refill();
+      continue;
+    }
+    const float beta = reinterpret_cast<const float*>(stage + sl.header)[1];
+    const float a_head = reinterpret_cast<const float*>(stage + sl.header)[2];  // exp(g)
+    const int32_t head_row = kFixed ? StagedHeadRow(stage, sl) : 0;
+    // Registers <- staged inputs, then the staged head decoded with the
+    // decay folded in (decode_math.h).
+    const uint8_t* head_s = stage + sl.head;
+    const SwizzledRef global_ref{SmemAddr(head_s), 0, static_cast<uint32_t>(l.global_offset)};
+    const float global_scale = !l.has_global_scale ? 0.0f
+                               : kFixed ? LdMeta<Src::kSwizzled, float>(global_ref)
+                                        : LdMeta<Src::kShared, float>(head_s + l.global_offset);
+    float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
+    const RowSource in = StagedRowSource(p, geo, sl, stage, a_head);
+    GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, geo.d_v, m), kk, qs, a);
+    float s[kTileSteps][kTileColsPerLane];
+    LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);
+    const int32_t* order_s = reinterpret_cast<const int32_t*>(stage + sl.order);
+    const float* scale_s = reinterpret_cast<const float*>(stage + sl.scale);
+    // The stripe's two value-axis maps are split between its row warps:
+    // row warp 0 computes v' (TokenStep<.., true> passes it on), the last
+    // row warp maps o' back (measured: damp-sr -1.3%, damp -0.5%).
+    const float vp = m.row_warp == 0
+                         ? StoredValue<kVt, kDtype>(m, p.dtype, stage + sl.v, order_s, scale_s)
+                         : 0.0f;
+    release();
+    const StepScratch sc = MakeScratch(scratch, t, geo.d_v, m, n & 1);
+    // kWredSynced: GatherRowsPaired and release() synced the warp since the
+    // previous item's reads of sc.wred (TokenStep, StoreItemTile).
+    const float os = TokenStep<true, true, false, true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
+    refill();
+    if (m.row_warp == t.row_warps - 1) {  // o' -> o (see vp)
+      // damp-sr: the stage is released by now; its maps are per-layer
+      // constants, read from global memory (L2-resident) instead.
+      StoreOutput<kVt>(m, os, o,
+                       kVt == ValueTransform::kScaleReorder ? p.maps.value_order + h * geo.d_v
+                                                            : nullptr,
+                       kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
+                                                            : nullptr);
+    }
+    // The fixed shape's heads arrive by tensor-map copies (their row in the
+    // header: one product instead of HeadPtr's).
+    uint8_t* head = kFixed ? p.pool.base + uint64_t{static_cast<uint32_t>(head_row)} * 128
+                           : HeadPtr(p, geo, slot, h);
+    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
+    StoreItemTile<F, kFixed>(l, head, m, gs, s, sc.wred);  // wred: free after TokenStep
+    if (l.has_global_scale && threadIdx.x == 0) {
+      *reinterpret_cast<float*>(head + l.global_offset) = gs;
+    }
+  }
+  if (threadIdx.x == 0 && (SmemAddr(stage_base) & 1023u) != 0) __trap();
+}
+
+// ---- Staged decode of fixed-shape FP heads -----------------------------------
+
+// StagedFpDecodeKernel: the fixed-shape heads of fp32 (IsStagedFormat; a
+// work item is a head's column half, ColumnParts) on CTAs of
+// kStagedComputeWarps compute warps and one producer warp, kStagedCtasPerSm
+// per SM, each with its own stages (StagedStageLayout: three), and no head
+// ever leaves shared memory through the compute warps' stores:
+//  - the producer (lane 0 of the last warp) stages the CTA's items in turn
+//    (IssueItem; its scalars loaded one item ahead), and before refilling a
+//    stage stores the item it held back to the pool with one tensor-map copy
+//    (TensorStore3D, the load's box and swizzle) once every compute warp
+//    marked it written;
+//  - the compute warps decode the staged half with the decay folded in,
+//    run TokenStep with shuffle reductions (no per-warp buffers: the
+//    scratch is the stripe exchange's only) and write the updated tile back
+//    into the stage where they read it (StoreTileStaged), then arrive on
+//    the stage's `written` barrier.
+// So a CTA's next items are in flight while it computes (the pipelined
+// kernel's fp32 CTAs at 16 warps per SM fit one 32 KiB stage each), and the
+// stores leave as whole boxes: fp32 GDN B = 256 on the H200 288.5 -> 276 us
+// (docs/BENCHMARKS.md).
+template <StateFormat F, int kDtype>
+__global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
+    StagedFpDecodeKernel(const RecurrenceParams p, const StageLayout sl_in,
+                         const __grid_constant__ CUtensorMap tmap) {
+  static_assert(IsStagedFormat(F), "the staged formats only");
+  constexpr int kParts = ColumnParts(F, true);
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full[kMaxStages];     // stage staged (producer + copies)
+  __shared__ __align__(8) uint64_t written[kMaxStages];  // tile written back by every compute warp
+  WaitForPrecedingGrids();  // before any global access (grid_dependency.cuh)
+  AllowDependentLaunch();
+  const HeadGeometry geo = EffectiveGeometry<F, true>(p.geo);
+  const int dv = geo.d_v / kParts;
+  PackedHeadLayout ls = geo.layout;  // the staged part: the part's row bytes
+  ls.lo_code_row_bytes /= kParts;
+  const DecodeTiling t = MakeDecodeTiling(geo.d_k, dv);
+  const StageLayout sl = FixedStageLayout<F, true, kDtype>(sl_in);
+  const int items = p.batch * geo.h_v * kParts;
+  const int stride = gridDim.x;
+  if (ValidationFailed(p)) return;
+  float* scratch = reinterpret_cast<float*>(smem_raw);
+  uint8_t* stage_base = smem_raw + sl.scratch_bytes;  // 1024-aligned (StagedScratchBytes)
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < sl.stages; ++s) {
+      MbarrierInit(&full[s], 1);
+      MbarrierInit(&written[s], t.warps);
+    }
+    FenceMbarrierInit();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the roles split here
+
+  if (threadIdx.x >= 32 * t.warps) {  // the producer warp
+    if (threadIdx.x != 32 * t.warps) return;
+    // The swizzle needs 1024-byte aligned stages (as in PipelinedDecodeKernel).
+    if ((SmemAddr(stage_base) & 1023u) != 0) __trap();
+    int32_t next_slot = 0;
+    float next_beta = 0.0f, next_g = 0.0f;
+    const auto fetch = [&](int it) {  // plain loads: consumed one iteration later
+      const int head_item = it / kParts;
+      next_slot = p.slots[BatchOf(head_item, geo.h_v)];
+      next_beta = p.beta[head_item];
+      if (!geo.kda) next_g = p.g[head_item];
+    };
+    const int count = blockIdx.x < items ? (items - 1 - blockIdx.x) / stride + 1 : 0;
+    if (count > 0) fetch(blockIdx.x);
+    // Pass j stores item j - stages (if any) from stage j % stages, then
+    // stages item j (if any) there.
+    int st = 0;
+    uint32_t parity = 0;
+    for (int j = 0; j < count + sl.stages; ++j) {
+      uint8_t* stage = stage_base + st * sl.bytes;
+      if (j >= sl.stages) {
+        MbarrierWait(&written[st], parity ^ 1u);
+        const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
+        if (slot >= 0) {
+          const int old = blockIdx.x + (j - sl.stages) * stride;
+          TensorStore3D(&tmap, 0, PartColumn<kParts>(geo, old % kParts),
+                        StagedHeadRow(stage, sl), stage + sl.head);
+          BulkCommitGroup();
+        }
+      }
+      if (j < count) {
+        const int item = blockIdx.x + j * stride;
+        const int32_t slot = next_slot;
+        const float beta = next_beta, g = next_g;
+        if (j + 1 < count) fetch(item + stride);
+        if (j >= sl.stages) BulkWaitGroupRead0();  // the store has read the stage
+        IssueItem<kParts>(p, geo, sl, &tmap, stage, &full[st], item, slot, beta,
+                          geo.kda ? 0.0f : DecayExp(g));
+      }
+      parity ^= st + 1 == sl.stages ? 1u : 0u;
+      st = st + 1 == sl.stages ? 0 : st + 1;
+    }
+    // The stores must have read the stages before the CTA's shared memory
+    // goes; their writes are visible at the grid's completion (as CUTLASS's
+    // tensor-map store epilogues end).
+    BulkWaitGroupRead0();
+    return;
+  }
+
+  // The compute warps. Pass n uses stage n % stages in phase parity
+  // (n / stages) & 1.
+  int st = 0;
+  uint32_t parity = 0;
+  for (int n = 0, item = blockIdx.x; item < items;
+       ++n, item += stride, parity ^= st + 1 == sl.stages ? 1u : 0u,
+           st = st + 1 == sl.stages ? 0 : st + 1) {
+    uint8_t* stage = stage_base + st * sl.bytes;
+    const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes, OpaqueThreadIdx());
+    // After this warp's last access of the stage (its write-back included).
+    const auto mark_written = [&] {
+      FenceProxyAsyncShared();
+      __syncwarp();
+      if (m.lane == 0) MbarrierArrive(&written[st]);
+    };
+    MbarrierWait(&full[st], parity);
+    const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
+    const int head_item = item / kParts;
+    float* o = p.o + int64_t{head_item} * geo.d_v + (item % kParts) * dv;
+    if (slot < 0) {
+      if (m.row_warp == 0) o[m.jc] = 0.0f;
+      mark_written();
+      continue;
+    }
+    const float beta = reinterpret_cast<const float*>(stage + sl.header)[1];
+    const float a_head = reinterpret_cast<const float*>(stage + sl.header)[2];  // exp(g)
+    const uint8_t* head_s = stage + sl.head;
+    float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
+    const RowSource in = StagedRowSource(p, geo, sl, stage, a_head);
+    GatherRows<kDtype>(m, geo.d_k, in, kk, qs, a);
+    float s[kTileSteps][kTileColsPerLane];
+    LoadItemTile<F, true>(ls, head_s, m, 0.0f, s, a);
+    const float vp = m.row_warp == 0
+                         ? StoredValue<ValueTransform::kNone, kDtype>(m, p.dtype, stage + sl.v,
+                                                                      nullptr, nullptr)
+                         : 0.0f;
+    // Only the exchange arrays of the scratch exist (kShuffle needs no
+    // wbuf / wred).
+    const StepScratch sc = MakeScratch(scratch, t, dv, m, n & 1);
+    const float os = TokenStep<true, true, true>(s, kk, qs, a, vp, beta, m, t, dv, sc);
+    StoreTileStaged<F>(ls, SmemAddr(head_s), m, s);
+    if (m.row_warp == t.row_warps - 1) o[m.jc] = os;
+    mark_written();
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// The bulk-copy path needs 16-byte aligned sources and sizes.
+bool PipelineEligible(const RecurrenceParams& p) {
+  const HeadGeometry& geo = p.geo;
+  const int ds = p.dtype == 0 ? 4 : 2;
+  if (p.tokens != 1 || p.o == nullptr) return false;
+  if ((geo.d_k * ds) % 16 != 0 || (geo.d_v * ds) % 16 != 0 || (geo.d_k * 4) % 16 != 0 ||
+      (geo.d_v * 4) % 16 != 0) {
+    return false;
+  }
+  if (!Aligned16(p.pool.base) || p.pool.slot_bytes % 16 != 0 || geo.layout.head_bytes % 16 != 0) {
+    return false;
+  }
+  for (const void* ptr : {static_cast<const void*>(p.q), p.k, p.v,
+                          static_cast<const void*>(p.maps.key_perm),
+                          static_cast<const void*>(p.maps.value_order),
+                          static_cast<const void*>(p.maps.value_scale)}) {
+    if (!Aligned16(ptr)) return false;
+  }
+  return !geo.kda || Aligned16(p.g);
+}
+
+// The persistent kernels are launched as programmatic dependents of the
+// previous kernel in their stream (grid_dependency.cuh); STATECACHE_CUDA_PDL=0
+// launches them plainly (A/B benchmarks).
+bool ProgrammaticLaunchEnabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("STATECACHE_CUDA_PDL");
+    return e == nullptr || e[0] != '0';
+  }();
+  return enabled;
+}
+
+// STATECACHE_CUDA_STAGES=1..3 forces the stage count of the persistent
+// kernels (then large heads may run one CTA per SM; never more stages than
+// one CTA holds); for A/B benchmarks. 0: not forced.
+int ForcedStages() {
+  static const int forced = [] {
+    const char* e = std::getenv("STATECACHE_CUDA_STAGES");
+    return e == nullptr ? 0 : std::atoi(e);
+  }();
+  return forced;
+}
+
+// The pipelined kernel's stage. fixed: the fixed-shape kernels' stage
+// (FixedShapeStageOffsets). max_smem_per_block: the opt-in limit of one
+// CTA's shared memory.
+StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
+                            int max_smem_per_block, bool fixed) {
+  const HeadGeometry& geo = p.geo;
+  const int ds = p.dtype == 0 ? 4 : 2;
+  StageLayout sl = fixed ? FixedShapeStageOffsets(geo.format, ds)
+                         : StageOffsets(geo.layout.head_bytes, geo.d_k, geo.d_v, ds, geo.kda,
+                                        p.maps.key_perm != nullptr,
+                                        p.maps.value_order != nullptr);
+  ChooseStages(MakeDecodeTiling(geo.d_k, geo.d_v), geo.d_v, max_smem_per_sm, max_smem_per_block,
+               ForcedStages(), &sl);
+  return sl;
+}
+
+// The pool as a 2D tensor of 128-byte rows for tensor-map head copies with
+// the 128-byte swizzle (Src::kSwizzled); false when the pool does not
+// qualify (rows not 128-byte aligned, a head over 256 rows that is not a
+// whole number of 256-row boxes, no encoder in the driver).
+using TensorMapEncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                       const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                       const cuuint32_t*, CUtensorMapInterleave,
+                                       CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                       CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder (nullptr when the driver has none).
+TensorMapEncodeFn TensorMapEncoder() {
+  static const TensorMapEncodeFn encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<TensorMapEncodeFn>(nullptr);
+    }
+    return reinterpret_cast<TensorMapEncodeFn>(fn);
+  }();
+  return encode;
+}
+
+bool EncodePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap* map,
+                         int* box_rows) {
+  const TensorMapEncodeFn encode = TensorMapEncoder();
+  const int64_t rows_per_head = head_bytes / 128;
+  const int64_t pool_rows = pool.num_slots * pool.slot_bytes / 128;
+  if (encode == nullptr || pool.num_slots <= 0 || head_bytes % 128 != 0 ||
+      pool.slot_bytes % 128 != 0 || (reinterpret_cast<uintptr_t>(pool.base) & 127) != 0 ||
+      (rows_per_head > 256 && rows_per_head % 256 != 0) || pool_rows > (int64_t{1} << 31)) {
+    return false;
+  }
+  *box_rows = static_cast<int>(std::min<int64_t>(rows_per_head, 256));
+  const cuuint64_t dims[2] = {128, static_cast<cuuint64_t>(pool_rows)};
+  const cuuint64_t strides[1] = {128};
+  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(*box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, pool.base, dims, strides, box,
+                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The pool as a 3D tensor [key rows][S][128 bytes] (S = row_bytes / 128,
+// a key row of a FP format's head) for the copies of a head's column parts
+// (ColumnParts): a box is S / parts columns of 128 bytes of d_k rows,
+// 128-byte swizzled like the 2D map's boxes. False when the pool does not
+// qualify.
+bool EncodePoolPartsTensorMap(const PoolParams& pool, int64_t row_bytes, int d_k, int parts,
+                              CUtensorMap* map) {
+  const TensorMapEncodeFn encode = TensorMapEncoder();
+  const int64_t s = row_bytes / 128;
+  const int64_t pool_bytes = pool.num_slots * pool.slot_bytes;
+  if (encode == nullptr || pool.num_slots <= 0 || row_bytes % 128 != 0 || s % parts != 0 ||
+      pool.slot_bytes % row_bytes != 0 || (reinterpret_cast<uintptr_t>(pool.base) & 127) != 0 ||
+      d_k < 1 || d_k > 256 || pool_bytes / row_bytes > (int64_t{1} << 31)) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(s),
+                              static_cast<cuuint64_t>(pool_bytes / row_bytes)};
+  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[3] = {128, static_cast<cuuint32_t>(s / parts),
+                             static_cast<cuuint32_t>(d_k)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, pool.base, dims, strides, box,
+                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// EncodePoolTensorMap (parts == 1) or EncodePoolPartsTensorMap through a
+// per-host-thread cache of the last pool and head shape (a decode loop
+// launches every layer on one pool; encoding costs host microseconds per
+// launch). box_rows: the 2D map's box rows (0 for parts maps).
+bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, int d_k,
+                       int parts, CUtensorMap* map, int* box_rows) {
+  struct Cached {
+    const uint8_t* base = nullptr;
+    int64_t num_slots = -1, slot_bytes = -1, head_bytes = -1;
+    int parts = 0;
+    bool ok = false;
+    int box_rows = 0;
+    CUtensorMap map;
+  };
+  thread_local Cached cache;
+  const int64_t head_bytes = layout.head_bytes;
+  if (cache.base != pool.base || cache.num_slots != pool.num_slots ||
+      cache.slot_bytes != pool.slot_bytes || cache.head_bytes != head_bytes ||
+      cache.parts != parts) {
+    cache.box_rows = 0;
+    cache.ok = parts == 1 ? EncodePoolTensorMap(pool, head_bytes, &cache.map, &cache.box_rows)
+                          : EncodePoolPartsTensorMap(pool, layout.lo_code_row_bytes, d_k, parts,
+                                                     &cache.map);
+    cache.base = pool.base;
+    cache.num_slots = pool.num_slots;
+    cache.slot_bytes = pool.slot_bytes;
+    cache.head_bytes = head_bytes;
+    cache.parts = parts;
+  }
+  if (cache.ok) {
+    *map = cache.map;
+    *box_rows = cache.box_rows;
+  }
+  return cache.ok;
+}
+
+// Launches a persistent decode kernel (kKernel: PipelinedDecodeKernel or
+// StagedFpDecodeKernel, both (params, stage layout, tensor map)) on as
+// many CTAs as are resident, at most one per item, as a programmatic
+// dependent of the stream's previous kernel (ProgrammaticLaunchEnabled);
+// cudaErrorNotSupported when none can be (the caller falls back to
+// RecurrenceKernel).
+// The shared-memory attribute (only ever raised, under a lock, so a launch
+// never sees it below its size) and the occupancy query run once per
+// kernel and shared-memory size; the last (size, blocks per SM) pair
+// is cached (it changes only with the dtype / gates / maps of a call). Like
+// DeviceLimits, this assumes the process drives one device.
+template <auto kKernel>
+int LaunchPersistent(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
+                     size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
+  static std::mutex mu;
+  static size_t attribute_smem = 0;            // guarded by mu
+  static std::atomic<uint64_t> last_config{0};  // (smem << 32) | blocks per SM; 0 = none
+  const uint64_t c = last_config.load(std::memory_order_acquire);
+  int per_sm = static_cast<int>(c & 0xffffffffu);
+  if (c == 0 || (c >> 32) != smem) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (smem > attribute_smem) {
+      const cudaError_t e = cudaFuncSetAttribute(kKernel,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+      attribute_smem = smem;
+    }
+    const cudaError_t e =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, threads, smem);
+    if (e != cudaSuccess) return e;
+    last_config.store((uint64_t{smem} << 32) | static_cast<uint32_t>(per_sm),
+                      std::memory_order_release);
+  }
+  if (per_sm == 0) return cudaErrorNotSupported;
+  const int64_t grid = std::min<int64_t>(items, int64_t{per_sm} * sms);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = st;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  if (ProgrammaticLaunchEnabled()) {
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kKernel, p, sl, tmap);
+}
+// launch(std::integral_constant<int, dtype>) for the input dtype of a call
+// (0 fp32, 1 bf16, 2 fp16: the fixed-shape kernels' kDtype).
+template <typename Launch>
+int ForInputDtype(int dtype, Launch launch) {
+  switch (dtype) {
+    case 0: return launch(std::integral_constant<int, 0>{});
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// StagedFpDecodeKernel<F> for a fixed-shape call whose pool has the parts
+// tensor map `tmap`: `items` column halves (StagedStageLayout, ForcedStages).
+template <StateFormat F>
+int LaunchStaged(const RecurrenceParams& p, const CUtensorMap& tmap, int sms,
+                 int max_smem_per_sm, int max_smem_per_block, int64_t items, cudaStream_t st) {
+  const StageLayout sl = StagedStageLayout(F, p.dtype == 0 ? 4 : 2, max_smem_per_sm,
+                                           max_smem_per_block, ForcedStages());
+  const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
+  return ForInputDtype(p.dtype, [&](auto dtype) {
+    return LaunchPersistent<StagedFpDecodeKernel<F, decltype(dtype)::value>>(
+        p, sl, tmap, smem, sms, kStagedThreads, items, st);
+  });
+}
+
+template <StateFormat F, bool kFixed>
+int LaunchT(const RecurrenceParams& p, void* stream) {
+  const DecodeTiling t = MakeDecodeTiling(p.geo.d_k, p.geo.d_v);
+  const int64_t items = int64_t{p.batch} * p.geo.h_v;  // heads
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  // STATECACHE_CUDA_PIPELINE=0 forces the unpipelined kernel (A/B benchmarks).
+  static const bool pipeline_enabled = [] {
+    const char* e = std::getenv("STATECACHE_CUDA_PIPELINE");
+    return e == nullptr || e[0] != '0';
+  }();
+  if (pipeline_enabled && PipelineEligible(p)) {
+    // Read once per process (thread-safe static initialization: launches
+    // come from several threads, e.g. the data plane's decode queues).
+    struct DeviceLimits {
+      int sms = 0;
+      int max_smem_per_sm = 0;
+      int max_smem_per_block = 0;
+    };
+    static const DeviceLimits limits = [] {
+      DeviceLimits d;
+      int dev = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+      cudaDeviceGetAttribute(&d.max_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+      cudaDeviceGetAttribute(&d.max_smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+      return d;
+    }();
+    const int sms = limits.sms;
+    CUtensorMap tmap{};
+    int tma_rows = 0;
+    // The fixed tile code expects swizzled heads (the staged kernel: the
+    // parts map's column halves); without them the general one runs.
+    constexpr int kParts = ColumnParts(F, kFixed);
+    const bool fixed = kFixed && MakePoolTensorMap(p.pool, p.geo.layout, p.geo.d_k, kParts,
+                                                   &tmap, &tma_rows);
+    if constexpr (kParts > 1) {
+      if (fixed) {
+        const int e = LaunchStaged<F>(p, tmap, sms, limits.max_smem_per_sm,
+                                      limits.max_smem_per_block, items * kParts, st);
+        if (e != cudaErrorNotSupported) return e;
+      }
+    }
+    const bool pipelined_fixed = fixed && kParts == 1;
+    StageLayout sl =
+        MakeStageLayout(p, limits.max_smem_per_sm, limits.max_smem_per_block, pipelined_fixed);
+    sl.tma_rows = tma_rows;
+    const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
+    // A head too large for one stage per CTA takes the direct kernel.
+    const bool fits = smem + 1024 <= static_cast<size_t>(limits.max_smem_per_block);
+    int e = cudaErrorNotSupported;
+    if (fits) {
+      if (!pipelined_fixed) {
+        e = LaunchPersistent<PipelinedDecodeKernel<F, false, -1>>(p, sl, tmap, smem, sms,
+                                                                   t.threads, items, st);
+      } else if constexpr (kFixed && kParts == 1) {  // (not instantiated for staged formats)
+        e = ForInputDtype(p.dtype, [&](auto dtype) {
+          return LaunchPersistent<PipelinedDecodeKernel<F, true, decltype(dtype)::value>>(
+              p, sl, tmap, smem, sms, t.threads, items, st);
+        });
+      }
+    }
+    if (e != cudaErrorNotSupported) return e;
+  }
+  const size_t smem = sizeof(float) * ScratchFloats(t, p.geo.d_v);
+  RecurrenceKernel<F, kFixed><<<static_cast<unsigned>(items), t.threads, smem, st>>>(p);
+  return cudaGetLastError();
+}
+
+template <StateFormat F>
+int Launch(const RecurrenceParams& p, void* stream) {
+  if (int64_t{p.batch} * p.geo.h_v == 0) return cudaSuccess;
+  const PackedHeadLayout fixed = FixedShapeHeadLayout(F);
+  const bool is_fixed = p.geo.d_k == 128 && p.geo.d_v == 128 &&
+                        p.geo.layout.k_hi == fixed.k_hi &&
+                        p.geo.layout.head_bytes == fixed.head_bytes;
+  return is_fixed ? LaunchT<F, true>(p, stream) : LaunchT<F, false>(p, stream);
+}
+
+}  // namespace
+
+// The formats whose kernels recurrence_kernel_affine.cu compiles: their rows
+// are affine codes, which run about 1% faster with ptxas's default
+// register-usage level, while the others prefer level 10 (kernels/cuda/BUILD).
+constexpr bool IsAffineRecurrenceFormat(StateFormat f) {
+  return f == StateFormat::kInt8 || f == StateFormat::kInt8Hadamard ||
+         f == StateFormat::kInt4 || f == StateFormat::kInt4Hadamard || f == StateFormat::kDamp;
+}
+
+// LaunchRecurrence (launchers.h) for those formats.
+int LaunchAffineRecurrence(const RecurrenceParams& p, void* stream);
+
+}  // namespace cuda_internal
+}  // namespace statecache
+
+#endif  // STATECACHE_KERNELS_CUDA_INTERNAL_RECURRENCE_KERNELS_CUH_
