@@ -11,7 +11,10 @@
 // replays (RESULT lines, mode=graph); the same launches enqueued one by one
 // from the host are reported too (EAGER lines: at small B they include the
 // host's launch cost). q, k, v are bf16 (as a model worker sends them), g and
-// beta fp32, o fp32.
+// beta fp32, o fp32. Consecutive launches update disjoint slots, so they run
+// with early heads (--early_heads=1, the default: each kernel stages its
+// first heads while the previous one finishes, as DecodeUpdate's kernel does
+// after its validation kernels; CudaEnqueueDecodeUnchecked); 0 waits first.
 //
 //   decode_bench --batches=1,8,32,64,128,256,512 --formats=fp32,damp,bf16
 //
@@ -52,6 +55,7 @@ struct Flags {
   int iters = 20;
   int reps = 5;
   int64_t pool_mib = 3072;
+  bool early_heads = true;
 };
 
 Flags ParseFlags(int argc, char** argv) {
@@ -74,6 +78,8 @@ Flags ParseFlags(int argc, char** argv) {
       f.reps = std::atoi(kv.second.c_str());
     } else if (kv.first == "--pool_mib") {
       f.pool_mib = std::atoll(kv.second.c_str());
+    } else if (kv.first == "--early_heads") {
+      f.early_heads = kv.second != "0";
     } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       std::exit(2);
@@ -307,7 +313,7 @@ int Main(int argc, char** argv) {
         const auto launch = [&](int i) {
           DecodeInputs it = in;
           it.slots = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{i % sets} * batch;
-          CHECK_OK(CudaEnqueueDecodeUnchecked(be, *model, pool, 0, it));
+          CHECK_OK(CudaEnqueueDecodeUnchecked(be, *model, pool, 0, it, flags.early_heads));
         };
         const double us = timer.MedianGraphUs(flags.iters, flags.reps, launch);
         const double eager_us = timer.MedianUs(flags.iters, flags.reps, launch);

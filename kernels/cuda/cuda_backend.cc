@@ -151,11 +151,16 @@ ci::PoolParams PoolOf(const PoolView& pool) {
 // The fused decode / prefill kernel on `stream`; it exits without writing
 // when an entry of `abort_if_error` (the validation block written earlier on
 // the same stream; nullptr = the unchecked benchmark hook) is set.
+// early_heads (RecurrenceParams): the kernel stages its first heads before
+// waiting for the previous kernel of the stream; always safe after this
+// call's validation kernels (they write neither slots nor the pool, and they
+// started after every earlier write), which the callers with
+// `abort_if_error` launch right before.
 absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& pool, int layer,
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error,
-                                 void* stream) {
+                                 bool early_heads, void* stream) {
   // The token inputs have the same names in both kernels' parameters.
   const auto set_inputs = [&](auto& kp) {
     kp.layer = layer;
@@ -181,6 +186,7 @@ absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& poo
   p.maps = m.Maps(layer);
   p.pool = PoolOf(pool);
   set_inputs(p);
+  p.early_heads = early_heads;
   return CudaStatus(ci::LaunchRecurrence(p, stream), "recurrence kernel");
 }
 
@@ -489,11 +495,11 @@ class CudaBackend : public Backend {
 
   // ---- Benchmark hooks ----------------------------------------------------
   absl::Status EnqueueDecodeUnchecked(const PreparedModel& model, const PoolView& pool, int layer,
-                                      const DecodeInputs& in) {
+                                      const DecodeInputs& in, bool early_heads) {
     ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
     std::lock_guard<std::mutex> lock(mu_);
-    return EnqueueRecurrence(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
-                             in.g, in.beta, in.o, nullptr);
+    return EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
+                               in.g, in.beta, in.o, nullptr, early_heads, stream_);
   }
   absl::Status EnqueueCopyUnchecked(const PoolView& src, const int32_t* src_slots,
                                     const PoolView& dst, const int32_t* dst_slots, int n) {
@@ -590,7 +596,7 @@ class CudaBackend : public Backend {
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error) {
     return EnqueueRecurrenceOn(m, pool, layer, batch, tokens, slots, dtype, q, k, v, g, beta, o,
-                               abort_if_error, stream_);
+                               abort_if_error, abort_if_error != nullptr, stream_);
   }
 
   absl::Status PackOrUnpack(const PreparedModel& model, const PoolView& pool,
@@ -761,7 +767,7 @@ class CudaDecodeQueue : public DecodeQueue {
     }
     if (st.ok()) {
       st = EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
-                               in.g, in.beta, in.o, errors_, stream_);
+                               in.g, in.beta, in.o, errors_, true, stream_);
     }
     if (st.ok()) {
       st = CudaStatus(ci::CopyDeviceToHostAsync(host_errors_ + entry * ci::kNumValidationFields,
@@ -906,9 +912,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend() {
 }
 
 absl::Status CudaEnqueueDecodeUnchecked(Backend& backend, const PreparedModel& model,
-                                        const PoolView& pool, int layer, const DecodeInputs& in) {
+                                        const PoolView& pool, int layer, const DecodeInputs& in,
+                                        bool early_heads) {
   ASSIGN_OR_RETURN(CudaBackend * b, AsCuda(backend));
-  return b->EnqueueDecodeUnchecked(model, pool, layer, in);
+  return b->EnqueueDecodeUnchecked(model, pool, layer, in, early_heads);
 }
 
 absl::Status CudaEnqueueCopySlotsUnchecked(Backend& backend, const PoolView& src,

@@ -37,9 +37,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend();
 // Benchmark hooks on a Backend made by CreateCudaBackend: enqueue the decode
 // kernel without validation or synchronization (inputs must already be
 // valid), and wait for the backend's stream. kInvalidArgument when `backend`
-// is not a CUDA backend.
+// is not a CUDA backend. early_heads: the kernel may read `in.slots` and the
+// pool before the previous kernel on the stream completes (it stages its
+// first heads while that kernel finishes): only when that kernel writes
+// neither, e.g. a decode of other slots (DecodeUpdate and the decode queue
+// always run this way, after their validation kernels).
 absl::Status CudaEnqueueDecodeUnchecked(Backend& backend, const PreparedModel& model,
-                                        const PoolView& pool, int layer, const DecodeInputs& in);
+                                        const PoolView& pool, int layer, const DecodeInputs& in,
+                                        bool early_heads = false);
 absl::Status CudaEnqueueCopySlotsUnchecked(Backend& backend, const PoolView& src,
                                            const int32_t* src_slots, const PoolView& dst,
                                            const int32_t* dst_slots, int n);

@@ -434,23 +434,22 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Arch::kKda, StateFormat::kFp16, DType::kFp16}),
     CaseName);
 
-// Decode steps of one layer enqueued back to back on the same slots with no
-// host synchronization in between (CudaEnqueueDecodeUnchecked: the fused
-// kernels alone), as a serving engine's graph runs them: each kernel is a
-// programmatic dependent of the previous one (grid_dependency.cuh) and must
-// read the state that one wrote. Bytes equal the reference after every
-// step's outputs and after the last step's state.
-class GpuBackToBackTest : public ::testing::TestWithParam<Case> {};
-
-TEST_P(GpuBackToBackTest, DependentStepsMatchReference) {
-  STATECACHE_SKIP_WITHOUT_GPU();
-  const Case c = GetParam();
+// Decode steps of one layer enqueued back to back with no host
+// synchronization in between (CudaEnqueueDecodeUnchecked: the fused kernels
+// alone), as a serving engine's graph runs them: each kernel is a
+// programmatic dependent of the previous one (grid_dependency.cuh). On the
+// same slots every step, each must wait for the state the previous one
+// wrote; with early heads the steps alternate between two disjoint slot sets
+// (the contract of early_heads: the previous kernel writes none of this
+// one's slots), so each stages its first heads while the previous one runs.
+// Every step's outputs and the final bytes equal the reference.
+void ExpectBackToBackStepsMatchReference(const Case& c, bool early_heads) {
   const StateLayout layout = MakeLayout(c.arch, c.format, 128, 128, 5);
   const ModelGeometry& geo = layout.geometry();
   auto gpu_model = TestGpu()->Prepare(layout).value();
   auto cpu = CpuBackend::Create({2});
   auto cpu_model = cpu->Prepare(layout).value();
-  const int num_slots = 40;
+  const int num_slots = 80;
   const int64_t head_bytes = layout.head_layout().head_bytes;
   const int64_t pool_bytes = num_slots * layout.slot_bytes();
   auto cpu_pool_buf = cpu->Allocate(pool_bytes).value();
@@ -463,13 +462,17 @@ TEST_P(GpuBackToBackTest, DependentStepsMatchReference) {
   std::vector<uint8_t> ref(cpu_pool_buf->data(), cpu_pool_buf->data() + pool_bytes);
   DeviceArray pool_arr = DeviceArray::From(ref);
   const PoolView pool{pool_arr.ptr<uint8_t>(), num_slots, geo.layers, geo.h_v, head_bytes};
-  // 36 of the 40 slots, shuffled, every 11th entry from the 4th skipped:
-  // 132 head items, one per SM of an H200.
-  const std::vector<int32_t> batch_slots = MakeShuffledBatch(num_slots, 36, 5, 3, 11).slots;
-  const int batch = static_cast<int>(batch_slots.size());
-  DeviceArray d_slots = DeviceArray::From(batch_slots);
+  // 72 of the 80 slots, shuffled, every 11th entry from the 4th skipped; its
+  // halves are two disjoint batches of 36 entries (132 head items each, one
+  // per SM of an H200).
+  const std::vector<int32_t> shuffled = MakeShuffledBatch(num_slots, 72, 5, 3, 11).slots;
+  const std::vector<int32_t> halves[2] = {{shuffled.begin(), shuffled.begin() + 36},
+                                          {shuffled.begin() + 36, shuffled.end()}};
+  const int batch = 36;
+  DeviceArray d_slots[2] = {DeviceArray::From(halves[0]), DeviceArray::From(halves[1])};
   constexpr int kSteps = 12;
   const int layer = 1;
+  const auto set_of = [&](int step) { return early_heads ? step % 2 : 0; };
   std::vector<HostInputs> inputs;
   std::vector<std::unique_ptr<DeviceInputs>> device_inputs;
   std::vector<DeviceArray> outputs;
@@ -479,21 +482,35 @@ TEST_P(GpuBackToBackTest, DependentStepsMatchReference) {
     outputs.push_back(DeviceArray::From(std::vector<float>(batch * geo.h_v * geo.d_v, 0.0f)));
   }
   for (int step = 0; step < kSteps; ++step) {
-    const DecodeInputs di = DecodeInputsOf(*device_inputs[step], batch, d_slots.ptr<int32_t>(),
+    const DecodeInputs di = DecodeInputsOf(*device_inputs[step], batch,
+                                           d_slots[set_of(step)].ptr<int32_t>(),
                                            outputs[step].ptr<float>());
-    ASSERT_TRUE(CudaEnqueueDecodeUnchecked(*TestGpu(), *gpu_model, pool, layer, di).ok());
+    ASSERT_TRUE(
+        CudaEnqueueDecodeUnchecked(*TestGpu(), *gpu_model, pool, layer, di, early_heads).ok());
   }
   ASSERT_TRUE(CudaSynchronize(*TestGpu()).ok());
   const PoolView host_pool{ref.data(), num_slots, geo.layers, geo.h_v, head_bytes};
   double worst_o = 0;
   for (int step = 0; step < kSteps; ++step) {
     std::vector<float> o_ref(batch * geo.h_v * geo.d_v, 0.0f);
-    ReferenceLayer(layout, host_pool, layer, batch_slots, 1, inputs[step], true, &o_ref);
+    ReferenceLayer(layout, host_pool, layer, halves[set_of(step)], 1, inputs[step], true, &o_ref);
     worst_o = std::max(worst_o, MaxRelError(outputs[step].To<float>(o_ref.size()), o_ref));
   }
   EXPECT_LT(worst_o, 1e-5);
   EXPECT_EQ(CountMismatches(pool_arr.To<uint8_t>(pool_bytes), ref), 0)
       << "packed-state bytes after " << kSteps << " dependent steps";
+}
+
+class GpuBackToBackTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuBackToBackTest, DependentStepsMatchReference) {
+  STATECACHE_SKIP_WITHOUT_GPU();
+  ExpectBackToBackStepsMatchReference(GetParam(), false);
+}
+
+TEST_P(GpuBackToBackTest, EarlyHeadsOnAlternatingSlotsMatchReference) {
+  STATECACHE_SKIP_WITHOUT_GPU();
+  ExpectBackToBackStepsMatchReference(GetParam(), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -38,6 +38,14 @@ __device__ __forceinline__ void MbarrierExpectTx(uint64_t* bar, uint32_t bytes) 
                "r"(bytes)
                : "memory");
 }
+// Expects `bytes` more transactions on `bar` without arriving (copies issued
+// before the arrival that completes the phase: the decode kernel's early
+// heads).
+__device__ __forceinline__ void MbarrierExpectTxOnly(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
 // One arrival without transactions (a stage staged with no copies).
 __device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");

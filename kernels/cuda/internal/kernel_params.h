@@ -58,6 +58,12 @@ struct RecurrenceParams {
   // Validation error block written earlier on the same stream, or nullptr:
   // when any entry is not kNoError the kernel exits before writing anything.
   const int32_t* abort_if_error = nullptr;  // [kNumValidationFields]
+  // The kernel may read `slots` and the pool before the previous kernel of
+  // its stream completed (grid_dependency.cuh): the caller guarantees that
+  // kernel writes neither (true when it is this call's validation kernel).
+  // The fixed-shape pipelined kernel then stages its first items' heads
+  // before waiting for it.
+  bool early_heads = false;
 };
 
 // Pack / unpack of natural-order FP32 states [n][layers][h_v][d_k][d_v].
