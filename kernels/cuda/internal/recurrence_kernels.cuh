@@ -22,7 +22,9 @@
 //    continuously; the decay of the token is folded into the decode
 //    (decode_math.h). Launched as a programmatic dependent of the stream's
 //    previous kernel (grid_dependency.cuh: its launch overlaps that
-//    kernel's tail). Up to three stages; no CTA-wide barrier per item: the
+//    kernel's tail); with RecurrenceParams::early_heads a small launch also
+//    stages its first heads before waiting for that kernel. Up to three
+//    stages; no CTA-wide barrier per item: the
 //    two row warps of a stripe exchange column sums through their own named
 //    barrier, every warp releases a stage after its last read (an mbarrier
 //    arrival) and the producer of a later item (a role that rotates over
