@@ -1,6 +1,6 @@
 // Programmatic dependent launch (sm_90) for the decode kernels: a kernel
 // launched with cudaLaunchAttributeProgrammaticStreamSerialization
-// (LaunchPersistent in recurrence_kernels.cuh) may be scheduled while the
+// (LaunchPersistent in recurrence_launch.cuh) may be scheduled while the
 // previous kernel of its stream is still running, so its launch latency
 // hides behind that kernel's tail (in a CUDA graph as well).
 //

@@ -1,7 +1,8 @@
 // LaunchRecurrence (launchers.h): the fused decode / prefill kernels of the
 // formats without affine rows; those with them are compiled and launched by
-// recurrence_kernel_affine.cu (the kernels: recurrence_kernels.cuh).
-#include "kernels/cuda/internal/recurrence_kernels.cuh"
+// recurrence_kernel_affine.cu (the kernels: recurrence_kernels.cuh, their
+// launch: recurrence_launch.cuh).
+#include "kernels/cuda/internal/recurrence_launch.cuh"
 
 namespace statecache {
 namespace cuda_internal {

@@ -1,8 +1,9 @@
 // LaunchAffineRecurrence: the fused decode / prefill kernels of the formats
 // with affine rows (IsAffineRecurrenceFormat), in a translation unit of their
 // own so that ptxas schedules them with its default register-usage level
-// (kernels/cuda/BUILD; the kernels: recurrence_kernels.cuh).
-#include "kernels/cuda/internal/recurrence_kernels.cuh"
+// (kernels/cuda/BUILD; the kernels: recurrence_kernels.cuh, their launch:
+// recurrence_launch.cuh).
+#include "kernels/cuda/internal/recurrence_launch.cuh"
 
 namespace statecache {
 namespace cuda_internal {
