@@ -664,11 +664,13 @@ TEST_P(GpuAgreementTest, CloseToCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, GpuAgreementTest, ::testing::ValuesIn(AllCases()), CaseName);
 
-// Shapes other than 128 x 128: masked rows (d_k = 100), two stripes.
+// Shapes other than 128 x 128: masked rows (d_k = 100), two stripes, eight
+// stripes, four row warps per stripe (d_k = 256: four warps at each
+// stripe's column-sum exchange).
 TEST(GpuShapeTest, OddShapesMatchReference) {
   STATECACHE_SKIP_WITHOUT_GPU();
   for (StateFormat f : {StateFormat::kDamp, StateFormat::kFp32, StateFormat::kNvfp4}) {
-    for (auto [d_k, d_v] : {std::pair<int, int>{100, 64}, {64, 256}, {32, 32}}) {
+    for (auto [d_k, d_v] : {std::pair<int, int>{100, 64}, {64, 256}, {32, 32}, {256, 64}}) {
       const StateLayout layout = MakeLayout(Arch::kKda, f, d_k, d_v, 21);
       const ModelGeometry& geo = layout.geometry();
       auto model = TestGpu()->Prepare(layout).value();

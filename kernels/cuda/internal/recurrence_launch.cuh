@@ -47,14 +47,24 @@ bool PipelineEligible(const RecurrenceParams& p) {
   return !geo.kda || Aligned16(p.g);
 }
 
+// Environment switches of the launch path for A/B benchmarks, each read
+// once per process: a flag is on unless set to a value starting with '0'.
+bool EnvFlagOn(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr || e[0] != '0';
+}
+
 // The persistent kernels are launched as programmatic dependents of the
 // previous kernel in their stream (grid_dependency.cuh); STATECACHE_CUDA_PDL=0
-// launches them plainly (A/B benchmarks).
+// launches them plainly.
 bool ProgrammaticLaunchEnabled() {
-  static const bool enabled = [] {
-    const char* e = std::getenv("STATECACHE_CUDA_PDL");
-    return e == nullptr || e[0] != '0';
-  }();
+  static const bool enabled = EnvFlagOn("STATECACHE_CUDA_PDL");
+  return enabled;
+}
+
+// STATECACHE_CUDA_PIPELINE=0 forces the unpipelined kernel.
+bool PipelineEnabled() {
+  static const bool enabled = EnvFlagOn("STATECACHE_CUDA_PIPELINE");
   return enabled;
 }
 
@@ -275,12 +285,7 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
   const DecodeTiling t = MakeDecodeTiling(p.geo.d_k, p.geo.d_v);
   const int64_t items = int64_t{p.batch} * p.geo.h_v;  // heads
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  // STATECACHE_CUDA_PIPELINE=0 forces the unpipelined kernel (A/B benchmarks).
-  static const bool pipeline_enabled = [] {
-    const char* e = std::getenv("STATECACHE_CUDA_PIPELINE");
-    return e == nullptr || e[0] != '0';
-  }();
-  if (pipeline_enabled && PipelineEligible(p)) {
+  if (PipelineEnabled() && PipelineEligible(p)) {
     // Read once per process (thread-safe static initialization: launches
     // come from several threads, e.g. the data plane's decode queues).
     struct DeviceLimits {
