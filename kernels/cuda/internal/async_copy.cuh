@@ -9,7 +9,7 @@
 //
 // Contracts: dst, src and byte counts of BulkCopy are multiples of 16; the
 // shared-memory destination of TensorCopy2D is 128-byte aligned (1024 for
-// the 128-byte swizzle); CopyAsync4 completes at CpAsyncWaitAll in the
+// the 128-byte swizzle); CopyAsync4 / 16 complete at CpAsyncWaitAll in the
 // issuing thread only (a barrier must follow before other threads read).
 #ifndef STATECACHE_KERNELS_CUDA_INTERNAL_ASYNC_COPY_CUH_
 #define STATECACHE_KERNELS_CUDA_INTERNAL_ASYNC_COPY_CUH_
@@ -123,6 +123,12 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
 // 4-byte asynchronous global -> shared copy (completes at CpAsyncWaitAll).
 __device__ __forceinline__ void CopyAsync4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(SmemAddr(dst)), "l"(src)
+               : "memory");
+}
+// 16-byte asynchronous global -> shared copy (both 16-byte aligned; completes
+// at CpAsyncWaitAll like CopyAsync4).
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(SmemAddr(dst)), "l"(src)
                : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() {

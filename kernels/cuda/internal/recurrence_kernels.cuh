@@ -30,7 +30,8 @@
 //    barrier, every warp releases a stage after its last read (an mbarrier
 //    arrival) and the producer of a later item (a role that rotates over
 //    the row-warp-0 warps) refills it; the item's scalars ride in the stage
-//    header.
+//    header, and for KDA on affine formats the producer warp writes the
+//    gates' decays (each channel's exp once per item).
 //    The fixed shape's swizzled stage is addressed through SwizzledRef (the
 //    lane's position swizzled once, constant offsets per row block). Each
 //    lane pair converts its rows' inputs once (a fixed input
@@ -82,9 +83,10 @@ struct RowSource {
   const int32_t* perm;  // stored row -> key channel (used when has_perm)
   const void* q;
   const void* k;
-  const float* g;  // KDA per-channel gates (used when kda)
+  const float* g;  // KDA per-channel gates, or their decays (used when kda)
   bool has_perm;
   bool kda;
+  bool g_decayed;  // g holds DecayExp of the gates (the pipelined kernel's producers)
   int dtype;
   float a_head;  // GDN: exp(g) of the head
   float scale;
@@ -96,7 +98,7 @@ __device__ __forceinline__ float4 RowInput(int r, const RowSource& in) {
   const int c = in.has_perm ? in.perm[r] : r;
   return make_float4(LoadInputT<kDtype>(in.dtype, in.k, c),
                      in.scale * LoadInputT<kDtype>(in.dtype, in.q, c),
-                     in.kda ? DecayExp(in.g[c]) : in.a_head, 0.0f);
+                     in.kda ? (in.g_decayed ? in.g[c] : DecayExp(in.g[c])) : in.a_head, 0.0f);
 }
 
 template <int kDtype = -1>
@@ -283,6 +285,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2) RecurrenceKernel(const Rec
                        p.g + gh * geo.d_k,  // read only for KDA
                        perm != nullptr,
                        geo.kda,
+                       false,
                        p.dtype,
                        geo.kda ? 0.0f : DecayExp(p.g[gh]),
                        geo.scale};
@@ -327,19 +330,29 @@ __device__ __forceinline__ int PartColumn(const HeadGeometry& geo, int part) {
 // heads, sl.tma_rows > 0), or its first key row of the parts map (kParts >
 // 1). The write-back addresses it without HeadPtr's 64-bit products.
 __device__ __forceinline__ int32_t& StagedHeadRow(uint8_t* stage, const StageLayout& sl) {
-  static_assert(kStageHeaderWords == 4, "slot, beta, exp(g), head row");
+  static_assert(kStageHeaderWords == 8, "slot, beta, exp(g), head row, gates decayed, 3 unused");
   return reinterpret_cast<int32_t*>(stage + sl.header)[3];
+}
+// Header word 4: 1 when the stage's KDA gates area holds their decays
+// (written by the producer warp, PipelinedDecodeKernel), 0 when it holds
+// the gates as copied.
+__device__ __forceinline__ int32_t& StagedGatesDecayed(uint8_t* stage, const StageLayout& sl) {
+  return reinterpret_cast<int32_t*>(stage + sl.header)[4];
 }
 
 // Where a work item's copies go and come from. A work item is head item *
-// kParts + part.
+// kParts + part. copy_gates: KDA's gates are copied (else the producer
+// wrote their decays into the stage).
 template <int kParts>
 struct ItemCopies {
   int part, head_item, b, h, kh;  // part, head item, batch entry, value head, key head
   int ds;                         // bytes per input value
   int hb, dv;                     // head bytes and columns of one part
-  int input_bytes;                // every input vector's bytes
-  __device__ ItemCopies(const RecurrenceParams& p, const HeadGeometry& geo, int item) {
+  int input_bytes;                // every copied input vector's bytes
+  bool copy_gates;
+  __device__ ItemCopies(const RecurrenceParams& p, const HeadGeometry& geo, int item,
+                        bool copy_gates_in = true) {
+    copy_gates = geo.kda && copy_gates_in;
     part = item % kParts;
     head_item = item / kParts;
     b = BatchOf(head_item, geo.h_v);
@@ -350,7 +363,7 @@ struct ItemCopies {
     hb = static_cast<int>(geo.layout.head_bytes) / kParts;
     dv = geo.d_v / kParts;
     input_bytes = 2 * geo.d_k * ds + dv * ds;
-    if (geo.kda) input_bytes += geo.d_k * 4;
+    if (copy_gates) input_bytes += geo.d_k * 4;
     if (p.maps.key_perm != nullptr) input_bytes += geo.d_k * 4;
     if (p.maps.value_order != nullptr) input_bytes += 2 * geo.d_v * 4;
   }
@@ -407,7 +420,7 @@ __device__ __forceinline__ void CopyItemInputs(const RecurrenceParams& p, const 
            static_cast<const uint8_t*>(p.v) +
                ((int64_t{c.b} * geo.h_v + c.h) * geo.d_v + c.part * c.dv) * ds,
            c.dv * ds, bar);
-  if (geo.kda) BulkCopy(stage + sl.g, p.g + int64_t{c.head_item} * geo.d_k, geo.d_k * 4, bar);
+  if (c.copy_gates) BulkCopy(stage + sl.g, p.g + int64_t{c.head_item} * geo.d_k, geo.d_k * 4, bar);
   if (p.maps.key_perm != nullptr) {
     BulkCopy(stage + sl.perm, p.maps.key_perm + int64_t{c.h} * geo.d_k, geo.d_k * 4, bar);
   }
@@ -417,46 +430,53 @@ __device__ __forceinline__ void CopyItemInputs(const RecurrenceParams& p, const 
   }
 }
 
-// The item's scalars into the stage header (read after `bar` completes).
+// The item's scalars into the stage header (read after `bar` completes);
+// gates_decayed: StagedGatesDecayed.
 __device__ __forceinline__ void WriteItemScalars(uint8_t* stage, const StageLayout& sl,
-                                                 int32_t slot, float beta, float a_head) {
+                                                 int32_t slot, float beta, float a_head,
+                                                 bool gates_decayed = false) {
   *reinterpret_cast<int32_t*>(stage + sl.header) = slot;
   reinterpret_cast<float*>(stage + sl.header)[1] = beta;
   reinterpret_cast<float*>(stage + sl.header)[2] = a_head;
+  StagedGatesDecayed(stage, sl) = gates_decayed ? 1 : 0;
 }
 
 // One thread (the item's producer) only: stage work item `item` (pool slot
 // `slot`) into `stage`: its scalars into the header, the packed head (or,
 // kParts = 2, the item's column half of it, ColumnParts), then one copy per
 // input vector; all complete on `bar` (whose arrival publishes the header).
+// gates_decayed: KDA's gate decays are in the stage already (written by
+// threads ordered before this one), so the gates are not copied.
 template <int kParts>
 __device__ __forceinline__ void IssueItem(const RecurrenceParams& p, const HeadGeometry& geo,
                                           const StageLayout& sl, const CUtensorMap* tmap,
                                           uint8_t* stage, uint64_t* bar, int item, int32_t slot,
-                                          float beta, float a_head) {
-  WriteItemScalars(stage, sl, slot, beta, a_head);
+                                          float beta, float a_head, bool gates_decayed = false) {
+  WriteItemScalars(stage, sl, slot, beta, a_head, gates_decayed);
   if (slot < 0) {
     MbarrierArrive(bar);
     return;
   }
-  const ItemCopies<kParts> c(p, geo, item);
+  const ItemCopies<kParts> c(p, geo, item, !gates_decayed);
   const int row0 = StageHeadRow<kParts>(p, geo, sl, stage, c, slot);
   MbarrierExpectTx(bar, c.hb + c.input_bytes);  // publishes the header
   CopyItemHead<kParts>(p, geo, sl, tmap, stage, bar, c, slot, row0);
   CopyItemInputs<kParts>(p, geo, sl, stage, bar, c);
 }
 
-// The row inputs of the item staged in `stage` (a_head: its GDN exp(g)).
+// The row inputs of the item staged in `stage` (a_head: its GDN exp(g);
+// gates_decayed: StagedGatesDecayed).
 __device__ __forceinline__ RowSource StagedRowSource(const RecurrenceParams& p,
                                                      const HeadGeometry& geo,
                                                      const StageLayout& sl, const uint8_t* stage,
-                                                     float a_head) {
+                                                     float a_head, bool gates_decayed = false) {
   return RowSource{reinterpret_cast<const int32_t*>(stage + sl.perm),
                    stage + sl.q,
                    stage + sl.k,
                    reinterpret_cast<const float*>(stage + sl.g),
                    p.maps.key_perm != nullptr,
                    geo.kda,
+                   gates_decayed,
                    p.dtype,
                    a_head,
                    geo.scale};
@@ -558,7 +578,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   uint8_t* stage_base = smem_raw + sl.scratch_bytes;
 
   // The producer role rotates: the CTA's j-th item (blockIdx.x + j * stride)
-  // is staged by lane 0 of warp j % producers (the first `stages` by thread
+  // is staged by lane 0 (with KDA's producer decays, below, the whole warp)
+  // of warp j % producers (the first `stages` by thread
   // 0 up front), so the extra work is spread over warps instead of pacing
   // the CTA at warp 0's speed. The producers are the row-warp-0 warps (one
   // per stripe): they hold the FP16 hi rows of mixed formats (cheaper than
@@ -580,18 +601,61 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     }
     CpAsyncCommit();
   };
+  // Whether the producers write KDA's gate decays (see fetch_gates).
+  constexpr bool kProducerDecays =
+      LoRowCodec(F) == RowCodec::kAffineU8 || LoRowCodec(F) == RowCodec::kAffineU4;
   // Stages the CTA's j-th item, whose scalars are in slot w (complete), into
-  // stage s.
-  const auto issue = [&](int s, int w, int j) {
+  // stage s (gates_decayed: below; thread 0's first items always false).
+  const auto issue = [&](int s, int w, int j, bool gates_decayed = false) {
     IssueItem<1>(p, geo, sl, &tmap, stage_base + s * sl.bytes, &full[s], blockIdx.x + j * stride,
-                 ahead_slot[w], ahead_beta[w], geo.kda ? 0.0f : DecayExp(ahead_g[w]));
+                 ahead_slot[w], ahead_beta[w], geo.kda ? 0.0f : DecayExp(ahead_g[w]),
+                 gates_decayed);
   };
-  // The producer of the CTA's j-th item (j >= stages): stages it into stage
-  // s, then fetches the scalars of its next one.
+  // KDA: the whole producer warp also fetches the gates of its next item
+  // one staging ahead (16-byte cp.async per lane into the warp's gates slot
+  // of the scratch, PipelinedScratchFloats) and, at its turn, writes their
+  // decays into the stage, so each channel's DecayExp runs once per item
+  // instead of once per stripe in every warp's row inputs (4x); the
+  // stage's consumers read decays (StagedGatesDecayed). The first `stages`
+  // items (thread 0's) carry the gates as copied. Only for the formats with
+  // affine rows (H200, KDA B = 256 / 512: damp -1.0% / -1.6%, int8-hadamard
+  // -1.3% / -1.2%, B <= 8 +0.1 us; applied to every format, bf16 and fp16,
+  // whose two stages put the refill nearer the critical path, took +2.4%
+  // to +2.8%, and damp-sr gained nothing).
+  const bool producer_decays = kProducerDecays && geo.kda;
+  const auto gates_ahead = [&] {
+    return scratch + ScratchFloats(t, geo.d_v) + m.warp * GatesAheadFloats(t);
+  };
+  const auto fetch_gates = [&](int j) {  // every lane of a producer warp
+    const int it = blockIdx.x + j * stride;
+    if (it < items) {
+      for (int c = 4 * m.lane; c < geo.d_k; c += 128) {
+        CopyAsync16(gates_ahead() + c, p.g + int64_t{it} * geo.d_k + c);
+      }
+    }
+    CpAsyncCommit();
+  };
+  // Every lane, its gates complete: their decays into `stage`.
+  const auto decay_gates = [&](uint8_t* stage) {
+    float* decays = reinterpret_cast<float*>(stage + sl.g);
+    for (int c = 4 * m.lane; c < geo.d_k; c += 128) {
+      const float4 g = *reinterpret_cast<const float4*>(gates_ahead() + c);
+      *reinterpret_cast<float4*>(decays + c) =
+          make_float4(DecayExp(g.x), DecayExp(g.y), DecayExp(g.z), DecayExp(g.w));
+    }
+    __syncwarp();  // every lane's decays before lane 0's arrival publishes them
+  };
+  // The producer of the CTA's j-th item (j >= stages; lane 0, and with
+  // producer_decays the whole warp): stages it into stage s (its decays
+  // first), then fetches the scalars (and gates) of its next one.
   const auto stage_item = [&](int s, int j) {
     CpAsyncWaitAll();
-    issue(s, m.warp, j);
-    fetch_ahead(m.warp, j + producers);
+    if (producer_decays) decay_gates(stage_base + s * sl.bytes);
+    if (m.lane == 0) {
+      issue(s, m.warp, j, producer_decays);
+      fetch_ahead(m.warp, j + producers);
+    }
+    if (producer_decays) fetch_gates(j + producers);
   };
   // Early heads: bit s of `headed` (thread 0) says the first-stage item s's
   // head copy is in flight on full[s], its bytes expected, no arrival yet.
@@ -666,8 +730,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   }
   __syncthreads();  // barriers initialized; the prologue's slots are read
   // Every producer's first item j >= stages.
-  if (m.lane == 0 && m.warp < producers) {
-    fetch_ahead(m.warp, sl.stages + (m.warp - sl.stages % producers + producers) % producers);
+  if (m.warp < producers) {
+    const int j = sl.stages + (m.warp - sl.stages % producers + producers) % producers;
+    if (m.lane == 0) fetch_ahead(m.warp, j);
+    if (producer_decays) fetch_gates(j);
   }
 
   // The item's value head, kept incrementally (a runtime modulo per use
@@ -695,12 +761,14 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     const auto refill = [&] {
       const bool one = sl.stages == 1;
       const int j = n + (one ? 1 : sl.stages - 1);  // the CTA-local item to stage
-      if (m.lane != 0 || static_cast<unsigned>(j) % producers != static_cast<unsigned>(m.warp)) {
+      if ((m.lane != 0 && !producer_decays) ||
+          static_cast<unsigned>(j) % producers != static_cast<unsigned>(m.warp)) {
         return;  // (unsigned: j >= 0, a mask for the usual power-of-two stripe count)
       }
       if ((!one && n == 0) || item + (j - n) * stride >= items) return;  // n == 0: staged up front
       const int sx = one ? st : (st == 0 ? sl.stages - 1 : st - 1);
-      MbarrierWait(&empty[sx], one || st > 0 ? parity : parity ^ 1u);
+      if (m.lane == 0) MbarrierWait(&empty[sx], one || st > 0 ? parity : parity ^ 1u);
+      if (producer_decays) __syncwarp();  // the stage is free for every lane's writes
       stage_item(sx, j);
     };
     MbarrierWait(&full[st], parity);
@@ -723,7 +791,8 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
                                : kFixed ? LdMeta<Src::kSwizzled, float>(global_ref)
                                         : LdMeta<Src::kShared, float>(head_s + l.global_offset);
     float kk[kTileSteps], qs[kTileSteps], a[kTileSteps];
-    const RowSource in = StagedRowSource(p, geo, sl, stage, a_head);
+    const bool gates_decayed = kProducerDecays && geo.kda && StagedGatesDecayed(stage, sl) != 0;
+    const RowSource in = StagedRowSource(p, geo, sl, stage, a_head, gates_decayed);
     GatherRowsPaired<kDtype, kFixed>(m, geo.d_k, in, WarpRows(scratch, t, geo.d_v, m), kk, qs, a);
     float s[kTileSteps][kTileColsPerLane];
     LoadItemTile<F, kFixed>(l, head_s, m, global_scale, s, a);

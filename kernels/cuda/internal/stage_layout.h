@@ -37,15 +37,26 @@ SC_HD int64_t WarpScratchOffset(const DecodeTiling& t, int d_v) {
 SC_HD int64_t ScratchFloats(const DecodeTiling& t, int d_v) {
   return WarpScratchOffset(t, d_v) + int64_t{t.warps} * kWarpScratchFloats;
 }
+// The pipelined kernel's scratch: ScratchFloats, then one KDA gate vector
+// (row_warps * 64 floats, 16-byte aligned) per producer warp (one per
+// stripe), fetched one staging ahead of the item it decays
+// (PipelinedDecodeKernel).
+SC_HD int64_t GatesAheadFloats(const DecodeTiling& t) {
+  return int64_t{t.row_warps} * kTileRowsPerWarp;
+}
+SC_HD int64_t PipelinedScratchFloats(const DecodeTiling& t, int d_v) {
+  return ScratchFloats(t, d_v) + t.stripes * GatesAheadFloats(t);
+}
 
 // 4-byte words of a stage's header (StageLayout::header).
-inline constexpr int kStageHeaderWords = 4;
+inline constexpr int kStageHeaderWords = 8;
 
 // Byte offsets inside one shared-memory stage (all multiples of 16; the
 // stage itself is 1024-byte aligned and a multiple of 1024 bytes).
 struct StageLayout {
   int header = 0;      // kStageHeaderWords: the staged item's int32 slot, float beta,
-                       // float exp(g) (GDN), int32 head row (StagedHeadRow)
+                       // float exp(g) (GDN), int32 head row (StagedHeadRow), int32
+                       // 1 when the KDA gates are decays already (StagedGatesDecayed)
   int head = 0;        // packed head [head_bytes], 1024-byte aligned
   int tma_rows = 0;    // > 0: the head arrives by tensor-map copies of tma_rows
                        // 128-byte rows each, 128-byte swizzled (Src::kSwizzled)
@@ -160,7 +171,7 @@ inline void FitStages(int ctas, int max_smem_per_sm, int max_smem_per_block, int
 // threads). d_v: the columns of one CTA's item.
 inline void ChooseStages(const DecodeTiling& t, int d_v, int max_smem_per_sm,
                          int max_smem_per_block, int forced, StageLayout* sl) {
-  sl->scratch_bytes = AlignUp(ScratchFloats(t, d_v) * 4, 1024);
+  sl->scratch_bytes = AlignUp(PipelinedScratchFloats(t, d_v) * 4, 1024);
   FitStages(t.threads >= 512 ? 1 : 512 / t.threads, max_smem_per_sm, max_smem_per_block, forced,
             sl);
 }
