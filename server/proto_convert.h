@@ -32,7 +32,9 @@
 namespace statecache {
 
 // Packed-format revision carried in CompatibilityTags.format_version.
-inline constexpr uint32_t kPackedFormatVersion = 1;
+// 2: lo metadata in row blocks of 8, unit-major (head_layout.h); 1 stored
+// it row-major. Exported states of another revision are refused on import.
+inline constexpr uint32_t kPackedFormatVersion = 2;
 
 // Geometry. kInvalidArgument naming "geometry.<field>" when invalid
 // (ModelGeometry::Validate) or the arch is unspecified.

@@ -58,9 +58,10 @@ std::vector<double> ReferenceState(const Trajectory& t, int upto) {
 double Int8HadamardError(const std::vector<double>& row) {
   std::vector<float> x(row.begin(), row.end()), y(32);
   BlockHadamard32(x.data(), 32);
-  uint8_t codes[32], meta[4];
-  EncodeRow(RowCodec::kAffineU8, x.data(), 32, codes, meta, 0.0f);
-  DecodeRow(RowCodec::kAffineU8, codes, meta, 32, 0.0f, y.data());
+  constexpr int kMetaBytes = RowMetaUnitBytes(RowCodec::kAffineU8);  // one group
+  uint8_t codes[32], meta[kMetaBytes];
+  EncodeRow(RowCodec::kAffineU8, x.data(), 32, codes, meta, kMetaBytes, 0.0f);
+  DecodeRow(RowCodec::kAffineU8, codes, meta, kMetaBytes, 32, 0.0f, y.data());
   double e = 0;
   for (int j = 0; j < 32; ++j) e += (double{y[j]} - x[j]) * (double{y[j]} - x[j]);
   return e;

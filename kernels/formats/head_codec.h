@@ -34,10 +34,9 @@ SC_HD float AbsMax(const float* x, int n) {
   return m;
 }
 
-// Encodes one row x[0..d_v) with codec c. `meta` may be null for meta-less
-// codecs; `global_scale` is used by nvfp4 only.
-SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_t* meta,
-                     float global_scale) {
+// Encodes one row x[0..d_v) with an FP codec (fp32, fp16, bf16: no
+// metadata; the hi rows' codecs, HiRowCodec). Other codecs write nothing.
+SC_HD void EncodeFpRow(RowCodec c, const float* x, int d_v, uint8_t* codes) {
   switch (c) {
     case RowCodec::kFp32:
       for (int j = 0; j < d_v; ++j) StoreF32(codes + 4 * j, x[j]);
@@ -47,6 +46,24 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
       return;
     case RowCodec::kBf16:
       for (int j = 0; j < d_v; ++j) StoreU16(codes + 2 * j, FloatToBf16Bits(x[j]));
+      return;
+    default:
+      return;
+  }
+}
+
+// Encodes one row x[0..d_v) with codec c. `meta`: the row's first metadata
+// unit, the next one meta_stride bytes further (RowMetaUnitBytes(c) for a
+// row's own contiguous buffer; a packed head's rows: LoMetaUnitOffset /
+// LoMetaUnitStride); unused by the FP codecs. `global_scale` is used by
+// nvfp4 only.
+SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_t* meta,
+                     int64_t meta_stride, float global_scale) {
+  switch (c) {
+    case RowCodec::kFp32:
+    case RowCodec::kFp16:
+    case RowCodec::kBf16:
+      EncodeFpRow(c, x, d_v, codes);
       return;
     case RowCodec::kAffineU8:
     case RowCodec::kAffineU4: {
@@ -62,8 +79,8 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
           mx = xg[j] > mx ? xg[j] : mx;
         }
         const AffineParams p = MakeAffineParams(mn, mx, qmax);
-        StoreU16(meta + 4 * g, p.s_bits);
-        StoreU16(meta + 4 * g + 2, p.z_bits);
+        StoreU16(meta + g * meta_stride, p.s_bits);
+        StoreU16(meta + g * meta_stride + 2, p.z_bits);
         uint8_t q[kGroupSize];
         for (int j = 0; j < kGroupSize; ++j) q[j] = AffineEncode(xg[j], p, qmax);
         if (u4) {
@@ -84,7 +101,7 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
         const float amax = AbsMax(xg, kGroupSize);
         const float s = sym ? MakeSymScale(amax) : MakeFp8Scale(amax);
         const float inv_s = 1.0f / s;
-        StoreF32(meta + 4 * g, s);
+        StoreF32(meta + g * meta_stride, s);
         for (int j = 0; j < kGroupSize; ++j) {
           codes[g * kGroupSize + j] = sym ? static_cast<uint8_t>(SymEncode(xg[j], inv_s))
                                           : Fp8Encode(xg[j], inv_s);
@@ -96,7 +113,7 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
       for (int b = 0; b < d_v / kNvfp4BlockSize; ++b) {
         const float* xb = x + b * kNvfp4BlockSize;
         const uint8_t sb = MakeNvfp4BlockScale(AbsMax(xb, kNvfp4BlockSize), global_scale);
-        meta[b] = sb;
+        meta[b * meta_stride] = sb;
         const float mult = Nvfp4BlockMultiplier(sb, global_scale);
         for (int j = 0; j < kNvfp4BlockSize; j += 2) {
           codes[(b * kNvfp4BlockSize + j) / 2] = static_cast<uint8_t>(
@@ -110,13 +127,10 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
   }
 }
 
-// Decodes one row into x[0..d_v).
-// row_scale multiplies the row's dequantization: the group / block scale of a
-// quantized codec (s' = row_scale * s, one rounding), each value of an FP
-// codec. 1 decodes the stored values exactly; the decode kernels pass the
-// row's decay of the first token (decode_math.h).
-SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int d_v,
-                     float global_scale, float* x, float row_scale = 1.0f) {
+// Decodes one row of an FP codec (as EncodeFpRow's) into x[0..d_v), each
+// value times row_scale (see DecodeRow).
+SC_HD void DecodeFpRow(RowCodec c, const uint8_t* codes, int d_v, float* x,
+                       float row_scale = 1.0f) {
   switch (c) {
     case RowCodec::kFp32:
       for (int j = 0; j < d_v; ++j) x[j] = row_scale * LoadF32(codes + 4 * j);
@@ -127,12 +141,31 @@ SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int 
     case RowCodec::kBf16:
       for (int j = 0; j < d_v; ++j) x[j] = row_scale * Bf16BitsToFloat(LoadU16(codes + 2 * j));
       return;
+    default:
+      return;
+  }
+}
+
+// Decodes one row into x[0..d_v).
+// row_scale multiplies the row's dequantization: the group / block scale of a
+// quantized codec (s' = row_scale * s, one rounding), each value of an FP
+// codec. 1 decodes the stored values exactly; the decode kernels pass the
+// row's decay of the first token (decode_math.h). meta, meta_stride: as for
+// EncodeRow.
+SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int64_t meta_stride,
+                     int d_v, float global_scale, float* x, float row_scale = 1.0f) {
+  switch (c) {
+    case RowCodec::kFp32:
+    case RowCodec::kFp16:
+    case RowCodec::kBf16:
+      DecodeFpRow(c, codes, d_v, x, row_scale);
+      return;
     case RowCodec::kAffineU8:
     case RowCodec::kAffineU4: {
       const bool u4 = c == RowCodec::kAffineU4;
       for (int g = 0; g < d_v / kGroupSize; ++g) {
-        const float s = row_scale * HalfBitsToFloat(LoadU16(meta + 4 * g));
-        const float z = HalfBitsToFloat(LoadU16(meta + 4 * g + 2));
+        const float s = row_scale * HalfBitsToFloat(LoadU16(meta + g * meta_stride));
+        const float z = HalfBitsToFloat(LoadU16(meta + g * meta_stride + 2));
         float* xg = x + g * kGroupSize;
         if (u4) {
           const uint8_t* cg = codes + g * kGroupSize / 2;
@@ -150,7 +183,7 @@ SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int 
     case RowCodec::kFp8E4m3: {
       const bool sym = c == RowCodec::kSymI8;
       for (int g = 0; g < d_v / kGroupSize; ++g) {
-        const float s = row_scale * LoadF32(meta + 4 * g);
+        const float s = row_scale * LoadF32(meta + g * meta_stride);
         for (int j = 0; j < kGroupSize; ++j) {
           const uint8_t q = codes[g * kGroupSize + j];
           x[g * kGroupSize + j] = sym ? SymDecode(static_cast<int8_t>(q), s) : Fp8Decode(q, s);
@@ -160,7 +193,7 @@ SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int 
     }
     case RowCodec::kNvfp4: {
       for (int b = 0; b < d_v / kNvfp4BlockSize; ++b) {
-        const float mult = row_scale * Nvfp4BlockMultiplier(meta[b], global_scale);
+        const float mult = row_scale * Nvfp4BlockMultiplier(meta[b * meta_stride], global_scale);
         for (int j = 0; j < kNvfp4BlockSize; ++j) {
           const int idx = b * kNvfp4BlockSize + j;
           x[idx] = Nvfp4Decode(static_cast<uint8_t>((codes[idx / 2] >> (4 * (idx & 1))) & 0xf), mult);
@@ -187,12 +220,12 @@ SC_HD void EncodeHead(const PackedHeadLayout& l, const float* w, uint8_t* head) 
     StoreF32(head + l.global_offset, global_scale);
   }
   for (int r = 0; r < l.k_hi; ++r) {
-    EncodeRow(l.hi, w + r * l.d_v, l.d_v, head + l.hi_offset + r * l.hi_row_bytes, nullptr, 0.0f);
+    EncodeFpRow(l.hi, w + r * l.d_v, l.d_v, head + l.hi_offset + r * l.hi_row_bytes);
   }
   for (int r = 0; r < l.lo_rows(); ++r) {
     EncodeRow(l.lo, w + (l.k_hi + r) * l.d_v, l.d_v,
-              head + l.lo_codes_offset + r * l.lo_code_row_bytes,
-              head + l.lo_meta_offset + r * l.lo_meta_row_bytes, global_scale);
+              head + l.lo_codes_offset + r * l.lo_code_row_bytes, head + LoMetaUnitOffset(l, r, 0),
+              LoMetaUnitStride(l, r), global_scale);
   }
 }
 
@@ -207,12 +240,12 @@ SC_HD void DecodeHead(const PackedHeadLayout& l, const uint8_t* head, float* w,
   }
   const float global_scale = l.has_global_scale ? LoadF32(head + l.global_offset) : 0.0f;
   for (int r = 0; r < l.k_hi; ++r) {
-    DecodeRow(l.hi, head + l.hi_offset + r * l.hi_row_bytes, nullptr, l.d_v, 0.0f, w + r * l.d_v,
-              row_scale != nullptr ? row_scale[r] : 1.0f);
+    DecodeFpRow(l.hi, head + l.hi_offset + r * l.hi_row_bytes, l.d_v, w + r * l.d_v,
+                row_scale != nullptr ? row_scale[r] : 1.0f);
   }
   for (int r = 0; r < l.lo_rows(); ++r) {
     DecodeRow(l.lo, head + l.lo_codes_offset + r * l.lo_code_row_bytes,
-              head + l.lo_meta_offset + r * l.lo_meta_row_bytes, l.d_v, global_scale,
+              head + LoMetaUnitOffset(l, r, 0), LoMetaUnitStride(l, r), l.d_v, global_scale,
               w + (l.k_hi + r) * l.d_v, row_scale != nullptr ? row_scale[l.k_hi + r] : 1.0f);
   }
 }

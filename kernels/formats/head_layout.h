@@ -5,8 +5,19 @@
 //
 //   hi rows   [k_hi][d_v]            hi codec (fp16 for damp / damp-sr)
 //   lo codes  [d_k - k_hi][code bytes per row]
-//   lo meta   [d_k - k_hi][meta bytes per row]   (s, z / scales per group)
+//   lo meta   (d_k - k_hi) x (meta bytes per row): one unit per group (s, z /
+//             scale) or nvfp4 block, unit-major in blocks of 8 rows (below)
 //   global    fp32 global scale (nvfp4 only)
+//
+// Lo metadata in row blocks: block b holds lo rows 8b .. 8b + n - 1 (n = 8,
+// fewer in the last block) as [unit][n], so unit u of row r sits at
+//   lo_meta_offset + 8b * meta_bytes_per_row + (u * n + r % 8) * unit bytes
+// (LoMetaUnitOffset). The units of one group of 8 rows are contiguous: a
+// GPU warp, which owns one group (a 32-column stripe) of its rows, stores
+// them as whole 32-byte sectors instead of one 4-byte word per row-major
+// 16-byte row (H200, B = 256: DAMP decode -1.5% GDN / -1.1% KDA,
+// docs/BENCHMARKS.md). Rows with one unit (STEPQuant's row scales) are plain
+// row order. (Packed-format revision 2, server/proto_convert.h.)
 //
 // Rows are in stored order: row r holds key channel key_perm[r] of the
 // model's layout, so the k_hi protected rows come first. For DAMP at
@@ -54,16 +65,26 @@ SC_HD_CONSTEXPR int64_t RowCodeBytes(RowCodec c, int d_v) {
   return 0;
 }
 
-// Bytes of per-group metadata for one row of d_v values.
-SC_HD_CONSTEXPR int64_t RowMetaBytes(RowCodec c, int d_v) {
+// Bytes of one metadata unit (a group's or nvfp4 block's parameters).
+SC_HD_CONSTEXPR int RowMetaUnitBytes(RowCodec c) {
   switch (c) {
     case RowCodec::kAffineU8:
-    case RowCodec::kAffineU4: return (d_v / kGroupSize) * 4;  // fp16 s, z
+    case RowCodec::kAffineU4: return 4;  // fp16 s, z
     case RowCodec::kSymI8:
-    case RowCodec::kFp8E4m3: return (d_v / kGroupSize) * 4;   // fp32 s
-    case RowCodec::kNvfp4: return d_v / kNvfp4BlockSize;      // e4m3 s_b
+    case RowCodec::kFp8E4m3: return 4;   // fp32 s
+    case RowCodec::kNvfp4: return 1;     // e4m3 s_b
     default: return 0;
   }
+}
+
+// Values of a row that one metadata unit covers.
+SC_HD_CONSTEXPR int RowMetaUnitValues(RowCodec c) {
+  return c == RowCodec::kNvfp4 ? kNvfp4BlockSize : kGroupSize;
+}
+
+// Bytes of per-group metadata for one row of d_v values.
+SC_HD_CONSTEXPR int64_t RowMetaBytes(RowCodec c, int d_v) {
+  return int64_t{d_v / RowMetaUnitValues(c)} * RowMetaUnitBytes(c);
 }
 
 struct PackedHeadLayout {
@@ -83,6 +104,7 @@ struct PackedHeadLayout {
   int64_t hi_row_bytes = 0;
   int64_t lo_code_row_bytes = 0;
   int64_t lo_meta_row_bytes = 0;
+  int64_t lo_meta_unit_bytes = 0;  // one unit of lo metadata (lo_meta_row_bytes if one per row)
   bool has_global_scale = false;
   // STEPQuant only (0 otherwise): nominal code width, and the per-head
   // metadata bytes (fp16 column scales [d_v]) at global_offset.
@@ -119,11 +141,13 @@ SC_HD PackedHeadLayout MakeHeadLayout(const FormatSpec& spec, int d_k, int d_v) 
   l.hi_row_bytes = RowCodeBytes(l.hi, d_v);
   l.lo_code_row_bytes = RowCodeBytes(l.lo, d_v);
   l.lo_meta_row_bytes = RowMetaBytes(l.lo, d_v);
+  l.lo_meta_unit_bytes = RowMetaUnitBytes(l.lo);
   l.has_global_scale = l.lo == RowCodec::kNvfp4;
   if (l.lo == RowCodec::kStepQuant) {
     l.step_bits = StepQuantNominalBits(spec.format);
     l.lo_code_row_bytes = int64_t{d_v} * l.step_bits / 8;
     l.lo_meta_row_bytes = 2;            // fp16 row scale
+    l.lo_meta_unit_bytes = 2;
     l.head_meta_bytes = 2LL * d_v;      // fp16 column scales
   }
   int64_t off = 0;
@@ -138,6 +162,45 @@ SC_HD PackedHeadLayout MakeHeadLayout(const FormatSpec& spec, int d_k, int d_v) 
   if (l.head_meta_bytes > 0) off = AlignUp(off + l.head_meta_bytes, kHeadAlignment);
   l.head_bytes = off;
   return l;
+}
+
+// Rows of a lo metadata block (see the layout above).
+inline constexpr int kMetaRowBlock = 8;
+
+// Rows of the lo metadata block that starts at lo row `first` (a multiple
+// of kMetaRowBlock): kMetaRowBlock, fewer in the last one.
+SC_HD int64_t LoMetaBlockRows(const PackedHeadLayout& l, int first) {
+  if (l.lo_rows() % kMetaRowBlock == 0) return kMetaRowBlock;  // folds for fixed layouts
+  return l.lo_rows() - first < kMetaRowBlock ? l.lo_rows() - first : kMetaRowBlock;
+}
+
+// Byte offset in the head of metadata unit u of lo row r (0 <= r < lo_rows).
+SC_HD int64_t LoMetaUnitOffset(const PackedHeadLayout& l, int r, int u) {
+  const int in_block = static_cast<int>(static_cast<unsigned>(r) % kMetaRowBlock);
+  const int first = r - in_block;
+  return l.lo_meta_offset + first * l.lo_meta_row_bytes +
+         (u * LoMetaBlockRows(l, first) + in_block) * l.lo_meta_unit_bytes;
+}
+
+// Unit u of lo row r0 + rl, where r0 is a multiple of 16 and rows r0 ..
+// r0 + 15 are lo rows (two whole blocks: a fixed-shape tile's row step),
+// is at LoMetaPairOffset(l, r0) + LoMetaInPairOffset(l, rl, u): the second
+// part does not depend on r0, so a GPU lane computes it once for all its
+// row steps.
+SC_HD int64_t LoMetaPairOffset(const PackedHeadLayout& l, int r0) {
+  return l.lo_meta_offset + r0 * l.lo_meta_row_bytes;
+}
+SC_HD int64_t LoMetaInPairOffset(const PackedHeadLayout& l, int rl, int u) {
+  const int row_block = static_cast<int>(static_cast<unsigned>(rl) / kMetaRowBlock);  // 0 or 1
+  const int in_block = static_cast<int>(static_cast<unsigned>(rl) % kMetaRowBlock);
+  return row_block * kMetaRowBlock * l.lo_meta_row_bytes +
+         (u * kMetaRowBlock + in_block) * l.lo_meta_unit_bytes;
+}
+
+// Bytes from unit u to unit u + 1 of lo row r.
+SC_HD int64_t LoMetaUnitStride(const PackedHeadLayout& l, int r) {
+  return LoMetaBlockRows(l, r - static_cast<int>(static_cast<unsigned>(r) % kMetaRowBlock)) *
+         l.lo_meta_unit_bytes;
 }
 
 }  // namespace statecache

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/common/host_device.h"
+#include "kernels/formats/head_layout.h"
 
 namespace statecache {
 namespace cuda_internal {
@@ -41,19 +42,33 @@ SC_HD SwizzledRef operator+(SwizzledRef r, int64_t d) {
   return r;
 }
 
-// Row `r0 + rl` of a region of rows of row_bytes starting at `offset`
-// (r0 a multiple of 16, rl < 16): when span = 16 * row_bytes is a power of
-// two >= 128 that divides offset + r0 * row_bytes, the row block and the
-// lane's row inside it split as SwizzledRef needs; otherwise everything goes
-// into in_block (exact, without the savings). For a fixed layout every
-// operand but rl is a compile-time constant, so the test folds away.
-SC_HD SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes, int r0, int rl) {
-  const int64_t span = 16 * row_bytes;
-  const int64_t block = offset + r0 * row_bytes;
+// Offset block + in_block of a region at `base` (in_block < span), split
+// for SwizzledRef when span is a power of two >= 128 that divides block (for
+// a fixed layout every operand but the lane's in_block is a compile-time
+// constant, so the test folds away); otherwise everything goes into
+// in_block (exact, without the savings).
+SC_HD SwizzledRef SplitRef(uint32_t base, int64_t block, int64_t in_block, int64_t span) {
   if (span >= 128 && (span & (span - 1)) == 0 && block % span == 0) {
-    return SwizzledRef{base, static_cast<uint32_t>(block), static_cast<uint32_t>(rl * row_bytes)};
+    return SwizzledRef{base, static_cast<uint32_t>(block), static_cast<uint32_t>(in_block)};
   }
-  return SwizzledRef{base, 0, static_cast<uint32_t>(block + rl * row_bytes)};
+  return SwizzledRef{base, 0, static_cast<uint32_t>(block + in_block)};
+}
+
+// Row `r0 + rl` of a region of rows of row_bytes starting at `offset`
+// (r0 a multiple of 16, rl < 16): the row block and the lane's row inside
+// it, split with span = 16 * row_bytes.
+SC_HD SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes, int r0, int rl) {
+  return SplitRef(base, offset + r0 * row_bytes, rl * row_bytes, 16 * row_bytes);
+}
+
+// Metadata unit u of lo row r0 + rl of a packed head at `base`, where r0 is
+// a multiple of 16 and rows r0 .. r0 + 15 are lo rows (as every row step of
+// a fixed-shape tile): LoMetaPairOffset / LoMetaInPairOffset (head_layout.h)
+// split as RowRef's rows, so the lane's part is swizzled once for all row
+// steps.
+SC_HD SwizzledRef LoMetaRef(uint32_t base, const PackedHeadLayout& l, int r0, int rl, int u) {
+  return SplitRef(base, LoMetaPairOffset(l, r0), LoMetaInPairOffset(l, rl, u),
+                  2 * kMetaRowBlock * l.lo_meta_row_bytes);
 }
 
 // ---- Whole-line stores of FP tiles (tile_common.cuh, StoreStepLines) ----

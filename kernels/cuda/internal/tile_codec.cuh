@@ -62,10 +62,14 @@ struct NonDeducedT {
 template <typename T>
 using NonDeduced = typename NonDeducedT<T>::type;
 
-// RowRef (swizzle.h) for an unswizzled region: a plain pointer.
+// RowRef / LoMetaRef (swizzle.h) for an unswizzled region: plain pointers.
 __device__ __forceinline__ const uint8_t* RowRef(const uint8_t* base, int64_t offset,
                                                  int64_t row_bytes, int r0, int rl) {
   return base + offset + (r0 + rl) * row_bytes;
+}
+__device__ __forceinline__ const uint8_t* LoMetaRef(const uint8_t* base, const PackedHeadLayout& l,
+                                                    int r0, int rl, int u) {
+  return base + LoMetaUnitOffset(l, r0 + rl, u);
 }
 
 // The swizzled shared-memory address of a kSwizzled location.
@@ -201,8 +205,9 @@ __device__ __forceinline__ AffineRowParams AffineRowParamsOf(uint32_t meta, floa
 }
 
 // ---- Row codec: load 16 values ------------------------------------------------
-// codes: start of this row's codes; meta: start of this row's metadata;
-// col0: the lane's first column, stripe * 32 + cl * W.
+// codes: start of this row's codes; meta: this lane's metadata unit of the
+// row (its group's, or nvfp4 block's: LoMetaRef); col0: the lane's first
+// column, stripe * 32 + cl * W.
 
 // P: const uint8_t*, or SwizzledRef for kSwizzled.
 // row_scale: DecodeRow's per-row factor (head_codec.h), folded into the
@@ -239,7 +244,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
   } else if constexpr (C == RowCodec::kAffineU8) {
     const uint4 u = Ld16<S>(codes + col0);
     const AffineRowParams r =
-        AffineRowParamsOf(LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize)), row_scale);
+        AffineRowParamsOf(LdMeta<S, uint32_t>(meta), row_scale);
     // AffineDecode: fma(s, q, -(s z)) = fma(s 2^24, q 2^-24, -(s z)): the same
     // exact product, s 2^24 finite (s: an FP16 scale times a decay <= 1, the
     // binding validates g <= 0).
@@ -258,7 +263,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
   } else if constexpr (C == RowCodec::kAffineU4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
     const AffineRowParams r =
-        AffineRowParamsOf(LdMeta<S, uint32_t>(meta + 4 * (col0 / kGroupSize)), row_scale);
+        AffineRowParamsOf(LdMeta<S, uint32_t>(meta), row_scale);
     const float c = -(r.s * r.z);  // AffineDecode
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
@@ -268,7 +273,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
     }
   } else if constexpr (C == RowCodec::kSymI8) {
     const uint4 u = Ld16<S>(codes + col0);
-    const float s = row_scale * LdMeta<S, float>(meta + 4 * (col0 / kGroupSize));
+    const float s = row_scale * LdMeta<S, float>(meta);
     const float bias = kMagicByte + 128.0f;
     const uint32_t w[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u,
                            u.w ^ 0x80808080u};
@@ -281,7 +286,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
     }
   } else if constexpr (C == RowCodec::kFp8E4m3) {
     const uint4 u = Ld16<S>(codes + col0);
-    const float s = row_scale * LdMeta<S, float>(meta + 4 * (col0 / kGroupSize));
+    const float s = row_scale * LdMeta<S, float>(meta);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
@@ -290,7 +295,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
   } else if constexpr (C == RowCodec::kNvfp4) {
     const uint2 u = Ld8<S>(codes + col0 / 2);
     const float mult = row_scale * Nvfp4BlockMultiplier(
-                                       LdMeta<S, uint8_t>(meta + col0 / kNvfp4BlockSize), global_scale);
+                                       LdMeta<S, uint8_t>(meta), global_scale);
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
@@ -301,7 +306,8 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
 
 // ---- Row codec: store 16 values -----------------------------------------------
 // Both lanes of a pair call this together (it shuffles with lane ^ 1); the
-// lane with the even lane index writes the group's metadata.
+// lane with the even lane index writes the group's metadata. codes, meta,
+// col0: as for LoadRow16.
 
 __device__ __forceinline__ uint32_t PackBytes(int32_t a, int32_t b, int32_t c, int32_t d) {
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
@@ -441,7 +447,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     const AffineParams p = MakeAffineParamsOfWidened(RangeMin(r), RangeMax(r), AffineQmax<C>());
     EncodeAffineRow<C>(codes, col0, x, p.inv_s, p.z, AffineFastPathExact(p));
     if (write_meta) {
-      *reinterpret_cast<uint32_t*>(meta + 4 * (col0 / kGroupSize)) = AffineMetaWord(p);
+      *reinterpret_cast<uint32_t*>(meta) = AffineMetaWord(p);
     }
   } else if constexpr (C == RowCodec::kSymI8 || C == RowCodec::kFp8E4m3) {
     float amax = LaneAbsMax<16>(x);
@@ -471,7 +477,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
                                         PackBytes(q[8], q[9], q[10], q[11]),
                                         PackBytes(q[12], q[13], q[14], q[15])));
     }
-    if (write_meta) *reinterpret_cast<float*>(meta + 4 * (col0 / kGroupSize)) = s;
+    if (write_meta) *reinterpret_cast<float*>(meta) = s;
   } else if constexpr (C == RowCodec::kNvfp4) {
     const uint8_t sb = MakeNvfp4BlockScale(LaneAbsMax<16>(x), global_scale);
     const float mult = Nvfp4BlockMultiplier(sb, global_scale);
@@ -481,7 +487,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
       w[e / 8] |= static_cast<uint32_t>(Nvfp4Encode(x[e], mult)) << (4 * (e % 8));
     }
     StStream8(codes + col0 / 2, make_uint2(w[0], w[1]));
-    meta[col0 / kNvfp4BlockSize] = sb;  // one block per lane
+    *meta = sb;  // one block per lane
   }
 }
 

@@ -90,8 +90,8 @@ __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_
     } else {
       const int lr = r - l.k_hi;
       LoadRow16<kLo, S, LaneWidth<F>()>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
-                     head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0, global_scale,
-                     s[i], row_scale != nullptr ? row_scale[i] : 1.0f);
+                     head + LoMetaUnitOffset(l, lr, m.col0 / RowMetaUnitValues(kLo)), m.col0,
+                     global_scale, s[i], row_scale != nullptr ? row_scale[i] : 1.0f);
     }
   }
 }
@@ -143,8 +143,8 @@ __device__ __forceinline__ void StoreTile(const PackedHeadLayout& l, uint8_t* he
     } else {
       const int lr = r - l.k_hi;
       StoreRow16<kLo, LaneWidth<F>()>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
-                      head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0, global_scale,
-                      m.cl == 0, s[i]);
+                      head + LoMetaUnitOffset(l, lr, m.col0 / RowMetaUnitValues(kLo)), m.col0,
+                      global_scale, m.cl == 0, s[i]);
     }
   }
 }
@@ -170,8 +170,8 @@ __device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, H head,
   const auto load_lo = [&](int i) {
     LoadRow16<LoRowCodec(F), S, W>(
         RowRef(head, l.lo_codes_offset, l.lo_code_row_bytes, r0(i) - l.k_hi, m.rl),
-        RowRef(head, l.lo_meta_offset, l.lo_meta_row_bytes, r0(i) - l.k_hi, m.rl), m.col0,
-        global_scale, s[i], row_scale[i]);
+        LoMetaRef(head, l, r0(i) - l.k_hi, m.rl, m.col0 / RowMetaUnitValues(LoRowCodec(F))),
+        m.col0, global_scale, s[i], row_scale[i]);
   };
   if (IsMixedFormat(F) && hi_step0) {
     const auto hi = RowRef(head, l.hi_offset, l.hi_row_bytes, r0(0), m.rl);
@@ -272,13 +272,14 @@ __device__ __forceinline__ void StoreAffineStepsFixed(
   // then rewrites every row (the thread's later stores win).
   encode(std::true_type{});
   if (!fast) encode(std::false_type{});
+  // The lane's unit in every row step's pair of metadata blocks.
+  const int64_t meta_lane = LoMetaInPairOffset(l, m.rl, m.col0 / kGroupSize);
 #pragma unroll
   for (int p = 0; p < (N + 1) / 2; ++p) {
     const int j = 2 * p + m.cl;
     if (j < N) {
-      const int lr = m.row(kFirst + j) - l.k_hi;
-      *reinterpret_cast<uint32_t*>(head + l.lo_meta_offset + lr * l.lo_meta_row_bytes +
-                                   4 * (m.col0 / kGroupSize)) = meta[p];
+      const int r0 = m.row(kFirst + j) - m.rl - l.k_hi;
+      *reinterpret_cast<uint32_t*>(head + LoMetaPairOffset(l, r0) + meta_lane) = meta[p];
     }
   }
 }
@@ -355,7 +356,7 @@ __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_
     const auto store_lo = [&](int i) {
       const int lr = m.row(i) - l.k_hi;
       StoreRow16<kLo, W>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
-                         head + l.lo_meta_offset + lr * l.lo_meta_row_bytes, m.col0,
+                         head + LoMetaUnitOffset(l, lr, m.col0 / RowMetaUnitValues(kLo)), m.col0,
                          global_scale, m.cl == 0, s[i]);
     };
     if (IsMixedFormat(F) && hi_step0) {
