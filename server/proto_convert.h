@@ -32,8 +32,9 @@
 namespace statecache {
 
 // Packed-format revision carried in CompatibilityTags.format_version.
-// 2: lo metadata in row blocks of 8, unit-major (head_layout.h); 1 stored
-// it row-major. Exported states of another revision are refused on import.
+// 2: quantized lo rows' codes and metadata in row blocks of 8, unit-major
+// (head_layout.h); 1 stored them row-major. Exported states of another
+// revision are refused on import.
 inline constexpr uint32_t kPackedFormatVersion = 2;
 
 // Geometry. kInvalidArgument naming "geometry.<field>" when invalid

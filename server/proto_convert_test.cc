@@ -97,7 +97,7 @@ TEST(TagsTest, EveryDifferingTagIsFailedPrecondition) {
   t = tags;
   t.set_format_version(99);
   expect_mismatch(t, "tags.format_version");
-  // Revision 1 stored the lo metadata row-major: its bytes do not decode here.
+  // Revision 1 stored the lo rows row-major: its bytes do not decode here.
   EXPECT_EQ(tags.format_version(), 2u);
   t.set_format_version(1);
   expect_mismatch(t, "tags.format_version");

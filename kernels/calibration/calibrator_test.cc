@@ -58,10 +58,11 @@ std::vector<double> ReferenceState(const Trajectory& t, int upto) {
 double Int8HadamardError(const std::vector<double>& row) {
   std::vector<float> x(row.begin(), row.end()), y(32);
   BlockHadamard32(x.data(), 32);
-  constexpr int kMetaBytes = RowMetaUnitBytes(RowCodec::kAffineU8);  // one group
-  uint8_t codes[32], meta[kMetaBytes];
-  EncodeRow(RowCodec::kAffineU8, x.data(), 32, codes, meta, kMetaBytes, 0.0f);
-  DecodeRow(RowCodec::kAffineU8, codes, meta, kMetaBytes, 32, 0.0f, y.data());
+  uint8_t codes[32], meta[4];  // one group
+  EncodeRow(RowCodec::kAffineU8, x.data(), 32, ContiguousRowUnits(RowCodec::kAffineU8, codes, meta),
+            0.0f);
+  DecodeRow(RowCodec::kAffineU8, ContiguousRowUnits<const uint8_t>(RowCodec::kAffineU8, codes, meta),
+            32, 0.0f, y.data());
   double e = 0;
   for (int j = 0; j < 32; ++j) e += (double{y[j]} - x[j]) * (double{y[j]} - x[j]);
   return e;

@@ -16,8 +16,9 @@ double CodecError(RowCodec c, const std::vector<float>& x, const float* col_scal
   const int d_v = static_cast<int>(x.size());
   std::vector<uint8_t> codes(RowCodeBytes(c, d_v)), meta(RowMetaBytes(c, d_v) + 4);
   std::vector<float> y(d_v);
-  EncodeRow(c, x.data(), d_v, codes.data(), meta.data(), RowMetaUnitBytes(c), 0.0f);
-  DecodeRow(c, codes.data(), meta.data(), RowMetaUnitBytes(c), d_v, 0.0f, y.data());
+  EncodeRow(c, x.data(), d_v, ContiguousRowUnits(c, codes.data(), meta.data()), 0.0f);
+  DecodeRow(c, ContiguousRowUnits<const uint8_t>(c, codes.data(), meta.data()), d_v, 0.0f,
+            y.data());
   double e = 0.0;
   for (int j = 0; j < d_v; ++j) {
     double d = double{y[j]} - x[j];

@@ -36,7 +36,9 @@ TEST(RowRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
     };
     const Region regions[] = {
         {"hi", l.hi_offset, l.hi_row_bytes, 0, l.k_hi},
-        {"lo codes", l.lo_codes_offset, l.lo_code_row_bytes, l.k_hi, 128 - l.k_hi},
+        // Quantized lo rows are in row blocks (LoUnitRef, below).
+        {"lo codes", l.lo_codes_offset, HasLoUnits(l) ? 0 : l.lo_code_row_bytes, l.k_hi,
+         128 - l.k_hi},
     };
     int64_t checked = 0;
     for (const Region& g : regions) {
@@ -58,39 +60,43 @@ TEST(RowRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
         }
       }
     }
-    EXPECT_GT(checked, 0) << FormatName(f);
+    // Uniform quantized formats have neither hi rows nor plain lo rows.
+    EXPECT_EQ(checked > 0, l.k_hi > 0 || !HasLoUnits(l)) << FormatName(f);
   }
 }
 
-// Every metadata unit byte LoadTileFixed reads through LoMetaRef (lo row
-// blocks r0 = 16 * step - k_hi, lane row rl, the lane's unit u) lands where
-// the plain swizzle of LoMetaUnitOffset puts it, for every format's fixed
-// layout and a few 1024-aligned stage bases.
-TEST(LoMetaRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
+// Every code and metadata byte of a quantized lo row that LoadTileFixed
+// reads through LoUnitRef (row steps r0 = 16 * step - k_hi, lane row rl, the
+// lane's unit u, any byte of it) lands where the plain swizzle of
+// LoUnitOffset puts it, for every format's fixed layout and a few
+// 1024-aligned stage bases; and the split holds (the lane's part is
+// swizzled once per item).
+TEST(LoUnitRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
   int64_t checked = 0;
   for (StateFormat f : AllStateFormats()) {
     const PackedHeadLayout l = FixedShapeHeadLayout(f);
-    if (l.lo_meta_unit_bytes == 0) continue;
-    const int units = static_cast<int>(l.lo_meta_row_bytes / l.lo_meta_unit_bytes);
-    for (uint32_t base : {0u, 1024u, 7u * 1024u}) {
-      for (int r0 = 0; r0 < l.lo_rows(); r0 += 16) {
-        for (int rl = 0; rl < 16 && r0 + rl < l.lo_rows(); ++rl) {
-          for (int u = 0; u < units; ++u) {
-            for (int64_t d = 0; d < l.lo_meta_unit_bytes; ++d) {
-              const SwizzledRef ref = LoMetaRef(base, l, r0, rl, u) + d;
-              // Split: the lane's part is swizzled once per item (SwizzledRef).
-              ASSERT_EQ(ref.block, static_cast<uint32_t>(LoMetaUnitOffset(l, r0, 0)));
-              const uint32_t want =
-                  base + Swizzle128(static_cast<uint32_t>(LoMetaUnitOffset(l, r0 + rl, u) + d));
-              ASSERT_EQ(ref.addr(), want) << FormatName(f) << " row " << r0 + rl << " unit " << u;
-              ++checked;
+    if (!HasLoUnits(l)) continue;
+    const int units = 128 / RowMetaUnitValues(l.lo);
+    for (const LoSection& sec : {LoCodes(l), LoMeta(l)}) {
+      for (uint32_t base : {0u, 1024u, 7u * 1024u}) {
+        for (int r0 = 0; r0 < l.lo_rows(); r0 += 16) {
+          for (int rl = 0; rl < 16; ++rl) {
+            for (int u = 0; u < units; ++u) {
+              for (int d = 0; d < sec.unit_bytes; ++d) {
+                const SwizzledRef ref = LoUnitRef(base, sec, r0, rl, u, d);
+                ASSERT_EQ(ref.block, static_cast<uint32_t>(LoPairOffset(sec, r0)));
+                const uint32_t want =
+                    base + Swizzle128(static_cast<uint32_t>(LoUnitOffset(l, sec, r0 + rl, u) + d));
+                ASSERT_EQ(ref.addr(), want) << FormatName(f) << " row " << r0 + rl << " unit " << u;
+                ++checked;
+              }
             }
           }
         }
       }
     }
   }
-  EXPECT_GT(checked, 1000);
+  EXPECT_GT(checked, 100000);
 }
 
 // The fallback (a region whose row blocks do not align to their span) is

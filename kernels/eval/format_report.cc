@@ -75,10 +75,11 @@ absl::StatusOr<std::vector<int32_t>> ErrorEnergyKeyPerm(Backend& backend,
           const float* s = &state[h * head_values + int64_t{u} * geo.d_v];
           std::copy(s, s + geo.d_v, row.begin());
           BlockHadamard32(row.data(), geo.d_v);
-          EncodeRow(RowCodec::kAffineU8, row.data(), geo.d_v, codes.data(), meta.data(),
-                    RowMetaUnitBytes(RowCodec::kAffineU8), 0.0f);
-          DecodeRow(RowCodec::kAffineU8, codes.data(), meta.data(),
-                    RowMetaUnitBytes(RowCodec::kAffineU8), geo.d_v, 0.0f, back.data());
+          EncodeRow(RowCodec::kAffineU8, row.data(), geo.d_v,
+                    ContiguousRowUnits(RowCodec::kAffineU8, codes.data(), meta.data()), 0.0f);
+          DecodeRow(RowCodec::kAffineU8,
+                    ContiguousRowUnits<const uint8_t>(RowCodec::kAffineU8, codes.data(), meta.data()),
+                    geo.d_v, 0.0f, back.data());
           double e = 0;
           for (int j = 0; j < geo.d_v; ++j) e += (double{back[j]} - row[j]) * (back[j] - row[j]);
           energy[h * geo.d_k + u] += e;

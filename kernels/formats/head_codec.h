@@ -52,18 +52,46 @@ SC_HD void EncodeFpRow(RowCodec c, const float* x, int d_v, uint8_t* codes) {
   }
 }
 
-// Encodes one row x[0..d_v) with codec c. `meta`: the row's first metadata
-// unit, the next one meta_stride bytes further (RowMetaUnitBytes(c) for a
-// row's own contiguous buffer; a packed head's rows: LoMetaUnitOffset /
-// LoMetaUnitStride); unused by the FP codecs. `global_scale` is used by
-// nvfp4 only.
-SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_t* meta,
-                     int64_t meta_stride, float global_scale) {
+// Where one row's units (groups of 32 values, or nvfp4 blocks of 16) are:
+// unit u's codes at codes + u * code_stride, its metadata at meta + u *
+// meta_stride. FP codecs use `codes` as the row's start only.
+template <typename Byte>
+struct RowUnitsOf {
+  Byte* codes = nullptr;
+  int64_t code_stride = 0;
+  Byte* meta = nullptr;
+  int64_t meta_stride = 0;
+};
+using RowUnits = RowUnitsOf<uint8_t>;
+using ConstRowUnits = RowUnitsOf<const uint8_t>;
+
+// A row in buffers of its own: units back to back (codes: RowCodeBytes(c,
+// d_v), meta: RowMetaBytes(c, d_v)).
+template <typename Byte>
+SC_HD RowUnitsOf<Byte> ContiguousRowUnits(RowCodec c, Byte* codes, Byte* meta) {
+  return RowUnitsOf<Byte>{codes, RowCodeBytes(c, RowMetaUnitValues(c)), meta,
+                          RowMetaUnitBytes(c)};
+}
+
+// Lo row r of a packed head: its units in the row blocks of head_layout.h
+// (plain rows for FP lo codecs).
+template <typename Byte>
+SC_HD RowUnitsOf<Byte> LoRowUnits(const PackedHeadLayout& l, Byte* head, int r) {
+  if (!HasLoUnits(l)) {
+    return RowUnitsOf<Byte>{head + l.lo_codes_offset + r * l.lo_code_row_bytes, 0, nullptr, 0};
+  }
+  return RowUnitsOf<Byte>{head + LoUnitOffset(l, LoCodes(l), r, 0), LoUnitStride(l, LoCodes(l), r),
+                          head + LoUnitOffset(l, LoMeta(l), r, 0), LoUnitStride(l, LoMeta(l), r)};
+}
+
+// Encodes one row x[0..d_v) with codec c into its units (u). `global_scale`
+// is used by nvfp4 only.
+SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, const RowUnits& u, float global_scale) {
   switch (c) {
     case RowCodec::kFp32:
     case RowCodec::kFp16:
     case RowCodec::kBf16:
-      EncodeFpRow(c, x, d_v, codes);
+      EncodeFpRow(c, x, d_v, u.codes);
       return;
     case RowCodec::kAffineU8:
     case RowCodec::kAffineU4: {
@@ -79,16 +107,17 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
           mx = xg[j] > mx ? xg[j] : mx;
         }
         const AffineParams p = MakeAffineParams(mn, mx, qmax);
-        StoreU16(meta + g * meta_stride, p.s_bits);
-        StoreU16(meta + g * meta_stride + 2, p.z_bits);
+        StoreU16(u.meta + g * u.meta_stride, p.s_bits);
+        StoreU16(u.meta + g * u.meta_stride + 2, p.z_bits);
         uint8_t q[kGroupSize];
         for (int j = 0; j < kGroupSize; ++j) q[j] = AffineEncode(xg[j], p, qmax);
+        uint8_t* cg = u.codes + g * u.code_stride;
         if (u4) {
           for (int j = 0; j < kGroupSize; j += 2) {
-            codes[(g * kGroupSize + j) / 2] = static_cast<uint8_t>(q[j] | (q[j + 1] << 4));
+            cg[j / 2] = static_cast<uint8_t>(q[j] | (q[j + 1] << 4));
           }
         } else {
-          for (int j = 0; j < kGroupSize; ++j) codes[g * kGroupSize + j] = q[j];
+          for (int j = 0; j < kGroupSize; ++j) cg[j] = q[j];
         }
       }
       return;
@@ -101,10 +130,10 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
         const float amax = AbsMax(xg, kGroupSize);
         const float s = sym ? MakeSymScale(amax) : MakeFp8Scale(amax);
         const float inv_s = 1.0f / s;
-        StoreF32(meta + g * meta_stride, s);
+        StoreF32(u.meta + g * u.meta_stride, s);
+        uint8_t* cg = u.codes + g * u.code_stride;
         for (int j = 0; j < kGroupSize; ++j) {
-          codes[g * kGroupSize + j] = sym ? static_cast<uint8_t>(SymEncode(xg[j], inv_s))
-                                          : Fp8Encode(xg[j], inv_s);
+          cg[j] = sym ? static_cast<uint8_t>(SymEncode(xg[j], inv_s)) : Fp8Encode(xg[j], inv_s);
         }
       }
       return;
@@ -113,10 +142,11 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, uint8_t* codes, uint8_
       for (int b = 0; b < d_v / kNvfp4BlockSize; ++b) {
         const float* xb = x + b * kNvfp4BlockSize;
         const uint8_t sb = MakeNvfp4BlockScale(AbsMax(xb, kNvfp4BlockSize), global_scale);
-        meta[b * meta_stride] = sb;
+        u.meta[b * u.meta_stride] = sb;
         const float mult = Nvfp4BlockMultiplier(sb, global_scale);
+        uint8_t* cb = u.codes + b * u.code_stride;
         for (int j = 0; j < kNvfp4BlockSize; j += 2) {
-          codes[(b * kNvfp4BlockSize + j) / 2] = static_cast<uint8_t>(
+          cb[j / 2] = static_cast<uint8_t>(
               Nvfp4Encode(xb[j], mult) | (Nvfp4Encode(xb[j + 1], mult) << 4));
         }
       }
@@ -150,30 +180,28 @@ SC_HD void DecodeFpRow(RowCodec c, const uint8_t* codes, int d_v, float* x,
 // row_scale multiplies the row's dequantization: the group / block scale of a
 // quantized codec (s' = row_scale * s, one rounding), each value of an FP
 // codec. 1 decodes the stored values exactly; the decode kernels pass the
-// row's decay of the first token (decode_math.h). meta, meta_stride: as for
-// EncodeRow.
-SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int64_t meta_stride,
-                     int d_v, float global_scale, float* x, float row_scale = 1.0f) {
+// row's decay of the first token (decode_math.h). u: as for EncodeRow.
+SC_HD void DecodeRow(RowCodec c, const ConstRowUnits& u, int d_v, float global_scale, float* x,
+                     float row_scale = 1.0f) {
   switch (c) {
     case RowCodec::kFp32:
     case RowCodec::kFp16:
     case RowCodec::kBf16:
-      DecodeFpRow(c, codes, d_v, x, row_scale);
+      DecodeFpRow(c, u.codes, d_v, x, row_scale);
       return;
     case RowCodec::kAffineU8:
     case RowCodec::kAffineU4: {
       const bool u4 = c == RowCodec::kAffineU4;
       for (int g = 0; g < d_v / kGroupSize; ++g) {
-        const float s = row_scale * HalfBitsToFloat(LoadU16(meta + g * meta_stride));
-        const float z = HalfBitsToFloat(LoadU16(meta + g * meta_stride + 2));
+        const float s = row_scale * HalfBitsToFloat(LoadU16(u.meta + g * u.meta_stride));
+        const float z = HalfBitsToFloat(LoadU16(u.meta + g * u.meta_stride + 2));
         float* xg = x + g * kGroupSize;
+        const uint8_t* cg = u.codes + g * u.code_stride;
         if (u4) {
-          const uint8_t* cg = codes + g * kGroupSize / 2;
           for (int j = 0; j < kGroupSize; ++j) {
             xg[j] = AffineDecode(static_cast<uint8_t>((cg[j / 2] >> (4 * (j & 1))) & 0xf), s, z);
           }
         } else {
-          const uint8_t* cg = codes + g * kGroupSize;
           for (int j = 0; j < kGroupSize; ++j) xg[j] = AffineDecode(cg[j], s, z);
         }
       }
@@ -183,9 +211,10 @@ SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int6
     case RowCodec::kFp8E4m3: {
       const bool sym = c == RowCodec::kSymI8;
       for (int g = 0; g < d_v / kGroupSize; ++g) {
-        const float s = row_scale * LoadF32(meta + g * meta_stride);
+        const float s = row_scale * LoadF32(u.meta + g * u.meta_stride);
+        const uint8_t* cg = u.codes + g * u.code_stride;
         for (int j = 0; j < kGroupSize; ++j) {
-          const uint8_t q = codes[g * kGroupSize + j];
+          const uint8_t q = cg[j];
           x[g * kGroupSize + j] = sym ? SymDecode(static_cast<int8_t>(q), s) : Fp8Decode(q, s);
         }
       }
@@ -193,10 +222,12 @@ SC_HD void DecodeRow(RowCodec c, const uint8_t* codes, const uint8_t* meta, int6
     }
     case RowCodec::kNvfp4: {
       for (int b = 0; b < d_v / kNvfp4BlockSize; ++b) {
-        const float mult = row_scale * Nvfp4BlockMultiplier(meta[b * meta_stride], global_scale);
+        const float mult =
+            row_scale * Nvfp4BlockMultiplier(u.meta[b * u.meta_stride], global_scale);
+        const uint8_t* cb = u.codes + b * u.code_stride;
         for (int j = 0; j < kNvfp4BlockSize; ++j) {
-          const int idx = b * kNvfp4BlockSize + j;
-          x[idx] = Nvfp4Decode(static_cast<uint8_t>((codes[idx / 2] >> (4 * (idx & 1))) & 0xf), mult);
+          x[b * kNvfp4BlockSize + j] =
+              Nvfp4Decode(static_cast<uint8_t>((cb[j / 2] >> (4 * (j & 1))) & 0xf), mult);
         }
       }
       return;
@@ -223,9 +254,7 @@ SC_HD void EncodeHead(const PackedHeadLayout& l, const float* w, uint8_t* head) 
     EncodeFpRow(l.hi, w + r * l.d_v, l.d_v, head + l.hi_offset + r * l.hi_row_bytes);
   }
   for (int r = 0; r < l.lo_rows(); ++r) {
-    EncodeRow(l.lo, w + (l.k_hi + r) * l.d_v, l.d_v,
-              head + l.lo_codes_offset + r * l.lo_code_row_bytes, head + LoMetaUnitOffset(l, r, 0),
-              LoMetaUnitStride(l, r), global_scale);
+    EncodeRow(l.lo, w + (l.k_hi + r) * l.d_v, l.d_v, LoRowUnits(l, head, r), global_scale);
   }
 }
 
@@ -244,9 +273,8 @@ SC_HD void DecodeHead(const PackedHeadLayout& l, const uint8_t* head, float* w,
                 row_scale != nullptr ? row_scale[r] : 1.0f);
   }
   for (int r = 0; r < l.lo_rows(); ++r) {
-    DecodeRow(l.lo, head + l.lo_codes_offset + r * l.lo_code_row_bytes,
-              head + LoMetaUnitOffset(l, r, 0), LoMetaUnitStride(l, r), l.d_v, global_scale,
-              w + (l.k_hi + r) * l.d_v, row_scale != nullptr ? row_scale[l.k_hi + r] : 1.0f);
+    DecodeRow(l.lo, LoRowUnits(l, head, r), l.d_v, global_scale, w + (l.k_hi + r) * l.d_v,
+              row_scale != nullptr ? row_scale[l.k_hi + r] : 1.0f);
   }
 }
 

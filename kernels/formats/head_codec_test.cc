@@ -77,8 +77,9 @@ TEST_P(RowCodecTest, AdversarialRowsStayWithinBound) {
   for (const NamedRow& row : AdversarialRows()) {
     std::vector<uint8_t> codes(RowCodeBytes(c, kDv)), meta(RowMetaBytes(c, kDv) + 4);
     std::vector<float> back(kDv);
-    EncodeRow(c, row.x.data(), kDv, codes.data(), meta.data(), RowMetaUnitBytes(c), 0.0f);
-    DecodeRow(c, codes.data(), meta.data(), RowMetaUnitBytes(c), kDv, 0.0f, back.data());
+    EncodeRow(c, row.x.data(), kDv, ContiguousRowUnits(c, codes.data(), meta.data()), 0.0f);
+    DecodeRow(c, ContiguousRowUnits<const uint8_t>(c, codes.data(), meta.data()), kDv, 0.0f,
+              back.data());
     for (int j = 0; j < kDv; ++j) {
       ASSERT_TRUE(std::isfinite(back[j])) << row.name << " j=" << j;
       EXPECT_LE(std::fabs(double{back[j]} - row.x[j]), Bound(c, row.x, j))
@@ -93,10 +94,10 @@ INSTANTIATE_TEST_SUITE_P(AllCodecs, RowCodecTest,
                                            RowCodec::kSymI8, RowCodec::kFp8E4m3,
                                            RowCodec::kNvfp4));
 
-// EncodeHead writes each lo row's codes and metadata units where the layout
-// puts them (LoMetaUnitOffset: row blocks of 8, the last one shorter): the
-// same bytes as EncodeRow of the row alone with contiguous units.
-TEST(HeadCodecTest, LoRowsLandAtTheirCodeRowsAndMetadataUnits) {
+// EncodeHead writes each quantized lo row's code and metadata units where the
+// layout puts them (LoUnitOffset: row blocks of 8, the last one shorter):
+// the same bytes as EncodeRow of the row alone into contiguous buffers.
+TEST(HeadCodecTest, LoRowsLandInTheirUnitsOfTheRowBlocks) {
   std::mt19937 rng(5);
   std::normal_distribution<float> n01(0.0f, 1.0f);
   int64_t checked = 0;
@@ -105,24 +106,26 @@ TEST(HeadCodecTest, LoRowsLandAtTheirCodeRowsAndMetadataUnits) {
       if (!IsMixedFormat(f) && k_hi != 0) continue;
       for (int d_k : {64, 83}) {
         const PackedHeadLayout l = MakeHeadLayout(FormatSpec{f, k_hi}, d_k, kDv);
-        if (l.lo_meta_row_bytes == 0 || l.lo == RowCodec::kStepQuant || l.has_global_scale) {
-          continue;  // nvfp4's rows depend on the head's global scale
-        }
+        if (!HasLoUnits(l) || l.has_global_scale) continue;  // nvfp4: the head's global scale
         std::vector<float> w(int64_t{d_k} * kDv);
         for (float& x : w) x = n01(rng);
         std::vector<uint8_t> head(l.head_bytes);
         EncodeHead(l, w.data(), head.data());
-        const int units = static_cast<int>(l.lo_meta_row_bytes / l.lo_meta_unit_bytes);
+        const int units = kDv / RowMetaUnitValues(l.lo);
         std::vector<uint8_t> codes(l.lo_code_row_bytes), meta(l.lo_meta_row_bytes);
         for (int r = 0; r < l.lo_rows(); ++r) {
-          EncodeRow(l.lo, w.data() + int64_t{l.k_hi + r} * kDv, kDv, codes.data(), meta.data(),
-                    l.lo_meta_unit_bytes, 0.0f);
-          for (int64_t b = 0; b < l.lo_code_row_bytes; ++b) {
-            ASSERT_EQ(head[l.lo_codes_offset + r * l.lo_code_row_bytes + b], codes[b]);
-          }
+          EncodeRow(l.lo, w.data() + int64_t{l.k_hi + r} * kDv, kDv,
+                    ContiguousRowUnits(l.lo, codes.data(), meta.data()), 0.0f);
           for (int u = 0; u < units; ++u) {
+            for (int64_t b = 0; b < l.lo_code_unit_bytes; ++b) {
+              ASSERT_EQ(head[LoUnitOffset(l, LoCodes(l), r, u) + b],
+                        codes[u * l.lo_code_unit_bytes + b])
+                  << FormatName(f) << " k_hi " << k_hi << " d_k " << d_k << " row " << r
+                  << " unit " << u;
+            }
             for (int64_t b = 0; b < l.lo_meta_unit_bytes; ++b) {
-              ASSERT_EQ(head[LoMetaUnitOffset(l, r, u) + b], meta[u * l.lo_meta_unit_bytes + b])
+              ASSERT_EQ(head[LoUnitOffset(l, LoMeta(l), r, u) + b],
+                        meta[u * l.lo_meta_unit_bytes + b])
                   << FormatName(f) << " k_hi " << k_hi << " d_k " << d_k << " row " << r
                   << " unit " << u;
             }

@@ -4,20 +4,23 @@
 // size is a multiple of kHeadAlignment so consecutive heads stay aligned):
 //
 //   hi rows   [k_hi][d_v]            hi codec (fp16 for damp / damp-sr)
-//   lo codes  [d_k - k_hi][code bytes per row]
-//   lo meta   (d_k - k_hi) x (meta bytes per row): one unit per group (s, z /
-//             scale) or nvfp4 block, unit-major in blocks of 8 rows (below)
+//   lo codes  (d_k - k_hi) x (code bytes per row)
+//   lo meta   (d_k - k_hi) x (meta bytes per row)
 //   global    fp32 global scale (nvfp4 only)
 //
-// Lo metadata in row blocks: block b holds lo rows 8b .. 8b + n - 1 (n = 8,
-// fewer in the last block) as [unit][n], so unit u of row r sits at
-//   lo_meta_offset + 8b * meta_bytes_per_row + (u * n + r % 8) * unit bytes
-// (LoMetaUnitOffset). The units of one group of 8 rows are contiguous: a
-// GPU warp, which owns one group (a 32-column stripe) of its rows, stores
-// them as whole 32-byte sectors instead of one 4-byte word per row-major
-// 16-byte row (H200, B = 256: DAMP decode -1.5% GDN / -1.1% KDA,
-// docs/BENCHMARKS.md). Rows with one unit (STEPQuant's row scales) are plain
-// row order. (Packed-format revision 2, server/proto_convert.h.)
+// Quantized lo rows (one metadata unit - s, z or a scale - per group of 32
+// values, or per nvfp4 block of 16) store both lo sections in row blocks:
+// block b holds lo rows 8b .. 8b + n - 1 (n = 8, fewer in the last block)
+// unit-major, [unit][n][unit bytes], so unit u of lo row r sits at
+//   section offset + 8b * row bytes + (u * n + r % 8) * unit bytes
+// (LoUnitOffset; unit bytes: a group's codes, e.g. 32 for int8, or its
+// metadata, e.g. 4). A GPU warp owns one group (a 32-column stripe) of 16
+// rows: its codes and metadata are whole 128-byte lines and 32-byte sectors
+// of the section, which it stores as such, instead of a 32-byte and a
+// 4-byte piece of every row of row-major rows (H200, B = 256, DAMP decode
+// GDN 103.3 -> 98.2 us, KDA 105.8 -> 101.2, docs/BENCHMARKS.md). FP lo rows
+// (fp32 / fp16 / bf16 formats) are plain rows. (Packed-format revision 2,
+// server/proto_convert.h.)
 //
 // Rows are in stored order: row r holds key channel key_perm[r] of the
 // model's layout, so the k_hi protected rows come first. For DAMP at
@@ -65,7 +68,8 @@ SC_HD_CONSTEXPR int64_t RowCodeBytes(RowCodec c, int d_v) {
   return 0;
 }
 
-// Bytes of one metadata unit (a group's or nvfp4 block's parameters).
+// Bytes of one metadata unit (a group's or nvfp4 block's parameters); 0 for
+// codecs without units (FP, and STEPQuant's per-row scales).
 SC_HD_CONSTEXPR int RowMetaUnitBytes(RowCodec c) {
   switch (c) {
     case RowCodec::kAffineU8:
@@ -104,7 +108,8 @@ struct PackedHeadLayout {
   int64_t hi_row_bytes = 0;
   int64_t lo_code_row_bytes = 0;
   int64_t lo_meta_row_bytes = 0;
-  int64_t lo_meta_unit_bytes = 0;  // one unit of lo metadata (lo_meta_row_bytes if one per row)
+  int64_t lo_code_unit_bytes = 0;  // codes of one unit (group / block), 0: plain rows
+  int64_t lo_meta_unit_bytes = 0;  // metadata of one unit, 0: plain rows
   bool has_global_scale = false;
   // STEPQuant only (0 otherwise): nominal code width, and the per-head
   // metadata bytes (fp16 column scales [d_v]) at global_offset.
@@ -142,12 +147,12 @@ SC_HD PackedHeadLayout MakeHeadLayout(const FormatSpec& spec, int d_k, int d_v) 
   l.lo_code_row_bytes = RowCodeBytes(l.lo, d_v);
   l.lo_meta_row_bytes = RowMetaBytes(l.lo, d_v);
   l.lo_meta_unit_bytes = RowMetaUnitBytes(l.lo);
+  l.lo_code_unit_bytes = l.lo_meta_unit_bytes > 0 ? RowCodeBytes(l.lo, RowMetaUnitValues(l.lo)) : 0;
   l.has_global_scale = l.lo == RowCodec::kNvfp4;
   if (l.lo == RowCodec::kStepQuant) {
     l.step_bits = StepQuantNominalBits(spec.format);
     l.lo_code_row_bytes = int64_t{d_v} * l.step_bits / 8;
     l.lo_meta_row_bytes = 2;            // fp16 row scale
-    l.lo_meta_unit_bytes = 2;
     l.head_meta_bytes = 2LL * d_v;      // fp16 column scales
   }
   int64_t off = 0;
@@ -164,43 +169,56 @@ SC_HD PackedHeadLayout MakeHeadLayout(const FormatSpec& spec, int d_k, int d_v) 
   return l;
 }
 
-// Rows of a lo metadata block (see the layout above).
-inline constexpr int kMetaRowBlock = 8;
+// Rows of a lo row block (see the layout above).
+inline constexpr int kLoRowBlock = 8;
 
-// Rows of the lo metadata block that starts at lo row `first` (a multiple
-// of kMetaRowBlock): kMetaRowBlock, fewer in the last one.
-SC_HD int64_t LoMetaBlockRows(const PackedHeadLayout& l, int first) {
-  if (l.lo_rows() % kMetaRowBlock == 0) return kMetaRowBlock;  // folds for fixed layouts
-  return l.lo_rows() - first < kMetaRowBlock ? l.lo_rows() - first : kMetaRowBlock;
+// A lo section stored in row blocks: its offset in the head, bytes per row
+// and per unit.
+struct LoSection {
+  int64_t offset = 0;
+  int64_t row_bytes = 0;
+  int64_t unit_bytes = 0;
+};
+SC_HD LoSection LoCodes(const PackedHeadLayout& l) {
+  return LoSection{l.lo_codes_offset, l.lo_code_row_bytes, l.lo_code_unit_bytes};
+}
+SC_HD LoSection LoMeta(const PackedHeadLayout& l) {
+  return LoSection{l.lo_meta_offset, l.lo_meta_row_bytes, l.lo_meta_unit_bytes};
 }
 
-// Byte offset in the head of metadata unit u of lo row r (0 <= r < lo_rows).
-SC_HD int64_t LoMetaUnitOffset(const PackedHeadLayout& l, int r, int u) {
-  const int in_block = static_cast<int>(static_cast<unsigned>(r) % kMetaRowBlock);
+// Whether the lo rows are quantized, stored in row blocks (else plain rows).
+SC_HD bool HasLoUnits(const PackedHeadLayout& l) { return l.lo_meta_unit_bytes > 0; }
+
+// Rows of the lo row block that starts at lo row `first` (a multiple of
+// kLoRowBlock): kLoRowBlock, fewer in the last one.
+SC_HD int64_t LoBlockRows(const PackedHeadLayout& l, int first) {
+  if (l.lo_rows() % kLoRowBlock == 0) return kLoRowBlock;  // folds for fixed layouts
+  return l.lo_rows() - first < kLoRowBlock ? l.lo_rows() - first : kLoRowBlock;
+}
+
+// Byte offset in the head of unit u of lo row r (0 <= r < lo_rows) of a
+// section in row blocks.
+SC_HD int64_t LoUnitOffset(const PackedHeadLayout& l, const LoSection& s, int r, int u) {
+  const int in_block = static_cast<int>(static_cast<unsigned>(r) % kLoRowBlock);
   const int first = r - in_block;
-  return l.lo_meta_offset + first * l.lo_meta_row_bytes +
-         (u * LoMetaBlockRows(l, first) + in_block) * l.lo_meta_unit_bytes;
-}
-
-// Unit u of lo row r0 + rl, where r0 is a multiple of 16 and rows r0 ..
-// r0 + 15 are lo rows (two whole blocks: a fixed-shape tile's row step),
-// is at LoMetaPairOffset(l, r0) + LoMetaInPairOffset(l, rl, u): the second
-// part does not depend on r0, so a GPU lane computes it once for all its
-// row steps.
-SC_HD int64_t LoMetaPairOffset(const PackedHeadLayout& l, int r0) {
-  return l.lo_meta_offset + r0 * l.lo_meta_row_bytes;
-}
-SC_HD int64_t LoMetaInPairOffset(const PackedHeadLayout& l, int rl, int u) {
-  const int row_block = static_cast<int>(static_cast<unsigned>(rl) / kMetaRowBlock);  // 0 or 1
-  const int in_block = static_cast<int>(static_cast<unsigned>(rl) % kMetaRowBlock);
-  return row_block * kMetaRowBlock * l.lo_meta_row_bytes +
-         (u * kMetaRowBlock + in_block) * l.lo_meta_unit_bytes;
+  return s.offset + first * s.row_bytes + (u * LoBlockRows(l, first) + in_block) * s.unit_bytes;
 }
 
 // Bytes from unit u to unit u + 1 of lo row r.
-SC_HD int64_t LoMetaUnitStride(const PackedHeadLayout& l, int r) {
-  return LoMetaBlockRows(l, r - static_cast<int>(static_cast<unsigned>(r) % kMetaRowBlock)) *
-         l.lo_meta_unit_bytes;
+SC_HD int64_t LoUnitStride(const PackedHeadLayout& l, const LoSection& s, int r) {
+  return LoBlockRows(l, r - static_cast<int>(static_cast<unsigned>(r) % kLoRowBlock)) *
+         s.unit_bytes;
+}
+
+// Unit u of lo row r0 + rl, where r0 is a multiple of 16 and rows r0 ..
+// r0 + 15 are lo rows (two whole blocks: a fixed-shape tile's row step), is
+// at LoPairOffset(s, r0) + LoInPairOffset(s, rl, u): the second part does
+// not depend on r0, so a GPU lane computes it once for all its row steps.
+SC_HD int64_t LoPairOffset(const LoSection& s, int r0) { return s.offset + r0 * s.row_bytes; }
+SC_HD int64_t LoInPairOffset(const LoSection& s, int rl, int u) {
+  const int row_block = static_cast<int>(static_cast<unsigned>(rl) / kLoRowBlock);  // 0 or 1
+  const int in_block = static_cast<int>(static_cast<unsigned>(rl) % kLoRowBlock);
+  return row_block * kLoRowBlock * s.row_bytes + (u * kLoRowBlock + in_block) * s.unit_bytes;
 }
 
 }  // namespace statecache

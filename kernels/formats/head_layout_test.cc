@@ -65,9 +65,10 @@ TEST(HeadLayoutTest, EverySectionIsSixteenByteAligned) {
   }
 }
 
-// The lo metadata units tile the section exactly once, in row blocks of 8
-// (the last block shorter), each block unit-major.
-TEST(HeadLayoutTest, LoMetaUnitsTileTheSectionInRowBlocksOfEight) {
+// The code and metadata units of quantized lo rows tile their sections
+// exactly once, in row blocks of 8 (the last block shorter), each block
+// unit-major; FP and STEPQuant lo rows have no units.
+TEST(HeadLayoutTest, LoUnitsTileTheirSectionsInRowBlocksOfEight) {
   int64_t checked = 0;
   for (StateFormat f : AllStateFormats()) {
     for (int k_hi : {0, 7, 16, 33}) {
@@ -75,62 +76,76 @@ TEST(HeadLayoutTest, LoMetaUnitsTileTheSectionInRowBlocksOfEight) {
       for (int d_k : {128, 129, 64}) {
         for (int d_v : {32, 128, 256}) {
           const PackedHeadLayout l = MakeHeadLayout(FormatSpec{f, k_hi}, d_k, d_v);
-          if (l.lo_meta_row_bytes == 0 || l.lo == RowCodec::kStepQuant) continue;
-          ASSERT_GT(l.lo_meta_unit_bytes, 0) << FormatName(f);
-          const int units = static_cast<int>(l.lo_meta_row_bytes / l.lo_meta_unit_bytes);
-          EXPECT_EQ(units * l.lo_meta_unit_bytes, l.lo_meta_row_bytes);
-          EXPECT_EQ(units, d_v / RowMetaUnitValues(l.lo)) << FormatName(f);
-          std::vector<int> owner(l.lo_rows() * l.lo_meta_row_bytes, 0);
-          for (int r = 0; r < l.lo_rows(); ++r) {
-            const int64_t n = std::min(8, l.lo_rows() - r / 8 * 8);
-            EXPECT_EQ(LoMetaUnitStride(l, r), n * l.lo_meta_unit_bytes);
-            for (int u = 0; u < units; ++u) {
-              const int64_t off = LoMetaUnitOffset(l, r, u);
-              EXPECT_EQ(off, l.lo_meta_offset + r / 8 * 8 * l.lo_meta_row_bytes +
-                                 (u * n + r % 8) * l.lo_meta_unit_bytes);
-              if (u + 1 < units) {
-                EXPECT_EQ(LoMetaUnitOffset(l, r, u + 1) - off, LoMetaUnitStride(l, r));
-              }
-              for (int64_t b = 0; b < l.lo_meta_unit_bytes; ++b) {
-                const int64_t i = off + b - l.lo_meta_offset;
-                ASSERT_GE(i, 0);
-                ASSERT_LT(i, static_cast<int64_t>(owner.size()));
-                ++owner[i];
+          const bool quantized = l.lo != RowCodec::kFp32 && l.lo != RowCodec::kFp16 &&
+                                 l.lo != RowCodec::kBf16 && l.lo != RowCodec::kStepQuant;
+          ASSERT_EQ(HasLoUnits(l), quantized) << FormatName(f);
+          if (!quantized) {
+            EXPECT_EQ(l.lo_code_unit_bytes, 0);
+            continue;
+          }
+          const int units = d_v / RowMetaUnitValues(l.lo);
+          for (const LoSection& sec : {LoCodes(l), LoMeta(l)}) {
+            ASSERT_GT(sec.unit_bytes, 0) << FormatName(f);
+            EXPECT_EQ(units * sec.unit_bytes, sec.row_bytes);
+            std::vector<int> owner(l.lo_rows() * sec.row_bytes, 0);
+            for (int r = 0; r < l.lo_rows(); ++r) {
+              const int64_t n = std::min(8, l.lo_rows() - r / 8 * 8);
+              EXPECT_EQ(LoUnitStride(l, sec, r), n * sec.unit_bytes);
+              for (int u = 0; u < units; ++u) {
+                const int64_t off = LoUnitOffset(l, sec, r, u);
+                EXPECT_EQ(off, sec.offset + r / 8 * 8 * sec.row_bytes + (u * n + r % 8) * sec.unit_bytes);
+                if (u + 1 < units) EXPECT_EQ(LoUnitOffset(l, sec, r, u + 1) - off, LoUnitStride(l, sec, r));
+                for (int64_t b = 0; b < sec.unit_bytes; ++b) {
+                  const int64_t i = off + b - sec.offset;
+                  ASSERT_GE(i, 0);
+                  ASSERT_LT(i, static_cast<int64_t>(owner.size()));
+                  ++owner[i];
+                }
               }
             }
+            for (int c : owner) ASSERT_EQ(c, 1) << FormatName(f) << " " << k_hi << " " << d_k;
+            ++checked;
           }
-          for (int c : owner) ASSERT_EQ(c, 1) << FormatName(f) << " " << k_hi << " " << d_k;
-          ++checked;
         }
       }
     }
   }
-  EXPECT_GT(checked, 20);
+  EXPECT_GT(checked, 40);
 }
 
-// DAMP at 128 x 128: a group's units of 8 consecutive lo rows form one
-// 32-byte aligned run (a GPU warp stores them as one sector).
-TEST(HeadLayoutTest, DampGroupUnitsOfEightRowsAreOneSector) {
+// DAMP at 128 x 128: a group's codes of 8 consecutive lo rows are two whole
+// 128-byte lines, its metadata one 32-byte sector (what a GPU warp stores).
+TEST(HeadLayoutTest, DampGroupUnitsOfEightRowsAreWholeLinesAndSectors) {
   const PackedHeadLayout l = Layout("damp");
+  EXPECT_EQ(l.lo_code_unit_bytes, 32);
   EXPECT_EQ(l.lo_meta_unit_bytes, 4);
-  EXPECT_EQ(LoMetaUnitOffset(l, 0, 0), 18432);
-  EXPECT_EQ(LoMetaUnitOffset(l, 1, 0), 18432 + 4);
-  EXPECT_EQ(LoMetaUnitOffset(l, 0, 1), 18432 + 32);
-  EXPECT_EQ(LoMetaUnitOffset(l, 9, 2), 18432 + 128 + 64 + 4);
-  EXPECT_EQ(LoMetaUnitOffset(l, 111, 3), 18432 + 1792 - 4);
-  for (int r0 = 0; r0 < 112; r0 += 16) {
-    for (int rl = 0; rl < 16; ++rl) {
-      for (int u = 0; u < 4; ++u) {
-        EXPECT_EQ(LoMetaPairOffset(l, r0) + LoMetaInPairOffset(l, rl, u),
-                  LoMetaUnitOffset(l, r0 + rl, u));
+  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 0, 0), 4096);
+  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 1, 0), 4096 + 32);
+  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 0, 1), 4096 + 256);
+  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 9, 2), 4096 + 1024 + 512 + 32);
+  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 111, 3), 4096 + 14336 - 32);
+  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 0, 0), 18432);
+  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 1, 0), 18432 + 4);
+  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 0, 1), 18432 + 32);
+  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 9, 2), 18432 + 128 + 64 + 4);
+  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 111, 3), 18432 + 1792 - 4);
+  for (const LoSection& sec : {LoCodes(l), LoMeta(l)}) {
+    for (int r0 = 0; r0 < 112; r0 += 16) {
+      for (int rl = 0; rl < 16; ++rl) {
+        for (int u = 0; u < 4; ++u) {
+          EXPECT_EQ(LoPairOffset(sec, r0) + LoInPairOffset(sec, rl, u),
+                    LoUnitOffset(l, sec, r0 + rl, u));
+        }
       }
     }
-  }
-  for (int b = 0; b < 112 / 8; ++b) {
-    for (int u = 0; u < 4; ++u) {
-      const int64_t first = LoMetaUnitOffset(l, 8 * b, u);
-      EXPECT_EQ(first % 32, 0);
-      for (int r = 1; r < 8; ++r) EXPECT_EQ(LoMetaUnitOffset(l, 8 * b + r, u), first + 4 * r);
+    for (int b = 0; b < 112 / 8; ++b) {
+      for (int u = 0; u < 4; ++u) {
+        const int64_t first = LoUnitOffset(l, sec, 8 * b, u);
+        EXPECT_EQ(first % (8 * sec.unit_bytes), 0);  // 256-byte (codes) / 32-byte (meta) aligned
+        for (int r = 1; r < 8; ++r) {
+          EXPECT_EQ(LoUnitOffset(l, sec, 8 * b + r, u), first + r * sec.unit_bytes);
+        }
+      }
     }
   }
 }

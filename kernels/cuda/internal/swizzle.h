@@ -61,14 +61,14 @@ SC_HD SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes, int r
   return SplitRef(base, offset + r0 * row_bytes, rl * row_bytes, 16 * row_bytes);
 }
 
-// Metadata unit u of lo row r0 + rl of a packed head at `base`, where r0 is
+// Byte `byte` of unit u of lo row r0 + rl of a section in row blocks
+// (head_layout.h: codes or metadata) of a packed head at `base`, where r0 is
 // a multiple of 16 and rows r0 .. r0 + 15 are lo rows (as every row step of
-// a fixed-shape tile): LoMetaPairOffset / LoMetaInPairOffset (head_layout.h)
-// split as RowRef's rows, so the lane's part is swizzled once for all row
-// steps.
-SC_HD SwizzledRef LoMetaRef(uint32_t base, const PackedHeadLayout& l, int r0, int rl, int u) {
-  return SplitRef(base, LoMetaPairOffset(l, r0), LoMetaInPairOffset(l, rl, u),
-                  2 * kMetaRowBlock * l.lo_meta_row_bytes);
+// a fixed-shape tile): LoPairOffset / LoInPairOffset split as RowRef's
+// rows, so the lane's part is swizzled once for all row steps.
+SC_HD SwizzledRef LoUnitRef(uint32_t base, const LoSection& s, int r0, int rl, int u, int byte) {
+  return SplitRef(base, LoPairOffset(s, r0), LoInPairOffset(s, rl, u) + byte,
+                  2 * kLoRowBlock * s.row_bytes);
 }
 
 // ---- Whole-line stores of FP tiles (tile_common.cuh, StoreStepLines) ----

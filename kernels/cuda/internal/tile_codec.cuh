@@ -62,14 +62,43 @@ struct NonDeducedT {
 template <typename T>
 using NonDeduced = typename NonDeducedT<T>::type;
 
-// RowRef / LoMetaRef (swizzle.h) for an unswizzled region: plain pointers.
+// RowRef / LoUnitRef (swizzle.h) for an unswizzled region: plain pointers.
 __device__ __forceinline__ const uint8_t* RowRef(const uint8_t* base, int64_t offset,
                                                  int64_t row_bytes, int r0, int rl) {
   return base + offset + (r0 + rl) * row_bytes;
 }
-__device__ __forceinline__ const uint8_t* LoMetaRef(const uint8_t* base, const PackedHeadLayout& l,
-                                                    int r0, int rl, int u) {
-  return base + LoMetaUnitOffset(l, r0 + rl, u);
+__device__ __forceinline__ const uint8_t* LoUnitRef(const uint8_t* base, const LoSection& s,
+                                                    int r0, int rl, int u, int byte) {
+  return base + LoPairOffset(s, r0) + LoInPairOffset(s, rl, u) + byte;
+}
+
+// A lane's 16 values of a quantized row (columns col0 .. col0 + 15) lie in
+// one unit (a group, or an nvfp4 block): its index, and the byte of the
+// lane's first code inside the unit's codes.
+template <RowCodec C>
+__device__ __forceinline__ int LaneUnit(int col0) {
+  return col0 / RowMetaUnitValues(C);
+}
+template <RowCodec C>
+__device__ __forceinline__ int LaneUnitByte(int col0) {
+  return static_cast<int>(RowCodeBytes(C, col0 % RowMetaUnitValues(C)));
+}
+
+// Where LoadRow16 / StoreRow16 take lo row lr of a packed head from (any
+// shape; the fixed-shape tiles address their row steps with LoUnitRef):
+// the lane's codes and metadata unit (quantized codecs), or the row's start
+// (FP codecs).
+template <RowCodec C, typename Byte>
+__device__ __forceinline__ Byte* LoLaneCodes(const PackedHeadLayout& l, Byte* head, int lr,
+                                             int col0) {
+  if (RowMetaUnitBytes(C) == 0) return head + l.lo_codes_offset + lr * l.lo_code_row_bytes;
+  return head + LoUnitOffset(l, LoCodes(l), lr, LaneUnit<C>(col0)) + LaneUnitByte<C>(col0);
+}
+template <RowCodec C, typename Byte>
+__device__ __forceinline__ Byte* LoLaneMeta(const PackedHeadLayout& l, Byte* head, int lr,
+                                            int col0) {
+  if (RowMetaUnitBytes(C) == 0) return nullptr;
+  return head + LoUnitOffset(l, LoMeta(l), lr, LaneUnit<C>(col0));
 }
 
 // The swizzled shared-memory address of a kSwizzled location.
@@ -205,9 +234,10 @@ __device__ __forceinline__ AffineRowParams AffineRowParamsOf(uint32_t meta, floa
 }
 
 // ---- Row codec: load 16 values ------------------------------------------------
-// codes: start of this row's codes; meta: this lane's metadata unit of the
-// row (its group's, or nvfp4 block's: LoMetaRef); col0: the lane's first
-// column, stripe * 32 + cl * W.
+// codes: FP codecs, the start of the row (the lane's chunks at
+// FpChunkOffset); quantized codecs, the lane's first code (LoLaneCodes /
+// LoUnitRef). meta: the lane's metadata unit (LoLaneMeta / LoUnitRef).
+// col0: the lane's first column, stripe * 32 + cl * W.
 
 // P: const uint8_t*, or SwizzledRef for kSwizzled.
 // row_scale: DecodeRow's per-row factor (head_codec.h), folded into the
@@ -242,7 +272,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
       }
     }
   } else if constexpr (C == RowCodec::kAffineU8) {
-    const uint4 u = Ld16<S>(codes + col0);
+    const uint4 u = Ld16<S>(codes);
     const AffineRowParams r =
         AffineRowParamsOf(LdMeta<S, uint32_t>(meta), row_scale);
     // AffineDecode: fma(s, q, -(s z)) = fma(s 2^24, q 2^-24, -(s z)): the same
@@ -261,7 +291,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
       }
     }
   } else if constexpr (C == RowCodec::kAffineU4) {
-    const uint2 u = Ld8<S>(codes + col0 / 2);
+    const uint2 u = Ld8<S>(codes);
     const AffineRowParams r =
         AffineRowParamsOf(LdMeta<S, uint32_t>(meta), row_scale);
     const float c = -(r.s * r.z);  // AffineDecode
@@ -272,7 +302,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
       x[e] = __fmaf_rn(r.s, __uint_as_float(0x4B000000u | q) - kMagicByte, c);
     }
   } else if constexpr (C == RowCodec::kSymI8) {
-    const uint4 u = Ld16<S>(codes + col0);
+    const uint4 u = Ld16<S>(codes);
     const float s = row_scale * LdMeta<S, float>(meta);
     const float bias = kMagicByte + 128.0f;
     const uint32_t w[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u,
@@ -285,7 +315,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
       x[4 * e + 3] = s * ByteMinus(w[e], 0x7653u, bias);
     }
   } else if constexpr (C == RowCodec::kFp8E4m3) {
-    const uint4 u = Ld16<S>(codes + col0);
+    const uint4 u = Ld16<S>(codes);
     const float s = row_scale * LdMeta<S, float>(meta);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
@@ -293,7 +323,7 @@ __device__ __forceinline__ void LoadRow16(const P& codes, const NonDeduced<P>& m
       x[e] = Fp8Decode(static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4))), s);
     }
   } else if constexpr (C == RowCodec::kNvfp4) {
-    const uint2 u = Ld8<S>(codes + col0 / 2);
+    const uint2 u = Ld8<S>(codes);
     const float mult = row_scale * Nvfp4BlockMultiplier(
                                        LdMeta<S, uint8_t>(meta), global_scale);
     const uint32_t w[2] = {u.x, u.y};
@@ -341,9 +371,10 @@ __device__ __forceinline__ bool AffineFastPathExact(const AffineParams& p) {
 // rounding constant gives the code q = rint(x / s + z) in the low bits of
 // 1.5 * 2^23 + q, so the bytes (or nibbles) are packed straight from the
 // FFMA results.
+// codes: the lane's first code (as for StoreRow16).
 template <RowCodec C, bool kFast>
-__device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, int col0, const float* x,
-                                                 float inv_s, float z) {
+__device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, const float* x, float inv_s,
+                                                 float z) {
   constexpr int kQmax = AffineQmax<C>();
   const float magic_z = kRoundMagic + z;  // exact: z is an integer in [0, qmax]
   if constexpr (C == RowCodec::kAffineU8) {
@@ -364,7 +395,7 @@ __device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, int col0, const
 #pragma unroll
       for (int e = 0; e < 4; ++e) w[e] = PackBytes(q[4 * e], q[4 * e + 1], q[4 * e + 2], q[4 * e + 3]);
     }
-    StStream(codes + col0, make_uint4(w[0], w[1], w[2], w[3]));
+    StStream(codes, make_uint4(w[0], w[1], w[2], w[3]));
   } else {
     int32_t q[16];
     if constexpr (kFast) {
@@ -382,17 +413,17 @@ __device__ __forceinline__ void EncodeAffineRowT(uint8_t* codes, int col0, const
     uint32_t w[2] = {0, 0};
 #pragma unroll
     for (int e = 0; e < 16; ++e) w[e / 8] |= static_cast<uint32_t>(q[e]) << (4 * (e % 8));
-    StStream8(codes + col0 / 2, make_uint2(w[0], w[1]));
+    StStream8(codes, make_uint2(w[0], w[1]));
   }
 }
 
 template <RowCodec C>
-__device__ __forceinline__ void EncodeAffineRow(uint8_t* codes, int col0, const float* x,
-                                                float inv_s, float z, bool fast) {
+__device__ __forceinline__ void EncodeAffineRow(uint8_t* codes, const float* x, float inv_s,
+                                                float z, bool fast) {
   if (fast) {
-    EncodeAffineRowT<C, true>(codes, col0, x, inv_s, z);
+    EncodeAffineRowT<C, true>(codes, x, inv_s, z);
   } else {
-    EncodeAffineRowT<C, false>(codes, col0, x, inv_s, z);
+    EncodeAffineRowT<C, false>(codes, x, inv_s, z);
   }
 }
 
@@ -445,7 +476,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     r = MaxRange(r, RangeBits{__shfl_xor_sync(0xffffffffu, r.neg, 1),
                               __shfl_xor_sync(0xffffffffu, r.pos, 1)});
     const AffineParams p = MakeAffineParamsOfWidened(RangeMin(r), RangeMax(r), AffineQmax<C>());
-    EncodeAffineRow<C>(codes, col0, x, p.inv_s, p.z, AffineFastPathExact(p));
+    EncodeAffineRow<C>(codes, x, p.inv_s, p.z, AffineFastPathExact(p));
     if (write_meta) {
       *reinterpret_cast<uint32_t*>(meta) = AffineMetaWord(p);
     }
@@ -464,18 +495,18 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
       uint32_t q[16];
 #pragma unroll
       for (int e = 0; e < 16; ++e) q[e] = __float_as_uint(__fmaf_rn(x[e], inv_s, kRoundMagic));
-      StStream(codes + col0, make_uint4(PackBytes(q[0], q[1], q[2], q[3]),
-                                        PackBytes(q[4], q[5], q[6], q[7]),
-                                        PackBytes(q[8], q[9], q[10], q[11]),
-                                        PackBytes(q[12], q[13], q[14], q[15])));
+      StStream(codes, make_uint4(PackBytes(q[0], q[1], q[2], q[3]),
+                                 PackBytes(q[4], q[5], q[6], q[7]),
+                                 PackBytes(q[8], q[9], q[10], q[11]),
+                                 PackBytes(q[12], q[13], q[14], q[15])));
     } else {
       int32_t q[16];
 #pragma unroll
       for (int e = 0; e < 16; ++e) q[e] = Fp8Encode(x[e], inv_s);
-      StStream(codes + col0, make_uint4(PackBytes(q[0], q[1], q[2], q[3]),
-                                        PackBytes(q[4], q[5], q[6], q[7]),
-                                        PackBytes(q[8], q[9], q[10], q[11]),
-                                        PackBytes(q[12], q[13], q[14], q[15])));
+      StStream(codes, make_uint4(PackBytes(q[0], q[1], q[2], q[3]),
+                                 PackBytes(q[4], q[5], q[6], q[7]),
+                                 PackBytes(q[8], q[9], q[10], q[11]),
+                                 PackBytes(q[12], q[13], q[14], q[15])));
     }
     if (write_meta) *reinterpret_cast<float*>(meta) = s;
   } else if constexpr (C == RowCodec::kNvfp4) {
@@ -486,7 +517,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     for (int e = 0; e < 16; ++e) {
       w[e / 8] |= static_cast<uint32_t>(Nvfp4Encode(x[e], mult)) << (4 * (e % 8));
     }
-    StStream8(codes + col0 / 2, make_uint2(w[0], w[1]));
+    StStream8(codes, make_uint2(w[0], w[1]));
     *meta = sb;  // one block per lane
   }
 }

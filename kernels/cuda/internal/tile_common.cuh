@@ -89,9 +89,10 @@ __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_
                                         0.0f, s[i], row_scale != nullptr ? row_scale[i] : 1.0f);
     } else {
       const int lr = r - l.k_hi;
-      LoadRow16<kLo, S, LaneWidth<F>()>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
-                     head + LoMetaUnitOffset(l, lr, m.col0 / RowMetaUnitValues(kLo)), m.col0,
-                     global_scale, s[i], row_scale != nullptr ? row_scale[i] : 1.0f);
+      LoadRow16<kLo, S, LaneWidth<F>()>(LoLaneCodes<kLo>(l, head, lr, m.col0),
+                                        LoLaneMeta<kLo>(l, head, lr, m.col0), m.col0,
+                                        global_scale, s[i],
+                                        row_scale != nullptr ? row_scale[i] : 1.0f);
     }
   }
 }
@@ -142,9 +143,9 @@ __device__ __forceinline__ void StoreTile(const PackedHeadLayout& l, uint8_t* he
                       s[i]);
     } else {
       const int lr = r - l.k_hi;
-      StoreRow16<kLo, LaneWidth<F>()>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
-                      head + LoMetaUnitOffset(l, lr, m.col0 / RowMetaUnitValues(kLo)), m.col0,
-                      global_scale, m.cl == 0, s[i]);
+      StoreRow16<kLo, LaneWidth<F>()>(LoLaneCodes<kLo>(l, head, lr, m.col0),
+                                      LoLaneMeta<kLo>(l, head, lr, m.col0), m.col0, global_scale,
+                                      m.cl == 0, s[i]);
     }
   }
 }
@@ -167,11 +168,18 @@ __device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, H head,
   constexpr int W = LaneWidth<F>();
   // Row block of step i: rows r0 .. r0 + 15, the lane's row r0 + rl.
   const auto r0 = [&](int i) { return m.row(i) - m.rl; };
+  constexpr RowCodec kLo = LoRowCodec(F);
   const auto load_lo = [&](int i) {
-    LoadRow16<LoRowCodec(F), S, W>(
-        RowRef(head, l.lo_codes_offset, l.lo_code_row_bytes, r0(i) - l.k_hi, m.rl),
-        LoMetaRef(head, l, r0(i) - l.k_hi, m.rl, m.col0 / RowMetaUnitValues(LoRowCodec(F))),
-        m.col0, global_scale, s[i], row_scale[i]);
+    const int lr0 = r0(i) - l.k_hi;
+    if constexpr (IsFpRowCodec(kLo)) {
+      const auto row = RowRef(head, l.lo_codes_offset, l.lo_code_row_bytes, lr0, m.rl);
+      LoadRow16<kLo, S, W>(row, row, m.col0, global_scale, s[i], row_scale[i]);
+    } else {
+      const int u = LaneUnit<kLo>(m.col0);
+      LoadRow16<kLo, S, W>(LoUnitRef(head, LoCodes(l), lr0, m.rl, u, LaneUnitByte<kLo>(m.col0)),
+                           LoUnitRef(head, LoMeta(l), lr0, m.rl, u, 0), m.col0, global_scale,
+                           s[i], row_scale[i]);
+    }
   };
   if (IsMixedFormat(F) && hi_step0) {
     const auto hi = RowRef(head, l.hi_offset, l.hi_row_bytes, r0(0), m.rl);
@@ -257,13 +265,18 @@ __device__ __forceinline__ void StoreAffineStepsFixed(
 #pragma unroll
   for (int j = 0; j < N; ++j) range[j] = LaneRangeBits<16>(s[kFirst + j]);
   const bool fast = PairAffineParams<N>(range, m.cl, AffineQmax<kLo>(), inv, z, meta);
+  // The lane's codes and metadata unit in every row step's pair of row
+  // blocks (head_layout.h): a warp stores whole lines of codes and whole
+  // sectors of metadata.
+  const int u = LaneUnit<kLo>(m.col0);
+  const int64_t code_lane = LoInPairOffset(LoCodes(l), m.rl, u) + LaneUnitByte<kLo>(m.col0);
+  const int64_t meta_lane = LoInPairOffset(LoMeta(l), m.rl, u);
   const auto encode = [&](auto fast_tag) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      const int lr = m.row(kFirst + j) - l.k_hi;
+      const int r0 = m.row(kFirst + j) - m.rl - l.k_hi;
       EncodeAffineRowT<kLo, decltype(fast_tag)::value>(
-          head + l.lo_codes_offset + lr * l.lo_code_row_bytes, m.col0, s[kFirst + j], inv[j],
-          z[j]);
+          head + LoPairOffset(LoCodes(l), r0) + code_lane, s[kFirst + j], inv[j], z[j]);
     }
   };
   // The fast encoder runs unconditionally (no branch between the parameter
@@ -272,14 +285,12 @@ __device__ __forceinline__ void StoreAffineStepsFixed(
   // then rewrites every row (the thread's later stores win).
   encode(std::true_type{});
   if (!fast) encode(std::false_type{});
-  // The lane's unit in every row step's pair of metadata blocks.
-  const int64_t meta_lane = LoMetaInPairOffset(l, m.rl, m.col0 / kGroupSize);
 #pragma unroll
   for (int p = 0; p < (N + 1) / 2; ++p) {
     const int j = 2 * p + m.cl;
     if (j < N) {
       const int r0 = m.row(kFirst + j) - m.rl - l.k_hi;
-      *reinterpret_cast<uint32_t*>(head + LoMetaPairOffset(l, r0) + meta_lane) = meta[p];
+      *reinterpret_cast<uint32_t*>(head + LoPairOffset(LoMeta(l), r0) + meta_lane) = meta[p];
     }
   }
 }
@@ -355,9 +366,8 @@ __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_
   } else {
     const auto store_lo = [&](int i) {
       const int lr = m.row(i) - l.k_hi;
-      StoreRow16<kLo, W>(head + l.lo_codes_offset + lr * l.lo_code_row_bytes,
-                         head + LoMetaUnitOffset(l, lr, m.col0 / RowMetaUnitValues(kLo)), m.col0,
-                         global_scale, m.cl == 0, s[i]);
+      StoreRow16<kLo, W>(LoLaneCodes<kLo>(l, head, lr, m.col0), LoLaneMeta<kLo>(l, head, lr, m.col0),
+                         m.col0, global_scale, m.cl == 0, s[i]);
     };
     if (IsMixedFormat(F) && hi_step0) {
       store_hi0();
