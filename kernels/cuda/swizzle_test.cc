@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -35,8 +36,7 @@ TEST(RowRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
       int first_row, rows;  // stored rows of the region (r - first_row indexes it)
     };
     const Region regions[] = {
-        {"hi", l.hi_offset, l.hi_row_bytes, 0, l.k_hi},
-        // Quantized lo rows are in row blocks (LoUnitRef, below).
+        // Hi rows and quantized lo rows are in row blocks (UnitRef, below).
         {"lo codes", l.lo_codes_offset, HasLoUnits(l) ? 0 : l.lo_code_row_bytes, l.k_hi,
          128 - l.k_hi},
     };
@@ -60,33 +60,34 @@ TEST(RowRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
         }
       }
     }
-    // Uniform quantized formats have neither hi rows nor plain lo rows.
-    EXPECT_EQ(checked > 0, l.k_hi > 0 || !HasLoUnits(l)) << FormatName(f);
+    EXPECT_EQ(checked > 0, !HasLoUnits(l)) << FormatName(f);  // the FP formats
   }
 }
 
-// Every code and metadata byte of a quantized lo row that LoadTileFixed
-// reads through LoUnitRef (row steps r0 = 16 * step - k_hi, lane row rl, the
-// lane's unit u, any byte of it) lands where the plain swizzle of
-// LoUnitOffset puts it, for every format's fixed layout and a few
+// Every code and metadata byte of a quantized lo row and every hi row byte
+// that LoadTileFixed reads through UnitRef (row steps r0 = 16 * step - k_hi,
+// or 0 for the hi rows, lane row rl, the lane's unit u, any byte of it)
+// lands where the plain swizzle of UnitOffset puts it, for every format's fixed layout and a few
 // 1024-aligned stage bases; and the split holds (the lane's part is
 // swizzled once per item).
-TEST(LoUnitRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
+TEST(UnitRef, SplitAddressingEqualsThePlainSwizzleForEveryFixedLayout) {
   int64_t checked = 0;
   for (StateFormat f : AllStateFormats()) {
     const PackedHeadLayout l = FixedShapeHeadLayout(f);
     if (!HasLoUnits(l)) continue;
-    const int units = 128 / RowMetaUnitValues(l.lo);
-    for (const LoSection& sec : {LoCodes(l), LoMeta(l)}) {
+    std::vector<std::pair<RowBlockSection, int>> sections = {  // with their units per row
+        {LoCodes(l), 128 / RowMetaUnitValues(l.lo)}, {LoMeta(l), 128 / RowMetaUnitValues(l.lo)}};
+    if (l.k_hi > 0) sections.push_back({HiRows(l), 128 / kHiUnitValues});
+    for (const auto& [sec, units] : sections) {
       for (uint32_t base : {0u, 1024u, 7u * 1024u}) {
-        for (int r0 = 0; r0 < l.lo_rows(); r0 += 16) {
+        for (int r0 = 0; r0 < sec.rows; r0 += 16) {
           for (int rl = 0; rl < 16; ++rl) {
             for (int u = 0; u < units; ++u) {
               for (int d = 0; d < sec.unit_bytes; ++d) {
-                const SwizzledRef ref = LoUnitRef(base, sec, r0, rl, u, d);
-                ASSERT_EQ(ref.block, static_cast<uint32_t>(LoPairOffset(sec, r0)));
+                const SwizzledRef ref = UnitRef(base, sec, r0, rl, u, d);
+                ASSERT_EQ(ref.block, static_cast<uint32_t>(PairOffset(sec, r0)));
                 const uint32_t want =
-                    base + Swizzle128(static_cast<uint32_t>(LoUnitOffset(l, sec, r0 + rl, u) + d));
+                    base + Swizzle128(static_cast<uint32_t>(UnitOffset(sec, r0 + rl, u) + d));
                 ASSERT_EQ(ref.addr(), want) << FormatName(f) << " row " << r0 + rl << " unit " << u;
                 ++checked;
               }

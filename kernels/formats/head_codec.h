@@ -80,8 +80,8 @@ SC_HD RowUnitsOf<Byte> LoRowUnits(const PackedHeadLayout& l, Byte* head, int r) 
   if (!HasLoUnits(l)) {
     return RowUnitsOf<Byte>{head + l.lo_codes_offset + r * l.lo_code_row_bytes, 0, nullptr, 0};
   }
-  return RowUnitsOf<Byte>{head + LoUnitOffset(l, LoCodes(l), r, 0), LoUnitStride(l, LoCodes(l), r),
-                          head + LoUnitOffset(l, LoMeta(l), r, 0), LoUnitStride(l, LoMeta(l), r)};
+  return RowUnitsOf<Byte>{head + UnitOffset(LoCodes(l), r, 0), UnitStride(LoCodes(l), r),
+                          head + UnitOffset(LoMeta(l), r, 0), UnitStride(LoMeta(l), r)};
 }
 
 // Encodes one row x[0..d_v) with codec c into its units (u). `global_scale`
@@ -250,8 +250,12 @@ SC_HD void EncodeHead(const PackedHeadLayout& l, const float* w, uint8_t* head) 
     global_scale = MakeNvfp4GlobalScale(AbsMax(w + l.k_hi * l.d_v, l.lo_rows() * l.d_v));
     StoreF32(head + l.global_offset, global_scale);
   }
+  const RowBlockSection hi = HiRows(l);
   for (int r = 0; r < l.k_hi; ++r) {
-    EncodeFpRow(l.hi, w + r * l.d_v, l.d_v, head + l.hi_offset + r * l.hi_row_bytes);
+    for (int c = 0; c < l.d_v; c += 8) {  // run c / 8 % 4 of unit c / 32
+      EncodeFpRow(l.hi, w + r * l.d_v + c, 8,
+                  head + UnitOffset(hi, r, c / kHiUnitValues) + HiRunByte(l, c / 8 % 4));
+    }
   }
   for (int r = 0; r < l.lo_rows(); ++r) {
     EncodeRow(l.lo, w + (l.k_hi + r) * l.d_v, l.d_v, LoRowUnits(l, head, r), global_scale);
@@ -268,9 +272,12 @@ SC_HD void DecodeHead(const PackedHeadLayout& l, const uint8_t* head, float* w,
     return;
   }
   const float global_scale = l.has_global_scale ? LoadF32(head + l.global_offset) : 0.0f;
+  const RowBlockSection hi = HiRows(l);
   for (int r = 0; r < l.k_hi; ++r) {
-    DecodeFpRow(l.hi, head + l.hi_offset + r * l.hi_row_bytes, l.d_v, w + r * l.d_v,
-                row_scale != nullptr ? row_scale[r] : 1.0f);
+    for (int c = 0; c < l.d_v; c += 8) {
+      DecodeFpRow(l.hi, head + UnitOffset(hi, r, c / kHiUnitValues) + HiRunByte(l, c / 8 % 4), 8,
+                  w + r * l.d_v + c, row_scale != nullptr ? row_scale[r] : 1.0f);
+    }
   }
   for (int r = 0; r < l.lo_rows(); ++r) {
     DecodeRow(l.lo, LoRowUnits(l, head, r), l.d_v, global_scale, w + (l.k_hi + r) * l.d_v,

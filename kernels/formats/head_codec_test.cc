@@ -118,13 +118,13 @@ TEST(HeadCodecTest, LoRowsLandInTheirUnitsOfTheRowBlocks) {
                     ContiguousRowUnits(l.lo, codes.data(), meta.data()), 0.0f);
           for (int u = 0; u < units; ++u) {
             for (int64_t b = 0; b < l.lo_code_unit_bytes; ++b) {
-              ASSERT_EQ(head[LoUnitOffset(l, LoCodes(l), r, u) + b],
+              ASSERT_EQ(head[UnitOffset(LoCodes(l), r, u) + b],
                         codes[u * l.lo_code_unit_bytes + b])
                   << FormatName(f) << " k_hi " << k_hi << " d_k " << d_k << " row " << r
                   << " unit " << u;
             }
             for (int64_t b = 0; b < l.lo_meta_unit_bytes; ++b) {
-              ASSERT_EQ(head[LoUnitOffset(l, LoMeta(l), r, u) + b],
+              ASSERT_EQ(head[UnitOffset(LoMeta(l), r, u) + b],
                         meta[u * l.lo_meta_unit_bytes + b])
                   << FormatName(f) << " k_hi " << k_hi << " d_k " << d_k << " row " << r
                   << " unit " << u;
@@ -136,6 +136,29 @@ TEST(HeadCodecTest, LoRowsLandInTheirUnitsOfTheRowBlocks) {
     }
   }
   EXPECT_GT(checked, 500);
+}
+
+// DAMP's hi rows at 128 x 128, written out by hand: value (r, c) is the
+// fp16 at block r / 8, unit c / 32, row r % 8, run (c % 32) / 8 stored at
+// position 0, 2, 1, 3, column c % 8.
+TEST(HeadCodecTest, DampHiRowsAreFp16InRowBlocksWithSwappedRuns) {
+  const PackedHeadLayout l = MakeHeadLayout(FormatSpec{StateFormat::kDamp, 16}, 128, kDv);
+  std::vector<float> w(128 * kDv);
+  for (int i = 0; i < 128 * kDv; ++i) w[i] = static_cast<float>(i % 2000) * 0.25f - 100.0f;
+  std::vector<uint8_t> head(l.head_bytes);
+  EncodeHead(l, w.data(), head.data());
+  const int stored_run[4] = {0, 2, 1, 3};
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < kDv; ++c) {
+      const int pos = r / 8 * 8 * 256 + (c / 32 * 8 + r % 8) * 64 + stored_run[c % 32 / 8] * 16 +
+                      c % 8 * 2;
+      const uint16_t want = FloatToHalfBits(w[r * kDv + c]);
+      ASSERT_EQ(head[pos] | (head[pos + 1] << 8), want) << "row " << r << " col " << c;
+    }
+  }
+  std::vector<float> back(128 * kDv);
+  DecodeHead(l, head.data(), back.data());
+  for (int i = 0; i < 16 * kDv; ++i) ASSERT_EQ(back[i], w[i]) << i;  // exact in fp16
 }
 
 TEST(AffineTest, ZeroPointIsExactIntegerAndDegenerateGroupsDecodeToZero) {

@@ -3,24 +3,26 @@
 // A head is laid out as (each section starts 16-byte aligned, and the head
 // size is a multiple of kHeadAlignment so consecutive heads stay aligned):
 //
-//   hi rows   [k_hi][d_v]            hi codec (fp16 for damp / damp-sr)
+//   hi rows   k_hi x d_v             hi codec (fp16 for damp / damp-sr)
 //   lo codes  (d_k - k_hi) x (code bytes per row)
 //   lo meta   (d_k - k_hi) x (meta bytes per row)
 //   global    fp32 global scale (nvfp4 only)
 //
-// Quantized lo rows (one metadata unit - s, z or a scale - per group of 32
-// values, or per nvfp4 block of 16) store both lo sections in row blocks:
-// block b holds lo rows 8b .. 8b + n - 1 (n = 8, fewer in the last block)
-// unit-major, [unit][n][unit bytes], so unit u of lo row r sits at
+// Sections in row blocks: block b holds rows 8b .. 8b + n - 1 of the section
+// (n = 8, fewer in the last block) unit-major, [unit][n][unit bytes], so
+// unit u of row r sits at
 //   section offset + 8b * row bytes + (u * n + r % 8) * unit bytes
-// (LoUnitOffset; unit bytes: a group's codes, e.g. 32 for int8, or its
-// metadata, e.g. 4). A GPU warp owns one group (a 32-column stripe) of 16
-// rows: its codes and metadata are whole 128-byte lines and 32-byte sectors
-// of the section, which it stores as such, instead of a 32-byte and a
-// 4-byte piece of every row of row-major rows (H200, B = 256, DAMP decode
-// GDN 103.3 -> 98.2 us, KDA 105.8 -> 101.2, docs/BENCHMARKS.md). FP lo rows
-// (fp32 / fp16 / bf16 formats) are plain rows. (Packed-format revision 2,
-// server/proto_convert.h.)
+// (UnitOffset). The units: for quantized lo rows each group of 32 values
+// (an nvfp4 block of 16), its codes in lo codes (e.g. 32 bytes for int8) and
+// its metadata - s, z or a scale - in lo meta (e.g. 4 bytes); for hi rows
+// each 32 columns (64 bytes of fp16, runs of 8 columns in the order 0, 2, 1,
+// 3: HiStoredRun). A GPU warp owns one 32-column stripe of 16 rows: its
+// codes are whole 128-byte lines of the section and its metadata whole
+// 32-byte sectors, which it stores as such, instead of pieces of 16
+// row-major rows shared with three other warps (H200, B = 256, DAMP decode
+// GDN 103.3 -> 98.2 us, KDA 105.8 -> 101.2 from the lo sections,
+// docs/BENCHMARKS.md). FP lo rows (fp32 / fp16 / bf16 formats) are plain
+// rows. (Packed-format revision 2, server/proto_convert.h.)
 //
 // Rows are in stored order: row r holds key channel key_perm[r] of the
 // model's layout, so the k_hi protected rows come first. For DAMP at
@@ -169,56 +171,70 @@ SC_HD PackedHeadLayout MakeHeadLayout(const FormatSpec& spec, int d_k, int d_v) 
   return l;
 }
 
-// Rows of a lo row block (see the layout above).
-inline constexpr int kLoRowBlock = 8;
+// Rows of a row block (see the layout above).
+inline constexpr int kRowBlock = 8;
 
-// A lo section stored in row blocks: its offset in the head, bytes per row
-// and per unit.
-struct LoSection {
+// A section stored in row blocks: its offset in the head, rows, bytes per
+// row and per unit.
+struct RowBlockSection {
   int64_t offset = 0;
+  int rows = 0;
   int64_t row_bytes = 0;
   int64_t unit_bytes = 0;
 };
-SC_HD LoSection LoCodes(const PackedHeadLayout& l) {
-  return LoSection{l.lo_codes_offset, l.lo_code_row_bytes, l.lo_code_unit_bytes};
+SC_HD RowBlockSection LoCodes(const PackedHeadLayout& l) {
+  return RowBlockSection{l.lo_codes_offset, l.lo_rows(), l.lo_code_row_bytes, l.lo_code_unit_bytes};
 }
-SC_HD LoSection LoMeta(const PackedHeadLayout& l) {
-  return LoSection{l.lo_meta_offset, l.lo_meta_row_bytes, l.lo_meta_unit_bytes};
+SC_HD RowBlockSection LoMeta(const PackedHeadLayout& l) {
+  return RowBlockSection{l.lo_meta_offset, l.lo_rows(), l.lo_meta_row_bytes, l.lo_meta_unit_bytes};
+}
+// The hi rows: units of 32 columns whose runs of 8 are stored in the order
+// HiStoredRun gives.
+inline constexpr int kHiUnitValues = 32;
+SC_HD RowBlockSection HiRows(const PackedHeadLayout& l) {
+  return RowBlockSection{l.hi_offset, l.k_hi, l.hi_row_bytes,
+                         RowCodeBytes(l.hi, kHiUnitValues)};
+}
+// Where run q (columns 8q .. 8q + 7) of a hi unit is stored: runs 0, 2, 1,
+// 3 in that order (bits swapped), so the two GPU lanes holding a unit's
+// halves store one whole 32-byte sector per instruction.
+SC_HD int HiStoredRun(int q) { return ((q & 1) << 1) | (q >> 1); }
+// Byte offset inside a hi unit of its run q (columns 8q .. 8q + 7).
+SC_HD int64_t HiRunByte(const PackedHeadLayout& l, int q) {
+  return RowCodeBytes(l.hi, 8 * HiStoredRun(q));
 }
 
 // Whether the lo rows are quantized, stored in row blocks (else plain rows).
 SC_HD bool HasLoUnits(const PackedHeadLayout& l) { return l.lo_meta_unit_bytes > 0; }
 
-// Rows of the lo row block that starts at lo row `first` (a multiple of
-// kLoRowBlock): kLoRowBlock, fewer in the last one.
-SC_HD int64_t LoBlockRows(const PackedHeadLayout& l, int first) {
-  if (l.lo_rows() % kLoRowBlock == 0) return kLoRowBlock;  // folds for fixed layouts
-  return l.lo_rows() - first < kLoRowBlock ? l.lo_rows() - first : kLoRowBlock;
+// Rows of the row block that starts at row `first` (a multiple of
+// kRowBlock) of a section: kRowBlock, fewer in the last one.
+SC_HD int64_t BlockRows(const RowBlockSection& s, int first) {
+  if (s.rows % kRowBlock == 0) return kRowBlock;  // folds for fixed layouts
+  return s.rows - first < kRowBlock ? s.rows - first : kRowBlock;
 }
 
-// Byte offset in the head of unit u of lo row r (0 <= r < lo_rows) of a
-// section in row blocks.
-SC_HD int64_t LoUnitOffset(const PackedHeadLayout& l, const LoSection& s, int r, int u) {
-  const int in_block = static_cast<int>(static_cast<unsigned>(r) % kLoRowBlock);
+// Byte offset in the head of unit u of row r (0 <= r < rows) of a section.
+SC_HD int64_t UnitOffset(const RowBlockSection& s, int r, int u) {
+  const int in_block = static_cast<int>(static_cast<unsigned>(r) % kRowBlock);
   const int first = r - in_block;
-  return s.offset + first * s.row_bytes + (u * LoBlockRows(l, first) + in_block) * s.unit_bytes;
+  return s.offset + first * s.row_bytes + (u * BlockRows(s, first) + in_block) * s.unit_bytes;
 }
 
-// Bytes from unit u to unit u + 1 of lo row r.
-SC_HD int64_t LoUnitStride(const PackedHeadLayout& l, const LoSection& s, int r) {
-  return LoBlockRows(l, r - static_cast<int>(static_cast<unsigned>(r) % kLoRowBlock)) *
-         s.unit_bytes;
+// Bytes from unit u to unit u + 1 of row r.
+SC_HD int64_t UnitStride(const RowBlockSection& s, int r) {
+  return BlockRows(s, r - static_cast<int>(static_cast<unsigned>(r) % kRowBlock)) * s.unit_bytes;
 }
 
-// Unit u of lo row r0 + rl, where r0 is a multiple of 16 and rows r0 ..
-// r0 + 15 are lo rows (two whole blocks: a fixed-shape tile's row step), is
-// at LoPairOffset(s, r0) + LoInPairOffset(s, rl, u): the second part does
-// not depend on r0, so a GPU lane computes it once for all its row steps.
-SC_HD int64_t LoPairOffset(const LoSection& s, int r0) { return s.offset + r0 * s.row_bytes; }
-SC_HD int64_t LoInPairOffset(const LoSection& s, int rl, int u) {
-  const int row_block = static_cast<int>(static_cast<unsigned>(rl) / kLoRowBlock);  // 0 or 1
-  const int in_block = static_cast<int>(static_cast<unsigned>(rl) % kLoRowBlock);
-  return row_block * kLoRowBlock * s.row_bytes + (u * kLoRowBlock + in_block) * s.unit_bytes;
+// Unit u of row r0 + rl, where r0 is a multiple of 16 and rows r0 .. r0 + 15
+// exist (two whole blocks: a fixed-shape tile's row step), is at
+// PairOffset(s, r0) + InPairOffset(s, rl, u): the second part does not
+// depend on r0, so a GPU lane computes it once for all its row steps.
+SC_HD int64_t PairOffset(const RowBlockSection& s, int r0) { return s.offset + r0 * s.row_bytes; }
+SC_HD int64_t InPairOffset(const RowBlockSection& s, int rl, int u) {
+  const int row_block = static_cast<int>(static_cast<unsigned>(rl) / kRowBlock);  // 0 or 1
+  const int in_block = static_cast<int>(static_cast<unsigned>(rl) % kRowBlock);
+  return row_block * kRowBlock * s.row_bytes + (u * kRowBlock + in_block) * s.unit_bytes;
 }
 
 }  // namespace statecache

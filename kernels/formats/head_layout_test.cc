@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -65,9 +66,10 @@ TEST(HeadLayoutTest, EverySectionIsSixteenByteAligned) {
   }
 }
 
-// The code and metadata units of quantized lo rows tile their sections
-// exactly once, in row blocks of 8 (the last block shorter), each block
-// unit-major; FP and STEPQuant lo rows have no units.
+// The code and metadata units of quantized lo rows (and the hi rows' units
+// of mixed formats) tile their sections exactly once, in row blocks of 8
+// (the last block shorter), each block unit-major; FP and STEPQuant lo rows
+// have no units.
 TEST(HeadLayoutTest, LoUnitsTileTheirSectionsInRowBlocksOfEight) {
   int64_t checked = 0;
   for (StateFormat f : AllStateFormats()) {
@@ -83,18 +85,23 @@ TEST(HeadLayoutTest, LoUnitsTileTheirSectionsInRowBlocksOfEight) {
             EXPECT_EQ(l.lo_code_unit_bytes, 0);
             continue;
           }
-          const int units = d_v / RowMetaUnitValues(l.lo);
-          for (const LoSection& sec : {LoCodes(l), LoMeta(l)}) {
+          std::vector<std::pair<RowBlockSection, int>> sections = {  // with units per row
+              {LoCodes(l), d_v / RowMetaUnitValues(l.lo)},
+              {LoMeta(l), d_v / RowMetaUnitValues(l.lo)}};
+          if (l.k_hi > 0) sections.push_back({HiRows(l), d_v / kHiUnitValues});
+          for (const auto& [sec, units] : sections) {
             ASSERT_GT(sec.unit_bytes, 0) << FormatName(f);
             EXPECT_EQ(units * sec.unit_bytes, sec.row_bytes);
-            std::vector<int> owner(l.lo_rows() * sec.row_bytes, 0);
-            for (int r = 0; r < l.lo_rows(); ++r) {
-              const int64_t n = std::min(8, l.lo_rows() - r / 8 * 8);
-              EXPECT_EQ(LoUnitStride(l, sec, r), n * sec.unit_bytes);
+            std::vector<int> owner(sec.rows * sec.row_bytes, 0);
+            for (int r = 0; r < sec.rows; ++r) {
+              const int64_t n = std::min(8, sec.rows - r / 8 * 8);
+              EXPECT_EQ(UnitStride(sec, r), n * sec.unit_bytes);
               for (int u = 0; u < units; ++u) {
-                const int64_t off = LoUnitOffset(l, sec, r, u);
+                const int64_t off = UnitOffset(sec, r, u);
                 EXPECT_EQ(off, sec.offset + r / 8 * 8 * sec.row_bytes + (u * n + r % 8) * sec.unit_bytes);
-                if (u + 1 < units) EXPECT_EQ(LoUnitOffset(l, sec, r, u + 1) - off, LoUnitStride(l, sec, r));
+                if (u + 1 < units) {
+                  EXPECT_EQ(UnitOffset(sec, r, u + 1) - off, UnitStride(sec, r));
+                }
                 for (int64_t b = 0; b < sec.unit_bytes; ++b) {
                   const int64_t i = off + b - sec.offset;
                   ASSERT_GE(i, 0);
@@ -114,36 +121,42 @@ TEST(HeadLayoutTest, LoUnitsTileTheirSectionsInRowBlocksOfEight) {
 }
 
 // DAMP at 128 x 128: a group's codes of 8 consecutive lo rows are two whole
-// 128-byte lines, its metadata one 32-byte sector (what a GPU warp stores).
+// 128-byte lines, its metadata one 32-byte sector, and 32 columns of 8 hi
+// rows four lines (what a GPU warp stores).
 TEST(HeadLayoutTest, DampGroupUnitsOfEightRowsAreWholeLinesAndSectors) {
   const PackedHeadLayout l = Layout("damp");
   EXPECT_EQ(l.lo_code_unit_bytes, 32);
   EXPECT_EQ(l.lo_meta_unit_bytes, 4);
-  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 0, 0), 4096);
-  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 1, 0), 4096 + 32);
-  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 0, 1), 4096 + 256);
-  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 9, 2), 4096 + 1024 + 512 + 32);
-  EXPECT_EQ(LoUnitOffset(l, LoCodes(l), 111, 3), 4096 + 14336 - 32);
-  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 0, 0), 18432);
-  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 1, 0), 18432 + 4);
-  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 0, 1), 18432 + 32);
-  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 9, 2), 18432 + 128 + 64 + 4);
-  EXPECT_EQ(LoUnitOffset(l, LoMeta(l), 111, 3), 18432 + 1792 - 4);
-  for (const LoSection& sec : {LoCodes(l), LoMeta(l)}) {
-    for (int r0 = 0; r0 < 112; r0 += 16) {
+  EXPECT_EQ(UnitOffset(LoCodes(l), 0, 0), 4096);
+  EXPECT_EQ(UnitOffset(LoCodes(l), 1, 0), 4096 + 32);
+  EXPECT_EQ(UnitOffset(LoCodes(l), 0, 1), 4096 + 256);
+  EXPECT_EQ(UnitOffset(LoCodes(l), 9, 2), 4096 + 1024 + 512 + 32);
+  EXPECT_EQ(UnitOffset(LoCodes(l), 111, 3), 4096 + 14336 - 32);
+  EXPECT_EQ(UnitOffset(LoMeta(l), 0, 0), 18432);
+  EXPECT_EQ(UnitOffset(LoMeta(l), 1, 0), 18432 + 4);
+  EXPECT_EQ(UnitOffset(LoMeta(l), 0, 1), 18432 + 32);
+  EXPECT_EQ(UnitOffset(LoMeta(l), 9, 2), 18432 + 128 + 64 + 4);
+  EXPECT_EQ(UnitOffset(LoMeta(l), 111, 3), 18432 + 1792 - 4);
+  EXPECT_EQ(UnitOffset(HiRows(l), 0, 1), 512);
+  EXPECT_EQ(UnitOffset(HiRows(l), 9, 2), 2048 + 1024 + 64);
+  EXPECT_EQ(HiRunByte(l, 1), 32);  // runs 0, 2, 1, 3: run 1 is the third 16 bytes
+  EXPECT_EQ(HiRunByte(l, 2), 16);
+  EXPECT_EQ(HiRunByte(l, 3), 48);
+  for (const RowBlockSection& sec : {LoCodes(l), LoMeta(l), HiRows(l)}) {
+    for (int r0 = 0; r0 < sec.rows; r0 += 16) {
       for (int rl = 0; rl < 16; ++rl) {
         for (int u = 0; u < 4; ++u) {
-          EXPECT_EQ(LoPairOffset(sec, r0) + LoInPairOffset(sec, rl, u),
-                    LoUnitOffset(l, sec, r0 + rl, u));
+          EXPECT_EQ(PairOffset(sec, r0) + InPairOffset(sec, rl, u),
+                    UnitOffset(sec, r0 + rl, u));
         }
       }
     }
-    for (int b = 0; b < 112 / 8; ++b) {
+    for (int b = 0; b < sec.rows / 8; ++b) {
       for (int u = 0; u < 4; ++u) {
-        const int64_t first = LoUnitOffset(l, sec, 8 * b, u);
-        EXPECT_EQ(first % (8 * sec.unit_bytes), 0);  // 256-byte (codes) / 32-byte (meta) aligned
+        const int64_t first = UnitOffset(sec, 8 * b, u);
+        EXPECT_EQ(first % (8 * sec.unit_bytes), 0);  // codes 256, meta 32, hi 512 bytes
         for (int r = 1; r < 8; ++r) {
-          EXPECT_EQ(LoUnitOffset(l, sec, 8 * b + r, u), first + r * sec.unit_bytes);
+          EXPECT_EQ(UnitOffset(sec, 8 * b + r, u), first + r * sec.unit_bytes);
         }
       }
     }

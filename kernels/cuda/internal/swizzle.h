@@ -64,11 +64,11 @@ SC_HD SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes, int r
 // Byte `byte` of unit u of lo row r0 + rl of a section in row blocks
 // (head_layout.h: codes or metadata) of a packed head at `base`, where r0 is
 // a multiple of 16 and rows r0 .. r0 + 15 are lo rows (as every row step of
-// a fixed-shape tile): LoPairOffset / LoInPairOffset split as RowRef's
+// a fixed-shape tile): PairOffset / InPairOffset split as RowRef's
 // rows, so the lane's part is swizzled once for all row steps.
-SC_HD SwizzledRef LoUnitRef(uint32_t base, const LoSection& s, int r0, int rl, int u, int byte) {
-  return SplitRef(base, LoPairOffset(s, r0), LoInPairOffset(s, rl, u) + byte,
-                  2 * kLoRowBlock * s.row_bytes);
+SC_HD SwizzledRef UnitRef(uint32_t base, const RowBlockSection& s, int r0, int rl, int u, int byte) {
+  return SplitRef(base, PairOffset(s, r0), InPairOffset(s, rl, u) + byte,
+                  2 * kRowBlock * s.row_bytes);
 }
 
 // ---- Whole-line stores of FP tiles (tile_common.cuh, StoreStepLines) ----

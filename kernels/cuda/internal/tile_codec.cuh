@@ -62,14 +62,14 @@ struct NonDeducedT {
 template <typename T>
 using NonDeduced = typename NonDeducedT<T>::type;
 
-// RowRef / LoUnitRef (swizzle.h) for an unswizzled region: plain pointers.
+// RowRef / UnitRef (swizzle.h) for an unswizzled region: plain pointers.
 __device__ __forceinline__ const uint8_t* RowRef(const uint8_t* base, int64_t offset,
                                                  int64_t row_bytes, int r0, int rl) {
   return base + offset + (r0 + rl) * row_bytes;
 }
-__device__ __forceinline__ const uint8_t* LoUnitRef(const uint8_t* base, const LoSection& s,
+__device__ __forceinline__ const uint8_t* UnitRef(const uint8_t* base, const RowBlockSection& s,
                                                     int r0, int rl, int u, int byte) {
-  return base + LoPairOffset(s, r0) + LoInPairOffset(s, rl, u) + byte;
+  return base + PairOffset(s, r0) + InPairOffset(s, rl, u) + byte;
 }
 
 // A lane's 16 values of a quantized row (columns col0 .. col0 + 15) lie in
@@ -84,21 +84,28 @@ __device__ __forceinline__ int LaneUnitByte(int col0) {
   return static_cast<int>(RowCodeBytes(C, col0 % RowMetaUnitValues(C)));
 }
 
+// A lane of a mixed format holds columns col0 .. col0 + 15 of its hi row
+// (W = 16), half of a hi unit: its runs of 8 are the unit's runs 2 cl and
+// 2 cl + 1, stored as runs cl and cl + 2 (HiStoredRun, head_layout.h), i.e.
+// where the FP chunks of a W = 8 lane at column HiLaneCol(col0) of the unit
+// go (LoadRow16 / StoreRow16 with W = 8 on the unit's start).
+__device__ __forceinline__ int HiLaneCol(int col0) { return (col0 % kHiUnitValues) / 2; }
+
 // Where LoadRow16 / StoreRow16 take lo row lr of a packed head from (any
-// shape; the fixed-shape tiles address their row steps with LoUnitRef):
+// shape; the fixed-shape tiles address their row steps with UnitRef):
 // the lane's codes and metadata unit (quantized codecs), or the row's start
 // (FP codecs).
 template <RowCodec C, typename Byte>
 __device__ __forceinline__ Byte* LoLaneCodes(const PackedHeadLayout& l, Byte* head, int lr,
                                              int col0) {
   if (RowMetaUnitBytes(C) == 0) return head + l.lo_codes_offset + lr * l.lo_code_row_bytes;
-  return head + LoUnitOffset(l, LoCodes(l), lr, LaneUnit<C>(col0)) + LaneUnitByte<C>(col0);
+  return head + UnitOffset(LoCodes(l), lr, LaneUnit<C>(col0)) + LaneUnitByte<C>(col0);
 }
 template <RowCodec C, typename Byte>
 __device__ __forceinline__ Byte* LoLaneMeta(const PackedHeadLayout& l, Byte* head, int lr,
                                             int col0) {
   if (RowMetaUnitBytes(C) == 0) return nullptr;
-  return head + LoUnitOffset(l, LoMeta(l), lr, LaneUnit<C>(col0));
+  return head + UnitOffset(LoMeta(l), lr, LaneUnit<C>(col0));
 }
 
 // The swizzled shared-memory address of a kSwizzled location.
@@ -236,7 +243,7 @@ __device__ __forceinline__ AffineRowParams AffineRowParamsOf(uint32_t meta, floa
 // ---- Row codec: load 16 values ------------------------------------------------
 // codes: FP codecs, the start of the row (the lane's chunks at
 // FpChunkOffset); quantized codecs, the lane's first code (LoLaneCodes /
-// LoUnitRef). meta: the lane's metadata unit (LoLaneMeta / LoUnitRef).
+// UnitRef). meta: the lane's metadata unit (LoLaneMeta / UnitRef).
 // col0: the lane's first column, stripe * 32 + cl * W.
 
 // P: const uint8_t*, or SwizzledRef for kSwizzled.

@@ -71,6 +71,10 @@ __device__ __forceinline__ int OpaqueThreadIdx() {
 // Loads the lane's kTileSteps x 16 values of a packed head (rows >= d_k are 0).
 // row_scale (optional): the lane's rows' DecodeRow factors (decode_math.h:
 // the first token's decay), nullptr for the stored values.
+// The hi rows' chunk map (HiLaneCol) assumes lanes of 16 columns.
+static_assert(LaneWidth<StateFormat::kDamp>() == 16 && LaneWidth<StateFormat::kDampSr>() == 16,
+              "mixed formats hold 16 columns per lane");
+
 template <StateFormat F, Src S = Src::kGlobal>
 __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_t* head,
                                          const LaneMap& m, float global_scale,
@@ -85,8 +89,9 @@ __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_
 #pragma unroll
       for (int c = 0; c < kTileColsPerLane; ++c) s[i][c] = 0.0f;
     } else if (IsMixedFormat(F) && r < l.k_hi) {
-      LoadRow16<kHi, S, LaneWidth<F>()>(head + l.hi_offset + r * l.hi_row_bytes, nullptr, m.col0,
-                                        0.0f, s[i], row_scale != nullptr ? row_scale[i] : 1.0f);
+      LoadRow16<kHi, S, 8>(head + UnitOffset(HiRows(l), r, m.col0 / kHiUnitValues), nullptr,
+                           HiLaneCol(m.col0), 0.0f, s[i],
+                           row_scale != nullptr ? row_scale[i] : 1.0f);
     } else {
       const int lr = r - l.k_hi;
       LoadRow16<kLo, S, LaneWidth<F>()>(LoLaneCodes<kLo>(l, head, lr, m.col0),
@@ -139,8 +144,8 @@ __device__ __forceinline__ void StoreTile(const PackedHeadLayout& l, uint8_t* he
     // A lane pair shares r, so both lanes take the same branch.
     if (r >= l.d_k) continue;
     if (IsMixedFormat(F) && r < l.k_hi) {
-      StoreRow16<kHi, LaneWidth<F>()>(head + l.hi_offset + r * l.hi_row_bytes, nullptr, m.col0, 0.0f, false,
-                      s[i]);
+      StoreRow16<kHi, 8>(head + UnitOffset(HiRows(l), r, m.col0 / kHiUnitValues), nullptr,
+                         HiLaneCol(m.col0), 0.0f, false, s[i]);
     } else {
       const int lr = r - l.k_hi;
       StoreRow16<kLo, LaneWidth<F>()>(LoLaneCodes<kLo>(l, head, lr, m.col0),
@@ -176,14 +181,14 @@ __device__ __forceinline__ void LoadTileFixed(const PackedHeadLayout& l, H head,
       LoadRow16<kLo, S, W>(row, row, m.col0, global_scale, s[i], row_scale[i]);
     } else {
       const int u = LaneUnit<kLo>(m.col0);
-      LoadRow16<kLo, S, W>(LoUnitRef(head, LoCodes(l), lr0, m.rl, u, LaneUnitByte<kLo>(m.col0)),
-                           LoUnitRef(head, LoMeta(l), lr0, m.rl, u, 0), m.col0, global_scale,
+      LoadRow16<kLo, S, W>(UnitRef(head, LoCodes(l), lr0, m.rl, u, LaneUnitByte<kLo>(m.col0)),
+                           UnitRef(head, LoMeta(l), lr0, m.rl, u, 0), m.col0, global_scale,
                            s[i], row_scale[i]);
     }
   };
   if (IsMixedFormat(F) && hi_step0) {
-    const auto hi = RowRef(head, l.hi_offset, l.hi_row_bytes, r0(0), m.rl);
-    LoadRow16<HiRowCodec(F), S, W>(hi, hi, m.col0, 0.0f, s[0], row_scale[0]);
+    const auto hi = UnitRef(head, HiRows(l), r0(0), m.rl, m.col0 / kHiUnitValues, 0);
+    LoadRow16<HiRowCodec(F), S, 8>(hi, hi, HiLaneCol(m.col0), 0.0f, s[0], row_scale[0]);
   } else {
     load_lo(0);
   }
@@ -269,14 +274,14 @@ __device__ __forceinline__ void StoreAffineStepsFixed(
   // blocks (head_layout.h): a warp stores whole lines of codes and whole
   // sectors of metadata.
   const int u = LaneUnit<kLo>(m.col0);
-  const int64_t code_lane = LoInPairOffset(LoCodes(l), m.rl, u) + LaneUnitByte<kLo>(m.col0);
-  const int64_t meta_lane = LoInPairOffset(LoMeta(l), m.rl, u);
+  const int64_t code_lane = InPairOffset(LoCodes(l), m.rl, u) + LaneUnitByte<kLo>(m.col0);
+  const int64_t meta_lane = InPairOffset(LoMeta(l), m.rl, u);
   const auto encode = [&](auto fast_tag) {
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const int r0 = m.row(kFirst + j) - m.rl - l.k_hi;
       EncodeAffineRowT<kLo, decltype(fast_tag)::value>(
-          head + LoPairOffset(LoCodes(l), r0) + code_lane, s[kFirst + j], inv[j], z[j]);
+          head + PairOffset(LoCodes(l), r0) + code_lane, s[kFirst + j], inv[j], z[j]);
     }
   };
   // The fast encoder runs unconditionally (no branch between the parameter
@@ -290,7 +295,7 @@ __device__ __forceinline__ void StoreAffineStepsFixed(
     const int j = 2 * p + m.cl;
     if (j < N) {
       const int r0 = m.row(kFirst + j) - m.rl - l.k_hi;
-      *reinterpret_cast<uint32_t*>(head + LoPairOffset(LoMeta(l), r0) + meta_lane) = meta[p];
+      *reinterpret_cast<uint32_t*>(head + PairOffset(LoMeta(l), r0) + meta_lane) = meta[p];
     }
   }
 }
@@ -341,8 +346,10 @@ __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_
   constexpr int W = LaneWidth<F>();
   constexpr bool kAffine = kLo == RowCodec::kAffineU8 || kLo == RowCodec::kAffineU4;
   const auto store_hi0 = [&] {
-    StoreRow16<HiRowCodec(F), W>(head + l.hi_offset + m.row(0) * l.hi_row_bytes, nullptr, m.col0,
-                                 0.0f, false, s[0]);
+    const RowBlockSection hi = HiRows(l);
+    StoreRow16<HiRowCodec(F), 8>(
+        head + PairOffset(hi, m.row(0) - m.rl) + InPairOffset(hi, m.rl, m.col0 / kHiUnitValues),
+        nullptr, HiLaneCol(m.col0), 0.0f, false, s[0]);
   };
   if constexpr (IsFpRowCodec(kLo)) {
     static_assert(!IsMixedFormat(F), "FP formats have no hi rows");
