@@ -61,10 +61,10 @@ SC_HD SwizzledRef RowRef(uint32_t base, int64_t offset, int64_t row_bytes, int r
   return SplitRef(base, offset + r0 * row_bytes, rl * row_bytes, 16 * row_bytes);
 }
 
-// Byte `byte` of unit u of lo row r0 + rl of a section in row blocks
-// (head_layout.h: codes or metadata) of a packed head at `base`, where r0 is
-// a multiple of 16 and rows r0 .. r0 + 15 are lo rows (as every row step of
-// a fixed-shape tile): PairOffset / InPairOffset split as RowRef's
+// Byte `byte` of unit u of row r0 + rl of a section in row blocks
+// (head_layout.h: lo codes, lo meta or hi rows) of a packed head at `base`,
+// where r0 is a multiple of 16 and rows r0 .. r0 + 15 exist (as every row
+// step of a fixed-shape tile): PairOffset / InPairOffset split as RowRef's
 // rows, so the lane's part is swizzled once for all row steps.
 SC_HD SwizzledRef UnitRef(uint32_t base, const RowBlockSection& s, int r0, int rl, int u, int byte) {
   return SplitRef(base, PairOffset(s, r0), InPairOffset(s, rl, u) + byte,

@@ -68,7 +68,7 @@ __device__ __forceinline__ const uint8_t* RowRef(const uint8_t* base, int64_t of
   return base + offset + (r0 + rl) * row_bytes;
 }
 __device__ __forceinline__ const uint8_t* UnitRef(const uint8_t* base, const RowBlockSection& s,
-                                                    int r0, int rl, int u, int byte) {
+                                                  int r0, int rl, int u, int byte) {
   return base + PairOffset(s, r0) + InPairOffset(s, rl, u) + byte;
 }
 

@@ -68,13 +68,13 @@ __device__ __forceinline__ int OpaqueThreadIdx() {
   return t;
 }
 
-// Loads the lane's kTileSteps x 16 values of a packed head (rows >= d_k are 0).
-// row_scale (optional): the lane's rows' DecodeRow factors (decode_math.h:
-// the first token's decay), nullptr for the stored values.
 // The hi rows' chunk map (HiLaneCol) assumes lanes of 16 columns.
 static_assert(LaneWidth<StateFormat::kDamp>() == 16 && LaneWidth<StateFormat::kDampSr>() == 16,
               "mixed formats hold 16 columns per lane");
 
+// Loads the lane's kTileSteps x 16 values of a packed head (rows >= d_k are 0).
+// row_scale (optional): the lane's rows' DecodeRow factors (decode_math.h:
+// the first token's decay), nullptr for the stored values.
 template <StateFormat F, Src S = Src::kGlobal>
 __device__ __forceinline__ void LoadTile(const PackedHeadLayout& l, const uint8_t* head,
                                          const LaneMap& m, float global_scale,
