@@ -56,7 +56,7 @@ struct DeviceArray {
 };
 
 StateLayout MakeLayout(Arch arch, StateFormat format, int d_k, int d_v, uint32_t seed,
-                       bool identity = false) {
+                       bool identity = false, int k_hi = 16) {
   ModelGeometry g;
   g.arch = arch;
   g.layers = 2;
@@ -64,7 +64,7 @@ StateLayout MakeLayout(Arch arch, StateFormat format, int d_k, int d_v, uint32_t
   g.h_qk = arch == Arch::kKda ? 4 : 2;
   g.d_k = d_k;
   g.d_v = d_v;
-  FormatSpec spec{format, IsMixedFormat(format) ? 16 : 0};
+  FormatSpec spec{format, IsMixedFormat(format) ? k_hi : 0};
   if (identity) return StateLayout::Identity(g, spec).value();
   std::mt19937 rng(seed);
   const int heads = g.layers * g.h_v;
@@ -666,12 +666,19 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, GpuAgreementTest, ::testing::ValuesIn(AllCa
 
 // Shapes other than 128 x 128: masked rows (d_k = 100), two stripes, eight
 // stripes, four row warps per stripe (d_k = 256: four warps at each
-// stripe's column-sum exchange).
+// stripe's column-sum exchange); and mixed formats with k_hi = 5, whose hi
+// rows and lo rows end in partial row blocks (head_layout.h) and share a
+// row step.
 TEST(GpuShapeTest, OddShapesMatchReference) {
   STATECACHE_SKIP_WITHOUT_GPU();
-  for (StateFormat f : {StateFormat::kDamp, StateFormat::kFp32, StateFormat::kNvfp4}) {
+  const std::pair<StateFormat, int> formats[] = {{StateFormat::kDamp, 16},
+                                                 {StateFormat::kDamp, 5},
+                                                 {StateFormat::kDampSr, 5},
+                                                 {StateFormat::kFp32, 0},
+                                                 {StateFormat::kNvfp4, 0}};
+  for (const auto& [f, k_hi] : formats) {
     for (auto [d_k, d_v] : {std::pair<int, int>{100, 64}, {64, 256}, {32, 32}, {256, 64}}) {
-      const StateLayout layout = MakeLayout(Arch::kKda, f, d_k, d_v, 21);
+      const StateLayout layout = MakeLayout(Arch::kKda, f, d_k, d_v, 21, false, k_hi);
       const ModelGeometry& geo = layout.geometry();
       auto model = TestGpu()->Prepare(layout).value();
       const int num_slots = 2;
@@ -704,7 +711,7 @@ TEST(GpuShapeTest, OddShapesMatchReference) {
       ASSERT_TRUE(TestGpu()->DecodeUpdate(*model, pool, 1, di).ok());
       ReferenceLayer(layout, host_pool, 1, slots, 1, in, true, &o_ref);
       EXPECT_EQ(CountMismatches(pool_arr.To<uint8_t>(host.size()), host), 0)
-          << FormatName(f) << " " << d_k << "x" << d_v;
+          << FormatName(f) << " k_hi " << k_hi << " " << d_k << "x" << d_v;
       EXPECT_LT(MaxRelError(d_o.To<float>(o_ref.size()), o_ref), 1e-5);
     }
   }
