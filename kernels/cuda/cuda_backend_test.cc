@@ -152,18 +152,25 @@ struct DeviceInputs {
   }
 };
 
+// The device tensors of `din` (dtype, q, k, v, g, beta) into a
+// DecodeInputs or PrefillInputs, whose fields share these names.
+template <typename Inputs>
+void SetDeviceTensors(const DeviceInputs& din, Inputs* x) {
+  x->dtype = din.dtype;
+  x->q = din.q.buf->data();
+  x->k = din.k.buf->data();
+  x->v = din.v.buf->data();
+  x->g = din.g.ptr<float>();
+  x->beta = din.beta.ptr<float>();
+}
+
 // DecodeInputs of `batch` rows over the device inputs.
 DecodeInputs DecodeInputsOf(const DeviceInputs& din, int batch, const int32_t* slots, float* o) {
   DecodeInputs di;
   di.batch = batch;
   di.slots = slots;
-  di.dtype = din.dtype;
-  di.q = din.q.buf->data();
-  di.k = din.k.buf->data();
-  di.v = din.v.buf->data();
-  di.g = din.g.ptr<float>();
-  di.beta = din.beta.ptr<float>();
   di.o = o;
+  SetDeviceTensors(din, &di);
   return di;
 }
 
@@ -565,13 +572,8 @@ TEST_P(GpuAgreementTest, PrefillMatchesReference) {
   pi.batch = 3;
   pi.tokens = tokens;
   pi.slots = d_slots.ptr<int32_t>();
-  pi.dtype = c.dtype;
-  pi.q = din.q.buf->data();
-  pi.k = din.k.buf->data();
-  pi.v = din.v.buf->data();
-  pi.g = din.g.ptr<float>();
-  pi.beta = din.beta.ptr<float>();
   pi.o = d_o.ptr<float>();
+  SetDeviceTensors(din, &pi);
   const absl::Status s = TestGpu()->Prefill(*model, pool, 0, pi);
   ASSERT_TRUE(s.ok()) << s;
   ReferenceLayer(layout, host_pool, 0, slots, tokens, in, false, &o_ref);
@@ -640,8 +642,7 @@ TEST_P(GpuAgreementTest, CloseToCpuBackend) {
   HostInputs in = HostInputs::Random(geo, 2, DType::kFp32, rng);
   DeviceInputs din(in);
   DeviceArray d_o = DeviceArray::From(std::vector<float>(2 * geo.h_v * geo.d_v, 0.0f));
-  DecodeInputs di{2, t.d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(), din.k.buf->data(),
-                  din.v.buf->data(), din.g.ptr<float>(), din.beta.ptr<float>(), d_o.ptr<float>()};
+  const DecodeInputs di = DecodeInputsOf(din, 2, t.d_slots.ptr<int32_t>(), d_o.ptr<float>());
   ASSERT_TRUE(TestGpu()->DecodeUpdate(*t.gpu_model, t.pool, 0, di).ok());
   std::vector<float> cpu_o(2 * geo.h_v * geo.d_v);
   DecodeInputs ci{2, t.slots.data(), DType::kFp32, in.q.data(), in.k.data(), in.v.data(),
@@ -705,9 +706,7 @@ TEST(GpuShapeTest, OddShapesMatchReference) {
       DeviceInputs din(in);
       std::vector<float> o_ref(2 * geo.h_v * d_v);
       DeviceArray d_o = DeviceArray::From(o_ref);
-      DecodeInputs di{2, d_slots.ptr<int32_t>(), dtype, din.q.buf->data(),
-                      din.k.buf->data(), din.v.buf->data(), din.g.ptr<float>(),
-                      din.beta.ptr<float>(), d_o.ptr<float>()};
+      const DecodeInputs di = DecodeInputsOf(din, 2, d_slots.ptr<int32_t>(), d_o.ptr<float>());
       ASSERT_TRUE(TestGpu()->DecodeUpdate(*model, pool, 1, di).ok());
       ReferenceLayer(layout, host_pool, 1, slots, 1, in, true, &o_ref);
       EXPECT_EQ(CountMismatches(pool_arr.To<uint8_t>(host.size()), host), 0)
@@ -740,8 +739,7 @@ class GpuBindingTest : public ::testing::TestWithParam<StateFormat> {
     DeviceArray d_slots = DeviceArray::From(slots);
     DeviceInputs din(in);
     DeviceArray d_o = DeviceArray::From(std::vector<float>(2 * 4 * 128, 0.0f));
-    DecodeInputs di{2, d_slots.ptr<int32_t>(), DType::kFp32, din.q.buf->data(), din.k.buf->data(),
-                    din.v.buf->data(), din.g.ptr<float>(), din.beta.ptr<float>(), d_o.ptr<float>()};
+    const DecodeInputs di = DecodeInputsOf(din, 2, d_slots.ptr<int32_t>(), d_o.ptr<float>());
     return TestGpu()->DecodeUpdate(*model_, pool_, layer, di);
   }
   bool PoolUnchanged() { return pool_arr_.To<uint8_t>(before_.size()) == before_; }

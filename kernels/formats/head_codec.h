@@ -250,11 +250,9 @@ SC_HD void EncodeHead(const PackedHeadLayout& l, const float* w, uint8_t* head) 
     global_scale = MakeNvfp4GlobalScale(AbsMax(w + l.k_hi * l.d_v, l.lo_rows() * l.d_v));
     StoreF32(head + l.global_offset, global_scale);
   }
-  const RowBlockSection hi = HiRows(l);
   for (int r = 0; r < l.k_hi; ++r) {
-    for (int c = 0; c < l.d_v; c += 8) {  // run c / 8 % 4 of unit c / 32
-      EncodeFpRow(l.hi, w + r * l.d_v + c, 8,
-                  head + UnitOffset(hi, r, c / kHiUnitValues) + HiRunByte(l, c / 8 % 4));
+    for (int c = 0; c < l.d_v; c += 8) {
+      EncodeFpRow(l.hi, w + r * l.d_v + c, 8, head + HiRunOffset(l, r, c));
     }
   }
   for (int r = 0; r < l.lo_rows(); ++r) {
@@ -272,11 +270,10 @@ SC_HD void DecodeHead(const PackedHeadLayout& l, const uint8_t* head, float* w,
     return;
   }
   const float global_scale = l.has_global_scale ? LoadF32(head + l.global_offset) : 0.0f;
-  const RowBlockSection hi = HiRows(l);
   for (int r = 0; r < l.k_hi; ++r) {
     for (int c = 0; c < l.d_v; c += 8) {
-      DecodeFpRow(l.hi, head + UnitOffset(hi, r, c / kHiUnitValues) + HiRunByte(l, c / 8 % 4), 8,
-                  w + r * l.d_v + c, row_scale != nullptr ? row_scale[r] : 1.0f);
+      DecodeFpRow(l.hi, head + HiRunOffset(l, r, c), 8, w + r * l.d_v + c,
+                  row_scale != nullptr ? row_scale[r] : 1.0f);
     }
   }
   for (int r = 0; r < l.lo_rows(); ++r) {

@@ -226,6 +226,12 @@ SC_HD int64_t UnitStride(const RowBlockSection& s, int r) {
   return BlockRows(s, r - static_cast<int>(static_cast<unsigned>(r) % kRowBlock)) * s.unit_bytes;
 }
 
+// Byte offset in the head of hi row r's run of 8 columns starting at column
+// c (a multiple of 8): its unit's place plus the run's (HiRunByte).
+SC_HD int64_t HiRunOffset(const PackedHeadLayout& l, int r, int c) {
+  return UnitOffset(HiRows(l), r, c / kHiUnitValues) + HiRunByte(l, c / 8 % 4);
+}
+
 // Unit u of row r0 + rl, where r0 is a multiple of 16 and rows r0 .. r0 + 15
 // exist (two whole blocks: a fixed-shape tile's row step), is at
 // PairOffset(s, r0) + InPairOffset(s, rl, u): the second part does not
