@@ -105,19 +105,22 @@ SC_HD float AffineRound(float x, float inv_s, float c = 0.0f) {
 // MakeAffineParamsOfWidened: the same from the widened range itself,
 // mn = min(group_min, 0) <= 0 <= mx = max(group_max, 0) (the kernels' range
 // reduction yields it directly: range_bits.h).
+// Branch-free: the reciprocal and the zero point are computed for every s and
+// selected (for s == 0, or a NaN range, they are inf / NaN and dropped), so a
+// kernel's lane pairs derive parameters without a divergent region (no
+// reconvergence barrier, and the lane-pair shuffles that follow need no
+// convergence check).
 SC_HD AffineParams MakeAffineParamsOfWidened(float mn, float mx, int qmax) {
+  const uint16_t s_bits =
+      FloatToHalfBits(Fma(mx - mn, AffineScaleFactor(qmax), kAffineScaleBias));
+  const float s = HalfBitsToFloat(s_bits);
+  const bool nonzero = s > 0.0f;
+  const float inv_s = ReciprocalOfHalf(s);
+  const float z = Clamp(AffineRound(-mn, inv_s), 0.0f, static_cast<float>(qmax));
   AffineParams p;
-  p.s_bits = FloatToHalfBits(Fma(mx - mn, AffineScaleFactor(qmax), kAffineScaleBias));
-  const float s = HalfBitsToFloat(p.s_bits);
-  if (!(s > 0.0f)) {
-    p.s_bits = 0;
-    p.z_bits = 0;
-    p.inv_s = 0.0f;
-    p.z = 0.0f;
-    return p;
-  }
-  p.inv_s = ReciprocalOfHalf(s);
-  p.z = Clamp(AffineRound(-mn, p.inv_s), 0.0f, static_cast<float>(qmax));
+  p.s_bits = nonzero ? s_bits : uint16_t{0};
+  p.inv_s = nonzero ? inv_s : 0.0f;
+  p.z = nonzero ? z : 0.0f;
   p.z_bits = FloatToHalfBits(p.z);
   return p;
 }
