@@ -1,6 +1,8 @@
 #include "kernels/cuda/decode_math.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -19,6 +21,44 @@ TEST(DecayExpTest, WithinTwoUlpOfExp) {
   }
   EXPECT_EQ(DecayExp(0.0f), 1.0f);
   EXPECT_EQ(DecayExp(-200.0f), 0.0f);
+}
+
+// The branch-free DecayExp against the form with early returns it replaced
+// (written out here): the same bits everywhere, the range ends included.
+float BranchyDecayExp(float x) {
+  if (x < -104.0f) return 0.0f;
+  if (x > 88.0f) x = 88.0f;
+  const float n = RoundEven(x * 1.44269504088896341f);
+  float r = Fma(n, -0.693359375f, x);
+  r = Fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = Fma(p, r, 1.3981999507e-3f);
+  p = Fma(p, r, 8.3334519073e-3f);
+  p = Fma(p, r, 4.1665795894e-2f);
+  p = Fma(p, r, 1.6666665459e-1f);
+  p = Fma(p, r, 5.0000001201e-1f);
+  const float y = Fma(p, r * r, r) + 1.0f;
+  const int ni = static_cast<int>(n);
+  const int n1 = ni < -100 ? ni + 64 : ni;
+  const float s1 = BitsToFloat(static_cast<uint32_t>(n1 + 127) << 23);
+  const float s2 = ni < -100 ? BitsToFloat(static_cast<uint32_t>(127 - 64) << 23) : 1.0f;
+  return (y * s1) * s2;
+}
+
+TEST(DecayExpTest, SameBitsAsTheBranchyForm) {
+  std::vector<float> xs = {-std::numeric_limits<float>::infinity(), -1e30f, -104.5f,
+                           std::nextafter(-104.0f, -200.0f), -104.0f,
+                           std::nextafter(-104.0f, 0.0f), -103.97f, -87.5f, -1e-30f, -0.0f,
+                           0.0f, 1e-30f, 87.9f, 88.0f, std::nextafter(88.0f, 100.0f), 1e30f,
+                           std::numeric_limits<float>::infinity()};
+  for (float x = -110.0f; x <= 90.0f; x += 0.00731f) xs.push_back(x);
+  for (float x : xs) {
+    EXPECT_EQ(FloatToBits(DecayExp(x)), FloatToBits(BranchyDecayExp(x))) << "x=" << x;
+  }
+  EXPECT_EQ(DecayExp(-104.5f), 0.0f);
+  EXPECT_EQ(DecayExp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(DecayExp(1e30f), DecayExp(88.0f));
+  EXPECT_GT(DecayExp(-87.0f), 0.0f);
 }
 
 TEST(DecodeTilingTest, Shapes) {

@@ -92,13 +92,25 @@ struct RowSource {
   float scale;
 };
 
-// One stored row's inputs {k, scale * q, a, 0} (a: the row's decay).
+// Whether the staged KDA gates are raw (their DecayExp still to take).
+__device__ __forceinline__ bool GatesRaw(const RowSource& in) { return in.kda && !in.g_decayed; }
+
+// One stored row's inputs {k, scale * q, g, 0}, g as staged: the row's decay
+// unless GatesRaw (then its raw gate; RowInput takes the decay).
 template <int kDtype>
-__device__ __forceinline__ float4 RowInput(int r, const RowSource& in) {
+__device__ __forceinline__ float4 RowInputStaged(int r, const RowSource& in) {
   const int c = in.has_perm ? in.perm[r] : r;
   return make_float4(LoadInputT<kDtype>(in.dtype, in.k, c),
                      in.scale * LoadInputT<kDtype>(in.dtype, in.q, c),
-                     in.kda ? (in.g_decayed ? in.g[c] : DecayExp(in.g[c])) : in.a_head, 0.0f);
+                     in.kda ? in.g[c] : in.a_head, 0.0f);
+}
+
+// One stored row's inputs {k, scale * q, a, 0} (a: the row's decay).
+template <int kDtype>
+__device__ __forceinline__ float4 RowInput(int r, const RowSource& in) {
+  float4 x = RowInputStaged<kDtype>(r, in);
+  if (GatesRaw(in)) x.z = DecayExp(x.z);
+  return x;
 }
 
 template <int kDtype = -1>
@@ -125,14 +137,23 @@ __device__ __forceinline__ void GatherRowsPaired(const LaneMap& m, int d_k, cons
                                                  float4* rows, float (&kk)[kTileSteps],
                                                  float (&qs)[kTileSteps],
                                                  float (&a)[kTileSteps]) {
+  float4 x[kTileSteps / 2];
 #pragma unroll
   for (int j = 0; j < kTileSteps / 2; ++j) {
-    const int i = m.cl + 2 * j;
-    const int r = m.row(i);
-    rows[i * kTileRowsPerStep + m.rl] = (kAllRows || r < d_k)
-                                            ? RowInput<kDtype>(r, in)
-                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int r = m.row(m.cl + 2 * j);
+    x[j] = (kAllRows || r < d_k) ? RowInputStaged<kDtype>(r, in)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
+  // Raw gates (the first items of a CTA): one branch for both rows, not a
+  // divergence region per row around DecayExp.
+  if (GatesRaw(in)) {
+#pragma unroll
+    for (int j = 0; j < kTileSteps / 2; ++j) {
+      if (kAllRows || m.row(m.cl + 2 * j) < d_k) x[j].z = DecayExp(x[j].z);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kTileSteps / 2; ++j) rows[(m.cl + 2 * j) * kTileRowsPerStep + m.rl] = x[j];
   __syncwarp();
 #pragma unroll
   for (int i = 0; i < kTileSteps; ++i) {
