@@ -58,12 +58,13 @@ SC_HD float AffineScaleFactor(int qmax) {
 }
 inline constexpr float kAffineScaleBias = 0x1p-25f;
 
-// 1 / s for a positive finite FP16 value s (as float: exponent in
-// [-24, 15]), correctly rounded. On CUDA: the instruction sequence of the
-// compiler's rcp.rn fast path (MUFU.RCP, then one Newton step), which is
-// exact for inputs of this exponent range, without its range check and
+// 1 / s, correctly rounded, for a positive normal s below 2^126 (every
+// positive FP16 value as float, and every symmetric scale: SymInverseScale).
+// On CUDA: the instruction sequence of the compiler's rcp.rn fast path
+// (MUFU.RCP, then one Newton step), which that instruction takes for exactly
+// these inputs (biased exponent 1 to 252), without its range check and
 // slow-path call; elsewhere a division.
-SC_HD float ReciprocalOfHalf(float s) {
+SC_HD float ReciprocalInRange(float s) {
 #if defined(__CUDA_ARCH__)
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
@@ -115,7 +116,7 @@ SC_HD AffineParams MakeAffineParamsOfWidened(float mn, float mx, int qmax) {
       FloatToHalfBits(Fma(mx - mn, AffineScaleFactor(qmax), kAffineScaleBias));
   const float s = HalfBitsToFloat(s_bits);
   const bool nonzero = s > 0.0f;
-  const float inv_s = ReciprocalOfHalf(s);
+  const float inv_s = ReciprocalInRange(s);
   const float z = Clamp(AffineRound(-mn, inv_s), 0.0f, static_cast<float>(qmax));
   AffineParams p;
   p.s_bits = nonzero ? s_bits : uint16_t{0};
@@ -150,8 +151,33 @@ SC_HD float AffineDecode(uint8_t q, float s, float z) {
 inline constexpr float kSymI8Max = 127.0f;
 inline constexpr float kMinGroupAbsMax = 1e-10f;
 
+// a / 127 for a positive finite a, as CUDA's div.rn computes it when its
+// range check passes: the quotient by RN(1/127) (0x3c010204, which one
+// Newton step from the compiler's seed leaves unchanged), then one FMA
+// correction. group_quant_test checks it against the IEEE quotient for
+// every mantissa of three binades; a power of two scales every step of it
+// exactly, so that covers every a from kMinGroupAbsMax to the largest float.
+inline constexpr float kRecip127 = 0.0078740157186985015869f;  // RN(1 / 127)
+SC_HD float QuotientBy127(float a) {
+  const float q0 = a * kRecip127;
+  return Fma(kRecip127, Fma(q0, -kSymI8Max, a), q0);
+}
+
+// s = max(absmax, 1e-10) / 127 (IEEE division). On CUDA through
+// QuotientBy127, without the division's range check and slow-path call
+// (an infinite absmax keeps s = inf, as the division gives).
 SC_HD float MakeSymScale(float group_absmax) {
-  return (group_absmax > kMinGroupAbsMax ? group_absmax : kMinGroupAbsMax) / kSymI8Max;
+  const float a = group_absmax > kMinGroupAbsMax ? group_absmax : kMinGroupAbsMax;
+#if defined(__CUDA_ARCH__)
+  return a <= 0x1.fffffep127f ? QuotientBy127(a) : a;
+#else
+  return a / kSymI8Max;
+#endif
+}
+// 1 / s for a MakeSymScale s (s >= 1e-10 / 127 > 2^-41): ReciprocalInRange
+// below 2^126 (every finite s), 0 for s = inf (as the division gives).
+SC_HD float SymInverseScale(float s) {
+  return s < 0x1p126f ? ReciprocalInRange(s) : 0.0f;
 }
 SC_HD int8_t SymEncode(float x, float inv_s) {
   return static_cast<int8_t>(Clamp(AffineRound(x, inv_s), -kSymI8Max, kSymI8Max));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -62,7 +63,7 @@ TEST(AffineDecode, WithARowFactorStaysWithinHalfAnUlpOfTheZeroPointProduct) {
   }
 }
 
-// Host side of ReciprocalOfHalf is the division; the parameters it feeds
+// Host side of ReciprocalInRange is the division; the parameters it feeds
 // must keep the documented convention: s is at least the range / qmax (by a
 // margin of about an FP16 step), z = rint(-min / s), the range's low end
 // codes to 0 and its high end to qmax or just below.
@@ -89,6 +90,29 @@ TEST(MakeAffineParams, RangeEndsEncodeToZeroAndTheTopCodes) {
   EXPECT_EQ(HalfBitsToFloat(p.s_bits), 1928 * 0x1p-17f);
   EXPECT_EQ(p.z, 102.0f);
   EXPECT_EQ(AffineEncode(2.25f, p, 255), 255);
+}
+
+// QuotientBy127 (MakeSymScale's device form) is the IEEE quotient a / 127:
+// every mantissa of [1, 2), of the binade holding kMinGroupAbsMax and of the
+// top binade (a power of two scales each of its steps exactly in between).
+TEST(MakeSymScale, QuotientBy127IsTheIeeeQuotient) {
+  int64_t bad = 0;
+  for (const uint32_t binade : {0x3f800000u, FloatToBits(kMinGroupAbsMax) & 0xff800000u,
+                                0x7f000000u}) {
+    for (uint32_t m = 0; m < (1u << 23); ++m) {
+      const float a = BitsToFloat(binade | m);
+      bad += FloatToBits(QuotientBy127(a)) != FloatToBits(a / kSymI8Max);
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(kRecip127, 1.0f / 127.0f);
+  // The ends of the scale's range, and an infinite group (s = inf, 1 / s = 0).
+  EXPECT_EQ(MakeSymScale(0.0f), kMinGroupAbsMax / kSymI8Max);
+  EXPECT_EQ(MakeSymScale(3.0e38f), 3.0e38f / kSymI8Max);
+  EXPECT_EQ(MakeSymScale(std::numeric_limits<float>::infinity()),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(SymInverseScale(std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(SymInverseScale(MakeSymScale(2.54f)), 1.0f / (2.54f / 127.0f));
 }
 
 TEST(MakeAffineParams, DegenerateGroupsAreZero) {

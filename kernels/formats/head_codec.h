@@ -129,7 +129,7 @@ SC_HD void EncodeRow(RowCodec c, const float* x, int d_v, const RowUnits& u, flo
         const float* xg = x + g * kGroupSize;
         const float amax = AbsMax(xg, kGroupSize);
         const float s = sym ? MakeSymScale(amax) : MakeFp8Scale(amax);
-        const float inv_s = 1.0f / s;
+        const float inv_s = sym ? SymInverseScale(s) : 1.0f / s;
         StoreF32(u.meta + g * u.meta_stride, s);
         uint8_t* cg = u.codes + g * u.code_stride;
         for (int j = 0; j < kGroupSize; ++j) {

@@ -491,7 +491,7 @@ __device__ __forceinline__ void StoreRow16(uint8_t* codes, uint8_t* meta, int co
     float amax = LaneAbsMax<16>(x);
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     const float s = C == RowCodec::kSymI8 ? MakeSymScale(amax) : MakeFp8Scale(amax);
-    const float inv_s = 1.0f / s;
+    const float inv_s = C == RowCodec::kSymI8 ? SymInverseScale(s) : 1.0f / s;
     if constexpr (C == RowCodec::kSymI8) {
       // SymEncode bit for bit: one FFMA leaves n = rint(x / s) in the low bits
       // of 1.5 * 2^23 + n, whose low byte is the int8 code. SymEncode's clamp
