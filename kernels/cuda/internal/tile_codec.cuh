@@ -67,8 +67,9 @@ __device__ __forceinline__ const uint8_t* RowRef(const uint8_t* base, int64_t of
                                                  int64_t row_bytes, int r0, int rl) {
   return base + offset + (r0 + rl) * row_bytes;
 }
-__device__ __forceinline__ const uint8_t* UnitRef(const uint8_t* base, const RowBlockSection& s,
-                                                  int r0, int rl, int u, int byte) {
+template <typename Byte>  // uint8_t or const uint8_t
+__device__ __forceinline__ Byte* UnitRef(Byte* base, const RowBlockSection& s, int r0, int rl,
+                                         int u, int byte) {
   return base + PairOffset(s, r0) + InPairOffset(s, rl, u) + byte;
 }
 

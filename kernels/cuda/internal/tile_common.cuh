@@ -346,10 +346,9 @@ __device__ __forceinline__ void StoreTileFixed(const PackedHeadLayout& l, uint8_
   constexpr int W = LaneWidth<F>();
   constexpr bool kAffine = kLo == RowCodec::kAffineU8 || kLo == RowCodec::kAffineU4;
   const auto store_hi0 = [&] {
-    const RowBlockSection hi = HiRows(l);
     StoreRow16<HiRowCodec(F), 8>(
-        head + PairOffset(hi, m.row(0) - m.rl) + InPairOffset(hi, m.rl, m.col0 / kHiUnitValues),
-        nullptr, HiLaneCol(m.col0), 0.0f, false, s[0]);
+        UnitRef(head, HiRows(l), m.row(0) - m.rl, m.rl, m.col0 / kHiUnitValues, 0), nullptr,
+        HiLaneCol(m.col0), 0.0f, false, s[0]);
   };
   if constexpr (IsFpRowCodec(kLo)) {
     static_assert(!IsMixedFormat(F), "FP formats have no hi rows");
