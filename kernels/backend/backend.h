@@ -138,6 +138,8 @@ class DecodeQueue {
   virtual void Drain() = 0;
 };
 
+class StreamOps;  // kernels/backend/stream_ops.h
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -189,6 +191,10 @@ class Backend {
     return absl::UnimplementedError(
         absl::StrCat(name(), " backend: no asynchronous decode queue (calls are synchronous)"));
   }
+
+  // The engines' stream-ordered entry points (kernels/backend/stream_ops.h),
+  // owned by the backend and valid while it lives. Every backend has them.
+  virtual StreamOps& stream_ops() = 0;
 };
 
 // "cpu", "cuda" or "auto" (CUDA when a GPU is usable, else CPU).

@@ -25,6 +25,10 @@ struct PoolView {
   int heads = 0;            // value heads per layer
   int64_t head_bytes = 0;   // multiple of 16
   const int64_t* head_offsets = nullptr;  // optional [layers * heads], see above
+  // Optional int32 in backend memory read by StreamOps calls (stream_ops.h)
+  // when they run: nonzero = the pool is fenced (an attached session that
+  // was detached or whose lease expired) and the call writes nothing.
+  const int32_t* fence = nullptr;
 
   SC_HD int64_t slot_bytes() const { return int64_t{layers} * heads * head_bytes; }
   SC_HD uint8_t* slot(int64_t s) const { return base + s * slot_bytes(); }

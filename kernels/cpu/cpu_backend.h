@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernels/backend/backend.h"
+#include "kernels/backend/sync_stream_ops.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace statecache {
@@ -44,11 +45,14 @@ class CpuBackend : public Backend {
   absl::Status CopySlots(const PoolView& src, const int32_t* src_slots, const PoolView& dst,
                          const int32_t* dst_slots, int n) override;
   absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) override;
+  // Synchronous, with the StreamOps record contract (sync_stream_ops.h).
+  StreamOps& stream_ops() override { return stream_ops_; }
 
  private:
   explicit CpuBackend(int threads) : threads_(threads) {}
 
   ThreadPool threads_;
+  SyncStreamOps stream_ops_{*this};
 };
 
 }  // namespace statecache

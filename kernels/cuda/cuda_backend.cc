@@ -14,8 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend/batch_validation.h"
+#include "kernels/backend/stream_ops.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/cuda/internal/cuda_model.h"
 #include "kernels/cuda/internal/cuda_runtime.h"
+#include "kernels/cuda/internal/cuda_stream_ops.h"
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/stepquant_params.h"
@@ -24,11 +27,11 @@ namespace statecache {
 namespace {
 
 namespace ci = cuda_internal;
-
-absl::Status CudaStatus(int code, absl::string_view what) {
-  if (code == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuda: ", what, ": ", ci::ErrorString(code)));
-}
+using ci::CudaPreparedModel;
+using ci::CudaStatus;
+using ci::EnqueueRecurrenceOn;
+using ci::ErrorBlockStatus;
+using ci::PoolOf;
 
 class DeviceBuffer : public BackendBuffer {
  public:
@@ -41,154 +44,6 @@ class DeviceBuffer : public BackendBuffer {
   uint8_t* data_;
   int64_t size_;
 };
-
-// Device copies of a layout's maps.
-class CudaPreparedModel : public PreparedModel {
- public:
-  explicit CudaPreparedModel(StateLayout layout) : layout_(std::move(layout)) {}
-  ~CudaPreparedModel() override {
-    for (void* p : {key_perm_, value_order_, value_scale_, step_heads_, row_impact_,
-                    head_offsets_}) {
-      if (p != nullptr) ci::Free(p);
-    }
-  }
-  const StateLayout& layout() const override { return layout_; }
-
-  absl::Status Upload() {
-    if (!layout_.identity_key_perm()) {
-      RETURN_IF_ERROR(UploadVector(layout_.all_key_perms(), &key_perm_));
-    }
-    RETURN_IF_ERROR(UploadVector(layout_.all_value_orders(), &value_order_));
-    RETURN_IF_ERROR(UploadVector(layout_.all_value_scales(), &value_scale_));
-    if (IsStepQuantFormat(layout_.format().format)) {
-      const ModelGeometry& g = layout_.geometry();
-      std::vector<StepHeadLayout> heads;
-      heads.reserve(static_cast<size_t>(g.HeadsPerSlot()));
-      for (int layer = 0; layer < g.layers; ++layer) {
-        for (int h = 0; h < g.h_v; ++h) heads.push_back(layout_.step_head(layer, h));
-      }
-      RETURN_IF_ERROR(UploadVector(heads, &step_heads_));
-      RETURN_IF_ERROR(UploadVector(layout_.all_row_impacts(), &row_impact_));
-      RETURN_IF_ERROR(UploadVector(layout_.head_offsets(), &head_offsets_));
-    }
-    return absl::OkStatus();
-  }
-
-  // Kernel parameters of a STEPQuant layout (geometry, device maps, pool).
-  ci::StepKernelParams StepParams(const PoolView& pool) const {
-    const ModelGeometry& g = layout_.geometry();
-    ci::StepKernelParams p;
-    p.layers = g.layers;
-    p.h_qk = g.h_qk;
-    p.h_v = g.h_v;
-    p.d_k = g.d_k;
-    p.d_v = g.d_v;
-    p.kda = g.arch == Arch::kKda;
-    p.scale = g.EffectiveScale();
-    p.heads = static_cast<const StepHeadLayout*>(step_heads_);
-    p.row_impact = static_cast<const float*>(row_impact_);
-    p.head_offsets = static_cast<const int64_t*>(head_offsets_);
-    p.key_perm = key_perm();
-    p.pool_base = pool.base;
-    p.slot_bytes = pool.slot_bytes();
-    return p;
-  }
-
-  ci::HeadGeometry Geometry() const {
-    const ModelGeometry& g = layout_.geometry();
-    ci::HeadGeometry h;
-    h.format = layout_.format().format;
-    h.layout = layout_.head_layout();
-    h.h_qk = g.h_qk;
-    h.h_v = g.h_v;
-    h.d_k = g.d_k;
-    h.d_v = g.d_v;
-    h.kda = g.arch == Arch::kKda;
-    h.scale = g.EffectiveScale();
-    return h;
-  }
-  // All layers: [layers][h_v][d_k] etc.
-  const int32_t* key_perm() const { return static_cast<const int32_t*>(key_perm_); }
-  const int32_t* value_order() const { return static_cast<const int32_t*>(value_order_); }
-  const float* value_scale() const { return static_cast<const float*>(value_scale_); }
-
-  ci::LayerMaps Maps(int layer) const {
-    const ModelGeometry& g = layout_.geometry();
-    const int64_t heads_before = int64_t{layer} * g.h_v;
-    ci::LayerMaps m;
-    if (key_perm_ != nullptr) m.key_perm = key_perm() + heads_before * g.d_k;
-    if (value_order_ != nullptr) m.value_order = value_order() + heads_before * g.d_v;
-    if (value_scale_ != nullptr) m.value_scale = value_scale() + heads_before * g.d_v;
-    return m;
-  }
-
- private:
-  template <typename T>
-  static absl::Status UploadVector(const std::vector<T>& v, void** out) {
-    if (v.empty()) return absl::OkStatus();
-    const int64_t bytes = static_cast<int64_t>(v.size() * sizeof(T));
-    if (ci::Malloc(out, bytes) != 0) {
-      *out = nullptr;
-      return absl::ResourceExhaustedError(absl::StrCat("cuda: cannot allocate ", bytes,
-                                                       " bytes for layout maps"));
-    }
-    return CudaStatus(ci::CopyHostToDevice(*out, v.data(), bytes), "upload layout maps");
-  }
-
-  StateLayout layout_;
-  void* key_perm_ = nullptr;
-  void* value_order_ = nullptr;
-  void* value_scale_ = nullptr;
-  void* step_heads_ = nullptr;    // StepHeadLayout [layers * h_v] (STEPQuant)
-  void* row_impact_ = nullptr;    // float [layers * h_v * d_k] (STEPQuant)
-  void* head_offsets_ = nullptr;  // int64 [layers * h_v] (STEPQuant)
-};
-
-ci::PoolParams PoolOf(const PoolView& pool) {
-  return ci::PoolParams{pool.base, pool.slot_bytes(), pool.layers, pool.num_slots};
-}
-
-// The fused decode / prefill kernel on `stream`; it exits without writing
-// when an entry of `abort_if_error` (the validation block written earlier on
-// the same stream; nullptr = the unchecked benchmark hook) is set.
-// early_heads (RecurrenceParams): the kernel stages its first heads before
-// waiting for the previous kernel of the stream; always safe after this
-// call's validation kernels (they write neither slots nor the pool, and they
-// started after every earlier write), which the callers with
-// `abort_if_error` launch right before.
-absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& pool, int layer,
-                                 int batch, int tokens, const int32_t* slots, DType dtype,
-                                 const void* q, const void* k, const void* v, const float* g,
-                                 const float* beta, float* o, const int32_t* abort_if_error,
-                                 bool early_heads, void* stream) {
-  // The token inputs have the same names in both kernels' parameters.
-  const auto set_inputs = [&](auto& kp) {
-    kp.layer = layer;
-    kp.batch = batch;
-    kp.tokens = tokens;
-    kp.slots = slots;
-    kp.dtype = static_cast<int>(dtype);
-    kp.q = q;
-    kp.k = k;
-    kp.v = v;
-    kp.g = g;
-    kp.beta = beta;
-    kp.o = o;
-    kp.abort_if_error = abort_if_error;
-  };
-  if (IsStepQuantFormat(m.layout().format().format)) {
-    ci::StepKernelParams sp = m.StepParams(pool);
-    set_inputs(sp);
-    return CudaStatus(ci::LaunchStepRecurrence(sp, stream), "stepquant recurrence kernel");
-  }
-  ci::RecurrenceParams p;
-  p.geo = m.Geometry();
-  p.maps = m.Maps(layer);
-  p.pool = PoolOf(pool);
-  set_inputs(p);
-  p.early_heads = early_heads;
-  return CudaStatus(ci::LaunchRecurrence(p, stream), "recurrence kernel");
-}
 
 int64_t BitmapBytes(int64_t num_slots) { return ((num_slots + 31) / 32) * 4; }
 
@@ -204,73 +59,14 @@ absl::Status EnqueueInputValidation(const StateLayout& layout, const PoolView& p
                                     const void* k, const void* v, const float* g,
                                     const float* beta, uint32_t* bitmap, int32_t* errors,
                                     void* stream, const void* abort_word = nullptr) {
-  const ModelGeometry& geo = layout.geometry();
-  const int64_t rows = int64_t{batch} * tokens;
-  const int dt = static_cast<int>(dtype);
   int rc = ci::LaunchValidateSlots(slots, batch, pool.num_slots, true, bitmap, errors,
                                    ci::kErrSlotRange, ci::kErrSlotDuplicate, stream);
-  ci::ValueChecks checks;
-  checks.check[0] = {dt, q, rows * geo.h_qk * geo.d_k, 0, ci::kErrQ};
-  checks.check[1] = {dt, k, rows * geo.h_qk * geo.d_k, 0, ci::kErrK};
-  checks.check[2] = {dt, v, rows * geo.h_v * geo.d_v, 0, ci::kErrV};
-  checks.check[3] = {0, g, rows * geo.h_v * geo.GateWidth(), 1, ci::kErrG};
-  checks.check[4] = {0, beta, rows * geo.h_v, 2, ci::kErrBeta};
-  checks.n = 5;
+  ci::ValueChecks checks = ci::TokenValueChecks(layout, batch, tokens, dtype, q, k, v, g, beta);
   // A DecodeQueue's abort word (a finite float unless a prologue aborted):
   // reported in a field decode never uses otherwise.
   if (abort_word != nullptr) checks.check[checks.n++] = {0, abort_word, 1, 0, kErrAborted};
   if (rc == 0) rc = ci::LaunchValidateValuesBatch(checks, errors, stream);
   return CudaStatus(rc, "validation kernels");
-}
-
-// The first error of a read-back validation block `e` as a status naming the
-// field and index (OK when none). `slot_value(arr, i)` prints a slot entry.
-absl::Status ErrorBlockStatus(const int32_t* e, const int32_t* slots, const int32_t* dst_slots,
-                              int64_t num_slots, int64_t dst_num_slots,
-                              const std::function<std::string(const int32_t*, int32_t)>& slot_value) {
-  const char* range_name = dst_slots != nullptr ? "src_slots" : "slots";
-  if (e[ci::kErrSlotRange] != ci::kNoError) {
-    const int32_t i = e[ci::kErrSlotRange];
-    return absl::InvalidArgumentError(absl::StrCat(range_name, "[", i, "]: ",
-                                                   slot_value(slots, i), " is outside 0..",
-                                                   num_slots - 1));
-  }
-  if (e[ci::kErrSlotDuplicate] != ci::kNoError) {
-    const int32_t i = e[ci::kErrSlotDuplicate];
-    return absl::InvalidArgumentError(absl::StrCat(range_name, "[", i, "]: slot ",
-                                                   slot_value(slots, i),
-                                                   " appears twice in one batch"));
-  }
-  if (e[ci::kErrDstSlotRange] != ci::kNoError) {
-    const int32_t i = e[ci::kErrDstSlotRange];
-    return absl::InvalidArgumentError(absl::StrCat("dst_slots[", i, "]: ",
-                                                   slot_value(dst_slots, i), " is outside 0..",
-                                                   dst_num_slots - 1));
-  }
-  if (e[ci::kErrDstSlotDuplicate] != ci::kNoError) {
-    const int32_t i = e[ci::kErrDstSlotDuplicate];
-    return absl::InvalidArgumentError(absl::StrCat("dst_slots[", i, "]: slot ",
-                                                   slot_value(dst_slots, i),
-                                                   " appears twice in one batch"));
-  }
-  static constexpr struct {
-    int field;
-    const char* name;
-    const char* what;
-  } kValueFields[] = {
-      {ci::kErrQ, "q", "is not finite"},
-      {ci::kErrK, "k", "is not finite"},
-      {ci::kErrV, "v", "is not finite"},
-      {ci::kErrG, "g", "is not finite or is positive (g is a log decay, must be <= 0)"},
-      {ci::kErrBeta, "beta", "is not finite or is outside [0, 2]"},
-      {ci::kErrStates, "states", "is not finite"},
-  };
-  for (const auto& f : kValueFields) {
-    if (e[f.field] != ci::kNoError) {
-      return absl::InvalidArgumentError(absl::StrCat(f.name, "[", e[f.field], "]: ", f.what));
-    }
-  }
-  return absl::OkStatus();
 }
 
 constexpr int64_t kErrorBytes = 4 * ci::kNumValidationFields;
@@ -476,6 +272,8 @@ class CudaBackend : public Backend {
 
   absl::StatusOr<std::unique_ptr<DecodeQueue>> NewDecodeQueue() override;
 
+  StreamOps& stream_ops() override { return stream_ops_; }
+
   absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) override {
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
     if (n == 0) return absl::OkStatus();
@@ -520,30 +318,7 @@ class CudaBackend : public Backend {
   explicit CudaBackend(const ci::DeviceInfo& info) : info_(info) {}
 
   static absl::StatusOr<const CudaPreparedModel*> Cast(const PreparedModel& model) {
-    const auto* m = dynamic_cast<const CudaPreparedModel*>(&model);
-    if (m == nullptr) {
-      return absl::InvalidArgumentError("model: was not prepared by the CUDA backend");
-    }
-    return m;
-  }
-
-  static absl::Status CheckTokenPointers(int batch, int tokens, const int32_t* slots, DType dtype,
-                                         const void* q, const void* k, const void* v,
-                                         const float* g, const float* beta) {
-    if (batch < 0) return absl::InvalidArgumentError(absl::StrCat("batch: ", batch, " is negative"));
-    if (dtype != DType::kFp32 && dtype != DType::kBf16 && dtype != DType::kFp16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype: unknown code ", static_cast<int>(dtype)));
-    }
-    if (batch == 0) return absl::OkStatus();
-    if (slots == nullptr) return absl::InvalidArgumentError("slots: null");
-    if (q == nullptr) return absl::InvalidArgumentError("q: null");
-    if (k == nullptr) return absl::InvalidArgumentError("k: null");
-    if (v == nullptr) return absl::InvalidArgumentError("v: null");
-    if (g == nullptr) return absl::InvalidArgumentError("g: null");
-    if (beta == nullptr) return absl::InvalidArgumentError("beta: null");
-    (void)tokens;
-    return absl::OkStatus();
+    return ci::AsCudaModel(model);
   }
 
   // Resets the error block and a bitmap for num_slots (mu_ held).
@@ -650,6 +425,7 @@ class CudaBackend : public Backend {
   int32_t* host_errors_ = nullptr;  // pinned host copy
   uint32_t* bitmap_ = nullptr;      // device slot bitmap
   int64_t bitmap_bytes_ = 0;
+  ci::CudaStreamOps stream_ops_;
 };
 
 // DecodeQueue on its own non-blocking stream, with its own validation block,
@@ -716,7 +492,7 @@ class CudaDecodeQueue : public DecodeQueue {
     ASSIGN_OR_RETURN(const CudaPreparedModel* m, CudaBackend::Cast(model));
     const StateLayout& layout = m->layout();
     RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
-    RETURN_IF_ERROR(CudaBackend::CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k,
+    RETURN_IF_ERROR(CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k,
                                                     in.v, in.g, in.beta));
     if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
     if (in.batch == 0) {

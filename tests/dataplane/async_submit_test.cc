@@ -26,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend/backend.h"
+#include "kernels/backend/stream_ops.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "kernels/testing/token_batch.h"
@@ -198,6 +199,7 @@ class QueueBackend : public Backend {
   absl::Status ZeroSlots(const PoolView& p, const int32_t* s, int n) override {
     return inner_->ZeroSlots(p, s, n);
   }
+  StreamOps& stream_ops() override { return inner_->stream_ops(); }
   absl::StatusOr<std::unique_ptr<DecodeQueue>> NewDecodeQueue() override {
     {
       absl::MutexLock lock(&gate.mu);

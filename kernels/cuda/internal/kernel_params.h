@@ -76,6 +76,9 @@ struct PackParams {
   const int32_t* slots = nullptr;        // [n], -1 = skip (unpack writes zeros)
   int n = 0;
   float* states = nullptr;               // [n][layers][h_v][d_k][d_v]
+  // Validation block written earlier on the same stream, or nullptr: when
+  // any entry is not kNoError the kernel exits before writing anything.
+  const int32_t* abort_if_error = nullptr;  // [kNumValidationFields]
 };
 
 // Indices of the validation error words (one int32 each, the first bad index

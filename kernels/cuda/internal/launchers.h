@@ -27,9 +27,12 @@ int LaunchPack(const PackParams& p, void* stream);
 int LaunchUnpack(const PackParams& p, void* stream);
 
 // dst_base slot dst_slots[i] <- src_base slot src_slots[i], slot_bytes each
-// (a multiple of 16; bases 16-byte aligned).
+// (a multiple of 16; bases 16-byte aligned); a pair with a negative entry is
+// skipped. abort_if_error: a StreamOps verdict block (op_record.h, kOpFields
+// words) or nullptr; when any entry is set nothing is copied.
 int LaunchCopySlots(const uint8_t* src_base, const int32_t* src_slots, uint8_t* dst_base,
-                    const int32_t* dst_slots, int64_t slot_bytes, int n, void* stream);
+                    const int32_t* dst_slots, int64_t slot_bytes, int n, void* stream,
+                    const int32_t* abort_if_error = nullptr);
 // Zeroes slots[i] (skips -1).
 int LaunchZeroSlots(uint8_t* base, const int32_t* slots, int64_t slot_bytes, int n, void* stream);
 

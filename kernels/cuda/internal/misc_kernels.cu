@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/cuda/internal/launchers.h"
+#include "kernels/cuda/internal/validation_block.cuh"
 #include "kernels/formats/numeric.h"
 
 namespace statecache {
@@ -21,8 +22,11 @@ __global__ void __launch_bounds__(kCopyThreads) CopySlotsKernel(const uint8_t* s
                                                               const int32_t* src_slots,
                                                               uint8_t* dst_base,
                                                               const int32_t* dst_slots,
-                                                              int64_t slot_bytes) {
+                                                              int64_t slot_bytes,
+                                                              const int32_t* abort_if_error) {
+  if (ValidationBlockFailed(abort_if_error)) return;
   const int i = blockIdx.y;
+  if (src_slots[i] < 0 || dst_slots[i] < 0) return;  // a pair with padding
   const uint4* src = reinterpret_cast<const uint4*>(src_base + src_slots[i] * slot_bytes);
   uint4* dst = reinterpret_cast<uint4*>(dst_base + dst_slots[i] * slot_bytes);
   const int64_t words = slot_bytes / 16;
@@ -120,12 +124,13 @@ __global__ void ReadFlushKernel(const uint4* buf, int64_t words, float* sink) {
 }  // namespace
 
 int LaunchCopySlots(const uint8_t* src_base, const int32_t* src_slots, uint8_t* dst_base,
-                    const int32_t* dst_slots, int64_t slot_bytes, int n, void* stream) {
+                    const int32_t* dst_slots, int64_t slot_bytes, int n, void* stream,
+                    const int32_t* abort_if_error) {
   if (n == 0 || slot_bytes == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>((slot_bytes + kCopyChunk - 1) / kCopyChunk),
                   static_cast<unsigned>(n));
   CopySlotsKernel<<<grid, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      src_base, src_slots, dst_base, dst_slots, slot_bytes);
+      src_base, src_slots, dst_base, dst_slots, slot_bytes, abort_if_error);
   return cudaGetLastError();
 }
 

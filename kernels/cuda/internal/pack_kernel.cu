@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/tile_common.cuh"
+#include "kernels/cuda/internal/validation_block.cuh"
 
 namespace statecache {
 namespace cuda_internal {
@@ -58,6 +59,7 @@ __global__ void __launch_bounds__(kMaxTileThreads) PackKernel(const PackParams p
   const HeadGeometry& geo = p.geo;
   const PackedHeadLayout& l = geo.layout;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);
+  if (ValidationBlockFailed(p.abort_if_error)) return;
   const PackItem it = MakePackItem(p);
   if (it.slot < 0) return;
   const LaneMap m = MakeLaneMap<LaneWidth<F>()>(t.stripes);
@@ -105,6 +107,7 @@ __global__ void __launch_bounds__(kMaxTileThreads) PackKernel(const PackParams p
 
 template <StateFormat F>
 __global__ void __launch_bounds__(kMaxTileThreads) UnpackKernel(const PackParams p) {
+  if (ValidationBlockFailed(p.abort_if_error)) return;
   const HeadGeometry& geo = p.geo;
   const PackedHeadLayout& l = geo.layout;
   const DecodeTiling t = MakeDecodeTiling(geo.d_k, geo.d_v);

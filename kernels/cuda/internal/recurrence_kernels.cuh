@@ -58,6 +58,7 @@
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/stage_layout.h"
 #include "kernels/cuda/internal/tile_common.cuh"
+#include "kernels/cuda/internal/validation_block.cuh"
 
 namespace statecache {
 namespace cuda_internal {
@@ -249,10 +250,7 @@ __device__ __forceinline__ float* GlobalScaleScratch(float* base, const DecodeTi
 
 // True when the binding's validation found an error (nothing may be written).
 __device__ __forceinline__ bool ValidationFailed(const RecurrenceParams& p) {
-  if (p.abort_if_error == nullptr) return false;
-  bool bad = false;
-  for (int f = 0; f < kNumValidationFields; ++f) bad |= p.abort_if_error[f] != kNoError;
-  return bad;
+  return ValidationBlockFailed(p.abort_if_error);
 }
 
 // ---- Simple kernel: prefill and unaligned decode ---------------------------

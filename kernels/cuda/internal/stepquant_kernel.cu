@@ -24,6 +24,7 @@
 #include "kernels/cuda/internal/async_copy.cuh"
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/stepquant_params.h"
+#include "kernels/cuda/internal/validation_block.cuh"
 #include "kernels/formats/numeric.h"
 #include "kernels/formats/packed_bytes.h"
 #include "kernels/formats/stepquant_codec.h"
@@ -71,12 +72,7 @@ __device__ StepShared CarveShared(float* base, int d_k, int d_v) {
   return s;
 }
 
-__device__ bool Aborted(const int32_t* errors) {
-  if (errors == nullptr) return false;
-  bool bad = false;
-  for (int f = 0; f < kNumValidationFields; ++f) bad |= errors[f] != kNoError;
-  return bad;
-}
+__device__ bool Aborted(const int32_t* errors) { return ValidationBlockFailed(errors); }
 
 __device__ float LoadIn(int dtype, const void* p, int64_t i) {
   if (dtype == 0) return static_cast<const float*>(p)[i];
@@ -255,6 +251,7 @@ __global__ void __launch_bounds__(kThreads) StepRecurrenceKernel(StepKernelParam
 // (zeros for slot -1). One CTA per (entry, layer, head).
 template <bool kPack>
 __global__ void __launch_bounds__(kThreads) StepPackKernel(StepKernelParams p) {
+  if (Aborted(p.abort_if_error)) return;
   extern __shared__ float smem[];
   const int heads_per_slot = p.layers * p.h_v;
   const int i = blockIdx.x / heads_per_slot;

@@ -45,6 +45,7 @@
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/stepquant_params.h"
 #include "kernels/cuda/internal/tile_common.cuh"
+#include "kernels/cuda/internal/validation_block.cuh"
 #include "kernels/formats/numeric.h"
 #include "kernels/formats/packed_bytes.h"
 #include "kernels/formats/stepquant_codec.h"
@@ -106,10 +107,7 @@ enum InfoField {
 };
 
 __device__ __forceinline__ bool TAborted(const int32_t* errors) {
-  if (errors == nullptr) return false;
-  bool bad = false;
-  for (int f = 0; f < kNumValidationFields; ++f) bad |= errors[f] != kNoError;
-  return bad;
+  return ValidationBlockFailed(errors);
 }
 
 // Thread 0 only: stages item `item` into `stage` (all completes on `bar`).

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "kernels/backend/backend.h"
+#include "kernels/backend/sync_stream_ops.h"
 
 namespace statecache {
 namespace testing {
@@ -44,6 +45,7 @@ class FakeBackend : public Backend {
   absl::Status CopySlots(const PoolView& src, const int32_t* src_slots, const PoolView& dst,
                          const int32_t* dst_slots, int n) override;
   absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) override;
+  StreamOps& stream_ops() override { return stream_ops_; }
 
   // Bytes currently allocated.
   int64_t live_bytes() const { return live_.load(); }
@@ -55,6 +57,7 @@ class FakeBackend : public Backend {
   const int64_t limit_;
   std::atomic<int64_t> live_{0};
   std::atomic<int64_t> copy_calls_{0};
+  SyncStreamOps stream_ops_{*this};
 };
 
 }  // namespace testing

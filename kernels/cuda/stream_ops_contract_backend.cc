@@ -1,0 +1,8 @@
+#include "kernels/backend/testing/contract_backend.h"
+#include "kernels/testing/gpu_backend.h"
+
+namespace statecache {
+
+std::unique_ptr<Backend>& ContractBackend() { return TestGpu(); }
+
+}  // namespace statecache
