@@ -543,11 +543,21 @@ absl::StatusOr<std::unique_ptr<AttachedSession>> AttachedSession::Attach(
   a->view_.head_bytes = resp.head_bytes();
   ASSIGN_OR_RETURN(a->slot_buffer_,
                    a->backend_->Allocate(std::max<int64_t>(4 * slots.size(), 256)));
+  ASSIGN_OR_RETURN(a->fence_, a->backend_->Allocate(16));  // zero: open
+  a->engine_view_ = a->view_;
+  a->engine_view_.fence = reinterpret_cast<const int32_t*>(a->fence_->data());
+  a->engine_expires_ns_.store(a->expires_at_ns_);
   return a;
 }
 
 AttachedSession::~AttachedSession() {
   Detach().IgnoreError();
+  {
+    absl::MutexLock lock(&renew_mu_);
+    stop_renewal_ = true;
+    renew_cv_.SignalAll();
+  }
+  if (renewal_.joinable()) renewal_.join();
   if (order_event_ != nullptr) cuda_ipc::EventDestroy(order_event_);
   prepared_.reset();
   if (ipc_base_ != nullptr) cuda_ipc::CloseMemHandle(ipc_base_);
@@ -567,6 +577,12 @@ absl::Status AttachedSession::Detach() {
   if (detached_) return absl::OkStatus();
   detached_ = true;
   renew_at_ns_ = 0;
+  {
+    absl::MutexLock lock(&renew_mu_);
+    stop_renewal_ = true;
+    renew_cv_.SignalAll();
+  }
+  if (fence_ != nullptr) RETURN_IF_ERROR(SetFence());
   v1::DetachSlotsRequest req;
   req.set_session_id(session_->id());
   req.set_model_id(model_id_);
@@ -625,6 +641,57 @@ absl::Status AttachedSession::DecodeUpdate(int layer, absl::Span<const SlotHandl
   in.batch = static_cast<int>(slots.size());
   in.slots = reinterpret_cast<const int32_t*>(slot_buffer_->data());
   return backend_->DecodeUpdate(*prepared_, view_, layer, in);
+}
+
+absl::Status AttachedSession::SetFence() {
+  fenced_.store(true);
+  const int32_t one = 1;
+  RETURN_IF_ERROR(backend_->CopyIn(fence_->data(), &one, sizeof(one)));
+  if (std::strcmp(backend_->name(), "cuda") == 0) {
+    // Engine work already enqueued (on any stream) may still write the pool:
+    // it completes before the slots go back to the server.
+    RETURN_IF_ERROR(CudaStatus(cuda_ipc::DeviceSynchronize(), "fence: wait for device work"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttachedSession::CheckAttached() const {
+  if (fenced_.load()) {
+    return absl::FailedPreconditionError("slots: the session is detached (the pool is fenced)");
+  }
+  if (MonotonicNanos() >= engine_expires_ns_.load()) {
+    return absl::FailedPreconditionError(
+        "slots: the attach lease expired (renew it off the hot path: Renew / RenewInBackground)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttachedSession::Renew() {
+  if (fenced_.load()) return absl::FailedPreconditionError("slots: the session is detached");
+  const int64_t now = MonotonicNanos();
+  absl::Status st = session_->Renew();
+  if (!st.ok()) {
+    if (MonotonicNanos() >= engine_expires_ns_.load()) SetFence().IgnoreError();
+    return st;
+  }
+  engine_expires_ns_.store(now + absl::ToInt64Nanoseconds(session_->lease()));
+  return absl::OkStatus();
+}
+
+void AttachedSession::RenewInBackground() {
+  absl::MutexLock lock(&renew_mu_);
+  if (renewal_.joinable() || stop_renewal_) return;
+  renewal_ = std::thread([this] {
+    absl::MutexLock l(&renew_mu_);
+    while (!stop_renewal_) {
+      const absl::Duration half = session_->lease() / 2;
+      const bool timed_out = renew_cv_.WaitWithTimeout(&renew_mu_, half);
+      if (stop_renewal_ || !timed_out) continue;
+      renew_mu_.Unlock();
+      Renew().IgnoreError();  // failures fence the pool once the lease has passed
+      renew_mu_.Lock();
+    }
+  });
 }
 
 }  // namespace statecache

@@ -45,6 +45,7 @@
 #ifndef STATECACHE_CLIENT_CPP_DATAPLANE_CLIENT_H_
 #define STATECACHE_CLIENT_CPP_DATAPLANE_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -261,8 +262,33 @@ class AttachedSession {
   // stream to read back validation). CPU: nothing.
   absl::Status OrderAfter(void* stream);
 
-  // Ends the attachment; the slots go back to server-side use.
+  // Ends the attachment; the slots go back to server-side use. Sets the
+  // fence word first and (CUDA) waits for this process's device work, so no
+  // engine call or graph replay of this session writes the pool afterwards.
   absl::Status Detach();
+
+  // ---- Engine path (issue 25): StreamOps on the mapped pool -------------
+  // backend().stream_ops() on engine_pool() take device slot indices
+  // (IndexOf) and never call the server or wait for the host; an engine
+  // captures them in CUDA graphs. The session's lease is renewed off the hot
+  // path: RenewInBackground() (or Renew() from the engine's own loop).
+  //
+  //   a->RenewInBackground();
+  //   ops.EnqueueDecode(a->prepared(), a->engine_pool(), layer, in, record, stream);
+
+  // pool() with this session's fence word (PoolView::fence): set by Detach
+  // and on lease expiry, it makes every later StreamOps call write nothing
+  // (the record says kFailedPrecondition "pool: fenced").
+  const PoolView& engine_pool() const { return engine_view_; }
+  // kFailedPrecondition when detached or past the lease (a clock read, no
+  // RPC); thread-safe. Engine bindings call it before enqueueing.
+  absl::Status CheckAttached() const;
+  // Renews the session lease now (an RPC). When it fails and the lease has
+  // passed, fences the pool. Thread-safe with the engine calls.
+  absl::Status Renew();
+  // A thread renewing at half the lease until Detach or destruction
+  // (idempotent).
+  void RenewInBackground();
 
   Backend& backend() { return *backend_; }
   const StateLayout& layout() const { return *layout_; }
@@ -303,6 +329,18 @@ class AttachedSession {
   bool detached_ = false;
   void* order_event_ = nullptr;    // CUDA, OrderAfter
   void* backend_stream_ = nullptr;  // CUDA, OrderAfter
+
+  // Engine path: the fence word (backend memory, int32), the view carrying
+  // it, the lease end for CheckAttached and the renewal thread.
+  absl::Status SetFence();
+  std::unique_ptr<BackendBuffer> fence_;
+  PoolView engine_view_;
+  std::atomic<int64_t> engine_expires_ns_{0};
+  std::atomic<bool> fenced_{false};
+  absl::Mutex renew_mu_;
+  absl::CondVar renew_cv_;
+  bool stop_renewal_ ABSL_GUARDED_BY(renew_mu_) = false;
+  std::thread renewal_;
 };
 
 }  // namespace statecache

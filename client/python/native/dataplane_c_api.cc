@@ -9,26 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/dataplane_client.h"
 #include "client/cpp/statecache_client.h"
-
-struct ScAttached {
-  std::unique_ptr<statecache::StateCacheClient> client;
-  std::unique_ptr<statecache::DataPlaneSession> session;
-  std::unique_ptr<statecache::AttachedSession> attached;
-  std::vector<statecache::SlotHandle> slots;  // reused per call
-  bool cuda = false;
-};
+#include "client/python/native/handle.h"
 
 namespace {
 
-int Fail(const absl::Status& s, char* err, int err_len) {
-  if (err != nullptr && err_len > 0) {
-    const std::string m(s.message());
-    const size_t n = std::min(m.size(), static_cast<size_t>(err_len - 1));
-    std::memcpy(err, m.data(), n);
-    err[n] = '\0';
-  }
-  return static_cast<int>(s.code());
-}
+using statecache::native::Fail;
 
 void Handles(const uint64_t* ids, const uint32_t* gens, int n,
              std::vector<statecache::SlotHandle>* out) {

@@ -62,6 +62,60 @@ int sc_detach(ScAttached* a, char* err, int err_len);
 /* Detaches (best effort), closes the session and frees `a` (NULL: no-op). */
 void sc_close(ScAttached* a);
 
+/* ---- Engine ops (issue 25; kernels/backend/stream_ops.h) ----------------
+ * Stream-ordered calls on the mapped pool: slot indices are int32 pool
+ * indices in backend memory (sc_slot_indices; -1 = padding), every call is
+ * enqueued on `stream` (cudaStream_t; ignored on the CPU) with no host wait,
+ * no allocation and no host-to-device copy, so a CUDA graph can capture it.
+ * Host mistakes (null pointers, a detached session, a layer out of range, a
+ * record too small) return an error at once and enqueue nothing; bad data
+ * (slot indices, non-finite inputs, g > 0, beta outside [0, 2]) fails the
+ * call on the device, writes nothing and lands in the caller's `record`
+ * (sc_record_bytes() bytes of backend memory, 16-byte aligned, one stream at
+ * a time), which sc_record_check reads. */
+
+/* Pool indices of attached slot handles (FAILED_PRECONDITION naming slots[i]
+ * for one not attached by this session). */
+int sc_slot_indices(const ScAttached* a, const uint64_t* slot_ids,
+                    const uint32_t* slot_generations, int n, int32_t* out, char* err,
+                    int err_len);
+/* Pool size (slots) and the record bytes a pool of that size needs. */
+int64_t sc_pool_slots(const ScAttached* a);
+int64_t sc_record_bytes(const ScAttached* a);
+/* Writes an empty record on `stream`. */
+int sc_record_init(ScAttached* a, void* record, int64_t record_bytes, uintptr_t stream,
+                   char* err, int err_len);
+/* Waits for `stream`, then 0, or the first failed call since the last reset
+ * (3 = INVALID_ARGUMENT naming op, layer and field; 9 = FAILED_PRECONDITION
+ * for a fenced pool); reset != 0 empties the record. */
+int sc_record_check(ScAttached* a, void* record, int64_t record_bytes, uintptr_t stream,
+                    int reset, char* err, int err_len);
+/* Renews the lease now (an RPC); sc_renew_in_background starts a thread that
+ * renews at half the lease until detach. */
+int sc_renew(ScAttached* a, char* err, int err_len);
+void sc_renew_in_background(ScAttached* a);
+
+/* Decode (tokens = 1, o required) or prefill (tokens >= 1, o may be NULL):
+ * q, k [n, tokens, h_qk, d_k], v [n, tokens, h_v, d_v] of `dtype`; g FP32
+ * [n, tokens, h_v] (GDN) or [n, tokens, h_v, d_k] (KDA); beta FP32
+ * [n, tokens, h_v]; o FP32 [n, tokens, h_v, d_v]. */
+int sc_op_decode(ScAttached* a, int layer, const int32_t* slots, int n, int dtype, const void* q,
+                 const void* k, const void* v, const float* g, const float* beta, float* o,
+                 void* record, int64_t record_bytes, uintptr_t stream, char* err, int err_len);
+int sc_op_prefill(ScAttached* a, int layer, const int32_t* slots, int n, int tokens, int dtype,
+                  const void* q, const void* k, const void* v, const float* g, const float* beta,
+                  float* o, void* record, int64_t record_bytes, uintptr_t stream, char* err,
+                  int err_len);
+/* FP32 states [n, layers, h_v, d_k, d_v] (natural order) into / out of slots. */
+int sc_op_pack(ScAttached* a, const int32_t* slots, int n, const float* states, void* record,
+               int64_t record_bytes, uintptr_t stream, char* err, int err_len);
+int sc_op_unpack(ScAttached* a, const int32_t* slots, int n, float* states, void* record,
+                 int64_t record_bytes, uintptr_t stream, char* err, int err_len);
+/* pool slot dst[i] <- pool slot src[i] (pairs with -1 skipped; sources may
+ * repeat, destinations may not and may not be sources). */
+int sc_op_copy(ScAttached* a, const int32_t* src_slots, const int32_t* dst_slots, int n,
+               void* record, int64_t record_bytes, uintptr_t stream, char* err, int err_len);
+
 #ifdef __cplusplus
 }
 #endif
