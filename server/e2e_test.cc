@@ -468,6 +468,11 @@ TEST_F(E2eTest, ErrorPathsReturnTheirCodesAndWriteNothing) {
   auto bad_format = client_->RegisterModel(bad);
   EXPECT_EQ(code(bad_format), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad_format.status().message()), HasSubstr("format"));
+  bad.format = "damp:999";  // k_hi beyond d_k = 32: the `format` field, with k_hi's range
+  auto bad_k_hi = client_->RegisterModel(bad);
+  EXPECT_EQ(code(bad_k_hi), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_k_hi.status().message()),
+              HasSubstr("format: 'damp:999': k_hi 999 is outside 0..32"));
   bad.format = "fp32";
   bad.geometry.d_v = 33;
   auto bad_geo = client_->RegisterModel(bad);
