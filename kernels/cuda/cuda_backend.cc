@@ -263,7 +263,7 @@ absl::Status ErrorBlockStatus(const int32_t* e, const int32_t* slots, const int3
       {ci::kErrV, "v", "is not finite"},
       {ci::kErrG, "g", "is not finite or is positive (g is a log decay, must be <= 0)"},
       {ci::kErrBeta, "beta", "is not finite or is outside [0, 2]"},
-      {ci::kErrStates, "states", "is not finite"},
+      {ci::kErrStates, "states", "is not finite or exceeds the state magnitude bound |x| <= 2^64"},
   };
   for (const auto& f : kValueFields) {
     if (e[f.field] != ci::kNoError) {
@@ -615,7 +615,7 @@ class CudaBackend : public Backend {
     int rc = ci::LaunchValidateSlots(slots, n, pool.num_slots, true, bitmap_, errors_,
                                      ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_);
     if (rc == 0 && pack) {
-      rc = ci::LaunchValidateValues(0, states, values, 0, errors_, ci::kErrStates, stream_);
+      rc = ci::LaunchValidateValues(0, states, values, 3, errors_, ci::kErrStates, stream_);
     }
     RETURN_IF_ERROR(CudaStatus(rc, "validation kernels"));
     RETURN_IF_ERROR(FinishValidation(slots, nullptr, pool.num_slots, 0));

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/formats/numeric.h"
+#include "kernels/formats/state_bound.h"
 
 namespace statecache {
 namespace cuda_internal {
@@ -85,6 +86,7 @@ __global__ void ValidateValuesKernel(int dtype, const void* data, int64_t count,
     bool bad = !isfinite(x);
     if (mode == 1) bad |= x > 0.0f;
     if (mode == 2) bad |= x < 0.0f || x > 2.0f;
+    if (mode == 3) bad |= !IsAcceptedStateValue(x);
     if (bad) atomicMin(errors + field, static_cast<int32_t>(i < kNoError - 1 ? i : kNoError - 1));
   }
 }
@@ -103,6 +105,7 @@ __global__ void ValidateValuesBatchKernel(const ValueChecks checks, int32_t* err
     bool bad = !isfinite(x);
     if (c.mode == 1) bad |= x > 0.0f;
     if (c.mode == 2) bad |= x < 0.0f || x > 2.0f;
+    if (c.mode == 3) bad |= !IsAcceptedStateValue(x);
     if (bad) atomicMin(errors + c.field, static_cast<int32_t>(i < kNoError - 1 ? i : kNoError - 1));
   }
 }
