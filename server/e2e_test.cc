@@ -22,6 +22,7 @@
 #include "client/cpp/statecache_client.h"
 #include "kernels/backend/backend.h"
 #include "kernels/formats/numeric.h"
+#include "kernels/formats/state_bound.h"
 #include "server/log.h"
 #include "server/pool/prefix_key.h"
 #include "server/server.h"
@@ -32,6 +33,8 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr char kModel[] = "tiny-gdn";
+
+constexpr float kHuge32 = 3e38f;
 
 ModelGeometry TinyGdn() {
   return ModelGeometry{Arch::kGdn, /*layers=*/2, /*h_qk=*/1, /*h_v=*/2, /*d_k=*/32, /*d_v=*/32};
@@ -443,6 +446,111 @@ TEST_F(E2eTest, PrefillStatesPacksLikeTheBackendAndImportRoundTrips) {
   EXPECT_EQ(client_->Export(kModel, (*slots)[1])->packed, exported->packed);
 }
 
+// States enter the store only within the magnitude bound (finite, |x| <= 2^64:
+// kernels/formats/state_bound.h), so no update of an accepted state overflows.
+// Issue 26: Prefill of states (and Import) with every value 3e38 were OK, one
+// Update with valid normalized inputs then returned a non-finite o and the
+// stored state exported as -inf.
+TEST_F(E2eTest, StatesBeyondTheMagnitudeBoundAreRefusedWhereverTheyEnter) {
+  const ModelGeometry geo = TinyGdn();
+  const int64_t values = geo.HeadsPerSlot() * geo.d_k * geo.d_v;
+  std::mt19937 rng(26);
+  for (const char* format : {"fp32", "bf16"}) {
+    SCOPED_TRACE(format);
+    const std::string id = absl::StrCat("bound-", format);
+    Register(id, geo, format, 3, 1);
+    auto slots = client_->AllocateSlots(id, 3);
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    const std::string empty = client_->Export(id, (*slots)[0])->packed;
+
+    // Prefill of states: the repro's 3e38 and the first value beyond 2^64.
+    absl::Status s = client_->PrefillStates(id, {(*slots)[0]}, std::vector<float>(values, 3e38f));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("states[0]: 3e+38 exceeds the state magnitude bound |x| <= 2^64"));
+    std::vector<float> over(values, 1.0f);
+    over[values - 1] = -std::nextafter(kMaxStateMagnitude, INFINITY);
+    s = client_->PrefillStates(id, {(*slots)[0]}, over);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("states[", values - 1, "]: ")));
+    EXPECT_EQ(client_->Export(id, (*slots)[0])->packed, empty);
+
+    // At the bound: accepted, and its packed bytes are the values.
+    ASSERT_TRUE(
+        client_->PrefillStates(id, {(*slots)[0]}, std::vector<float>(values, kMaxStateMagnitude))
+            .ok());
+    auto at_bound = client_->Export(id, (*slots)[0]);
+    ASSERT_TRUE(at_bound.ok()) << at_bound.status();
+
+    // Import: the same bytes with one value raised to 3e38 are refused.
+    ExportedState beyond = *at_bound;
+    const bool fp32 = std::string(format) == "fp32";
+    const std::string b_bytes = fp32 ? std::string("\x00\x00\x80\x5f", 4)   // 2^64
+                                     : std::string("\x80\x5f", 2);
+    const std::string huge = fp32 ? std::string(reinterpret_cast<const char*>(&kHuge32), 4)
+                                  : std::string("\x61\x7f", 2);           // bf16 2.99e38
+    const size_t at = beyond.packed.find(b_bytes);
+    ASSERT_NE(at, std::string::npos);
+    beyond.packed.replace(at, huge.size(), huge);
+    s = client_->Import(id, (*slots)[1], beyond);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("packed (decoded state)["));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("exceeds the state magnitude bound"));
+    EXPECT_EQ(client_->Export(id, (*slots)[1])->packed, empty);
+
+    // Import at the bound, Snapshot, Restore of that imported checkpoint,
+    // then an Update with valid normalized inputs: o is finite, and a
+    // state the update kept within the bound (k = q = e_0) exports and
+    // re-imports.
+    ASSERT_TRUE(client_->Import(id, (*slots)[1], *at_bound).ok());
+    auto key = client_->Snapshot(id, (*slots)[1], {7, 8});
+    ASSERT_TRUE(key.ok()) << key.status();
+    ASSERT_TRUE(client_->Restore(id, (*slots)[2], *key).ok());
+    EXPECT_EQ(client_->Export(id, (*slots)[2])->packed, at_bound->packed);
+    Inputs in = MakeInputs(geo, 1, 1, &rng);
+    for (int layer = 0; layer < geo.layers; ++layer) {
+      auto o = client_->Update(id, Call(layer, {(*slots)[2]}, in));
+      ASSERT_TRUE(o.ok()) << o.status();
+      for (float x : *o) ASSERT_TRUE(std::isfinite(x)) << x;
+    }
+    std::fill(in.q.begin(), in.q.end(), 0.f);
+    in.q[0] = 1.f;
+    in.k = in.q;
+    auto o = client_->Update(id, Call(0, {(*slots)[1]}, in));
+    ASSERT_TRUE(o.ok()) << o.status();
+    for (float x : *o) ASSERT_TRUE(std::isfinite(x)) << x;
+    auto updated = client_->Export(id, (*slots)[1]);
+    ASSERT_TRUE(updated.ok());
+    EXPECT_NE(updated->packed, at_bound->packed);
+    ASSERT_TRUE(client_->Import(id, (*slots)[0], *updated).ok());
+    EXPECT_EQ(client_->Export(id, (*slots)[0])->packed, updated->packed);
+  }
+
+  // A quantized format: the values its scales decode to are checked. nvfp4's
+  // FP32 global scale (head 0 of layer 0 leads the slot) raised to 1e25
+  // decodes ordinary codes to ~1e28.
+  Register("bound-nvfp4", geo, "nvfp4", 2, 1);
+  auto slots = client_->AllocateSlots("bound-nvfp4", 2);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> states(values);
+  for (float& x : states) x = normal(rng);
+  ASSERT_TRUE(client_->PrefillStates("bound-nvfp4", {(*slots)[0]}, states).ok());
+  auto exported = client_->Export("bound-nvfp4", (*slots)[0]);
+  ASSERT_TRUE(exported.ok());
+  const std::string empty = client_->Export("bound-nvfp4", (*slots)[1])->packed;
+  const PackedHeadLayout hl =
+      StateLayout::Identity(geo, ParseFormatSpec("nvfp4").value()).value().head_layout();
+  ASSERT_TRUE(hl.has_global_scale);
+  const float gs = 1e25f;
+  exported->packed.replace(hl.global_offset, 4, reinterpret_cast<const char*>(&gs), 4);
+  const absl::Status s = client_->Import("bound-nvfp4", (*slots)[1], *exported);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("packed (decoded state)["));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("exceeds the state magnitude bound"));
+  EXPECT_EQ(client_->Export("bound-nvfp4", (*slots)[1])->packed, empty);
+}
+
 // Every error path returns its code, names the field, and writes nothing.
 TEST_F(E2eTest, ErrorPathsReturnTheirCodesAndWriteNothing) {
   const ModelGeometry geo = TinyGdn();
@@ -468,6 +576,11 @@ TEST_F(E2eTest, ErrorPathsReturnTheirCodesAndWriteNothing) {
   auto bad_format = client_->RegisterModel(bad);
   EXPECT_EQ(code(bad_format), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad_format.status().message()), HasSubstr("format"));
+  bad.format = "damp:999";  // k_hi beyond d_k = 32: the `format` field, with k_hi's range
+  auto bad_k_hi = client_->RegisterModel(bad);
+  EXPECT_EQ(code(bad_k_hi), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_k_hi.status().message()),
+              HasSubstr("format: 'damp:999': k_hi 999 is outside 0..32"));
   bad.format = "fp32";
   bad.geometry.d_v = 33;
   auto bad_geo = client_->RegisterModel(bad);

@@ -846,7 +846,8 @@ absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillReque
     ASSIGN_OR_RETURN(TensorBytes states,
                      CheckTensor(req.states(), "states", kFp32Only,
                                  {b, g.layers, g.h_v, g.d_k, g.d_v}));
-    RETURN_IF_ERROR(ValidateFinite("states", DType::kFp32, states.data, states.count));
+    RETURN_IF_ERROR(ValidateStateValues("states", static_cast<const float*>(states.data),
+                                        states.count));
     ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
                      m->slots->Acquire(HandlesFromProto(req.slots()), "slots"));
     Staging st;
@@ -1121,7 +1122,8 @@ absl::Status StateCacheService::DoImport(Tenant& caller, const v1::ImportRequest
         absl::StrCat("packed: ", req.packed().size(), " bytes, want ", bytes));
   }
   // Decode the bytes in a scratch slot first: states that do not decode to
-  // finite values are rejected before the target slot is touched.
+  // accepted values (finite, |x| <= kMaxStateMagnitude: whatever the format's
+  // values or scales) are rejected before the target slot is touched.
   const ModelGeometry& g = m->layout.geometry();
   PoolView scratch = m->slots->view();
   scratch.num_slots = 1;
@@ -1140,9 +1142,8 @@ absl::Status StateCacheService::DoImport(Tenant& caller, const v1::ImportRequest
   std::vector<float> states(values);
   RETURN_IF_ERROR(backend_->CopyOut(states.data(), st.at<float>(s_states), values * 4));
   {
-    absl::Status finite = ValidateFinite("packed (decoded state)", DType::kFp32, states.data(),
-                                         values);
-    if (!finite.ok()) return finite;
+    absl::Status accepted = ValidateStateValues("packed (decoded state)", states.data(), values);
+    if (!accepted.ok()) return accepted;
   }
   RETURN_IF_ERROR(CheckNotAttached(*m, req.slot(), "slot"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/formats/numeric.h"
+#include "kernels/formats/state_bound.h"
 
 namespace statecache {
 
@@ -75,6 +76,21 @@ absl::Status ValidateFinite(absl::string_view field, DType dtype, const void* da
       return absl::InvalidArgumentError(
           absl::StrCat(field, "[", i, "]: ", x, " is not finite"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateStateValues(absl::string_view field, const float* data, int64_t count) {
+  if (count > 0 && data == nullptr) return absl::InvalidArgumentError(absl::StrCat(field, ": null"));
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = data[i];
+    if (IsAcceptedStateValue(x)) continue;
+    if (!std::isfinite(x)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: ", x, " is not finite"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, "[", i, "]: ", x, " exceeds the state magnitude bound |x| <= 2^64 (",
+                     kMaxStateMagnitude, ")"));
   }
   return absl::OkStatus();
 }

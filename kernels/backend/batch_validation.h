@@ -28,6 +28,11 @@ absl::Status ValidateSlots(const PoolView& pool, const int32_t* slots, int n);
 // All `count` values are finite.
 absl::Status ValidateFinite(absl::string_view field, DType dtype, const void* data, int64_t count);
 
+// Every one of `count` FP32 state values is finite with |x| <=
+// kMaxStateMagnitude (kernels/formats/state_bound.h: the entry contract that
+// keeps the recurrence finite). The message names field[i] and the bound.
+absl::Status ValidateStateValues(absl::string_view field, const float* data, int64_t count);
+
 // g finite and <= 0 (log decay); beta finite and in [0, 2] (2 allows the
 // negative-eigenvalue variant of the delta rule).
 absl::Status ValidateGates(const float* g, int64_t g_count, const float* beta, int64_t beta_count);

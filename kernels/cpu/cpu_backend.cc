@@ -249,8 +249,7 @@ absl::Status CpuBackend::PackStates(const PreparedModel& model, const PoolView& 
   const ModelGeometry& geo = layout.geometry();
   const int64_t head_values = int64_t{geo.d_k} * geo.d_v;
   const PoolView heads = HeadIndexed(layout, pool);
-  RETURN_IF_ERROR(
-      ValidateFinite("states", DType::kFp32, states, n * geo.HeadsPerSlot() * head_values));
+  RETURN_IF_ERROR(ValidateStateValues("states", states, n * geo.HeadsPerSlot() * head_values));
   threads_.ParallelFor(n * geo.HeadsPerSlot(), [&](int64_t item) {
     const int i = static_cast<int>(item / geo.HeadsPerSlot());
     const int lh = static_cast<int>(item % geo.HeadsPerSlot());

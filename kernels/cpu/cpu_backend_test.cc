@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/formats/numeric.h"
+#include "kernels/formats/state_bound.h"
 #include "kernels/io/safetensors.h"
 #include "kernels/io/test_data.h"
 #include "kernels/testing/test_pool.h"
@@ -404,6 +405,65 @@ TEST(CpuBackendErrorsTest, BadInputIsRejectedAndNothingIsWritten) {
   const absl::Status ps = backend->PackStates(*pool.model, pool.view, slots, 1, states.data());
   EXPECT_EQ(ps.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(pool.Bytes(), before);
+}
+
+// The entry bound on states (kernels/formats/state_bound.h): PackStates
+// refuses values beyond kMaxStateMagnitude (issue 26: a state of 3e38 was
+// accepted and the next update wrote Inf), and the worst step its derivation
+// allows from a state at the bound (d_k = 256, a Householder key with beta = 2
+// concentrating a column of +B into one value, |v| = 65504, no decay, readout
+// scale kMaxReadoutScale) stays finite in o and in the stored state.
+TEST(CpuBackendErrorsTest, PackStatesEnforcesTheStateMagnitudeBound) {
+  ModelGeometry geo{Arch::kGdn, 1, 1, 1, 256, 32};
+  geo.scale = kMaxReadoutScale;
+  auto backend = Backend2();
+  const int64_t values = int64_t{geo.d_k} * geo.d_v;
+  for (const FormatSpec& f : {FormatSpec{StateFormat::kFp32, 0}, FormatSpec{StateFormat::kBf16, 0},
+                              FormatSpec{StateFormat::kDamp, 16}}) {
+    SCOPED_TRACE(FormatSpecName(f));
+    StateLayout layout = *StateLayout::Identity(geo, f);
+    TestPool pool = MakeTestPool(*backend, layout, 2);
+    const int32_t slot = 1;
+    const std::vector<uint8_t> before = pool.Bytes();
+    auto expect_refused = [&](float x, int64_t at, const std::string& message) {
+      std::vector<float> states(values, 1.0f);
+      states[at] = x;
+      const absl::Status s = backend->PackStates(*pool.model, pool.view, &slot, 1, states.data());
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << x;
+      EXPECT_EQ(std::string(s.message()).rfind(message, 0), 0u) << s.message();
+      EXPECT_EQ(pool.Bytes(), before);
+    };
+    expect_refused(3e38f, 0, "states[0]: 3e+38 exceeds the state magnitude bound |x| <= 2^64");
+    expect_refused(-std::nextafter(kMaxStateMagnitude, INFINITY), 77, "states[77]: -1.84467e+19 exceeds");
+    expect_refused(std::nanf(""), 5, "states[5]: nan is not finite");
+    expect_refused(-INFINITY, 6, "states[6]: -inf is not finite");
+
+    std::vector<float> at_bound(values, kMaxStateMagnitude);
+    ASSERT_TRUE(backend->PackStates(*pool.model, pool.view, &slot, 1, at_bound.data()).ok());
+    TokenBatch in;
+    in.q.assign(geo.d_k, 0.0f);
+    in.q[0] = 1.0f;
+    in.k.assign(geo.d_k, 1.0f / std::sqrt(480.0f));  // (s - ||s|| e_0) / ||.||, s = (1, ..., 1)
+    in.k[0] = -15.0f / std::sqrt(480.0f);
+    in.v.assign(geo.d_v, -kFp16Max);
+    in.g.assign(1, 0.0f);
+    in.beta.assign(1, 2.0f);
+    std::vector<float> o(geo.d_v);
+    ASSERT_TRUE(backend->DecodeUpdate(*pool.model, pool.view, 0,
+                                      DecodeInputsFor(in, geo, &slot, 1, o.data()))
+                    .ok());
+    std::vector<float> after(values);
+    ASSERT_TRUE(backend->UnpackStates(*pool.model, pool.view, &slot, 1, after.data()).ok());
+    for (int j = 0; j < geo.d_v; ++j) EXPECT_TRUE(std::isfinite(o[j])) << j << ": " << o[j];
+    for (int64_t i = 0; i < values; ++i) {
+      ASSERT_TRUE(std::isfinite(after[i])) << i << ": " << after[i];
+    }
+    if (f.format == StateFormat::kFp32) {
+      // Row 0 took the column's whole norm: 16 B, read out at scale 2^16.
+      EXPECT_NEAR(after[0] / kMaxStateMagnitude, 16.0, 1e-3);
+      EXPECT_NEAR(o[0] / (kMaxReadoutScale * kMaxStateMagnitude), 16.0, 1e-3);
+    }
+  }
 }
 
 TEST(CpuBackendErrorsTest, LayoutAndGeometryErrorsNameTheField) {

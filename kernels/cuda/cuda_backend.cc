@@ -390,7 +390,7 @@ class CudaBackend : public Backend {
     int rc = ci::LaunchValidateSlots(slots, n, pool.num_slots, true, bitmap_, errors_,
                                      ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_);
     if (rc == 0 && pack) {
-      rc = ci::LaunchValidateValues(0, states, values, 0, errors_, ci::kErrStates, stream_);
+      rc = ci::LaunchValidateValues(0, states, values, 3, errors_, ci::kErrStates, stream_);
     }
     RETURN_IF_ERROR(CudaStatus(rc, "validation kernels"));
     RETURN_IF_ERROR(FinishValidation(slots, nullptr, pool.num_slots, 0));

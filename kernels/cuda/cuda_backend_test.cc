@@ -25,6 +25,7 @@
 #include "kernels/formats/format.h"
 #include "kernels/formats/head_codec.h"
 #include "kernels/formats/numeric.h"
+#include "kernels/formats/state_bound.h"
 #include "kernels/formats/value_transform.h"
 #include "kernels/layout/state_layout.h"
 #include "kernels/testing/gpu_backend.h"
@@ -839,6 +840,76 @@ INSTANTIATE_TEST_SUITE_P(Formats, GpuBindingTest,
                          [](const ::testing::TestParamInfo<StateFormat>& info) {
                            return std::string(FormatName(info.param));  // damp, fp32
                          });
+
+// The entry bound on states (kernels/formats/state_bound.h), as on the CPU
+// (cpu_backend_test's PackStatesEnforcesTheStateMagnitudeBound): PackStates
+// refuses 3e38 and values beyond 2^64 naming states[i] and writes nothing;
+// from a state at the bound, the worst step of the bound's derivation (d_k =
+// 256, a Householder key with beta = 2, |v| = 65504, no decay, readout scale
+// 2^16) leaves o and the state finite, o[0] = 2^16 * 16 * 2^64 for fp32.
+TEST(GpuStateBoundTest, PackStatesEnforcesTheStateMagnitudeBound) {
+  STATECACHE_SKIP_WITHOUT_GPU();
+  ModelGeometry geo{Arch::kGdn, 1, 1, 1, 256, 32};
+  geo.scale = kMaxReadoutScale;
+  const int64_t values = int64_t{geo.d_k} * geo.d_v;
+  for (const FormatSpec& f : {FormatSpec{StateFormat::kFp32, 0}, FormatSpec{StateFormat::kBf16, 0},
+                              FormatSpec{StateFormat::kDamp, 16}}) {
+    SCOPED_TRACE(FormatSpecName(f));
+    const StateLayout layout = StateLayout::Identity(geo, f).value();
+    std::unique_ptr<PreparedModel> model = TestGpu()->Prepare(layout).value();
+    DeviceArray pool_arr = DeviceArray::From(std::vector<uint8_t>(2 * layout.slot_bytes(), 0));
+    const PoolView pool{pool_arr.ptr<uint8_t>(), 2, 1, 1, layout.head_layout().head_bytes};
+    const std::vector<uint8_t> before = pool_arr.To<uint8_t>(2 * layout.slot_bytes());
+    DeviceArray d_slot = DeviceArray::From(std::vector<int32_t>{1});
+    auto pack = [&](const std::vector<float>& states) {
+      DeviceArray d_states = DeviceArray::From(states);
+      return TestGpu()->PackStates(*model, pool, d_slot.ptr<int32_t>(), 1,
+                                   d_states.ptr<float>());
+    };
+    for (const auto& [x, at] : {std::pair<float, int64_t>{3e38f, 0},
+                                {-std::nextafter(kMaxStateMagnitude, INFINITY), 77},
+                                {NAN, 5}}) {
+      std::vector<float> states(values, 1.0f);
+      states[at] = x;
+      const absl::Status s = pack(states);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << x;
+      EXPECT_EQ(std::string(s.message()),
+                absl::StrCat("states[", at,
+                             "]: is not finite or exceeds the state magnitude bound |x| <= 2^64"));
+      EXPECT_EQ(pool_arr.To<uint8_t>(before.size()), before);
+    }
+    ASSERT_TRUE(pack(std::vector<float>(values, kMaxStateMagnitude)).ok());
+    std::vector<float> q(geo.d_k, 0.0f), k(geo.d_k, 1.0f / std::sqrt(480.0f));
+    q[0] = 1.0f;
+    k[0] = -15.0f / std::sqrt(480.0f);
+    DeviceArray d_q = DeviceArray::From(q), d_k = DeviceArray::From(k);
+    DeviceArray d_v = DeviceArray::From(std::vector<float>(geo.d_v, -kFp16Max));
+    DeviceArray d_g = DeviceArray::From(std::vector<float>{0.0f});
+    DeviceArray d_beta = DeviceArray::From(std::vector<float>{2.0f});
+    DeviceArray d_o = DeviceArray::From(std::vector<float>(geo.d_v, 0.0f));
+    DecodeInputs in;
+    in.batch = 1;
+    in.slots = d_slot.ptr<int32_t>();
+    in.q = d_q.ptr<float>();
+    in.k = d_k.ptr<float>();
+    in.v = d_v.ptr<float>();
+    in.g = d_g.ptr<float>();
+    in.beta = d_beta.ptr<float>();
+    in.o = d_o.ptr<float>();
+    ASSERT_TRUE(TestGpu()->DecodeUpdate(*model, pool, 0, in).ok());
+    const std::vector<float> o = d_o.To<float>(geo.d_v);
+    DeviceArray d_after = DeviceArray::From(std::vector<float>(values, 0.0f));
+    ASSERT_TRUE(
+        TestGpu()->UnpackStates(*model, pool, d_slot.ptr<int32_t>(), 1, d_after.ptr<float>()).ok());
+    const std::vector<float> after = d_after.To<float>(values);
+    for (int j = 0; j < geo.d_v; ++j) EXPECT_TRUE(std::isfinite(o[j])) << j << ": " << o[j];
+    for (int64_t i = 0; i < values; ++i) ASSERT_TRUE(std::isfinite(after[i])) << i << ": " << after[i];
+    if (f.format == StateFormat::kFp32) {
+      EXPECT_NEAR(after[0] / kMaxStateMagnitude, 16.0, 1e-3);
+      EXPECT_NEAR(o[0] / (kMaxReadoutScale * kMaxStateMagnitude), 16.0, 1e-3);
+    }
+  }
+}
 
 TEST(GpuFactoryTest, DescribesDeviceOrIsUnavailable) {
   absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend();

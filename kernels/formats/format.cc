@@ -75,14 +75,16 @@ absl::Status ValidateFormatSpec(const FormatSpec& spec, int d_k) {
   }
   if (!IsMixedFormat(spec.format)) {
     if (spec.k_hi != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "k_hi: ", spec.k_hi, " given for uniform format ", FormatName(spec.format)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("format: '", FormatName(spec.format), "' is uniform and takes no k_hi (got ",
+                       spec.k_hi, "; only damp and damp-sr have FP16 key rows)"));
     }
     return absl::OkStatus();
   }
   if (spec.k_hi < 0 || spec.k_hi > d_k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("k_hi: ", spec.k_hi, " is outside 0..d_k=", d_k));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "format: '", FormatSpecName(spec), "': k_hi ", spec.k_hi, " is outside 0..", d_k,
+        " (the FP16 key rows of a head: at most d_k = ", d_k, ")"));
   }
   return absl::OkStatus();
 }

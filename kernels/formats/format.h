@@ -108,7 +108,8 @@ std::vector<StateFormat> AllFormatsWithStepQuant();
 absl::StatusOr<FormatSpec> ParseFormatSpec(absl::string_view text);
 
 // Checks k_hi against d_k: kInvalidArgument if k_hi < 0, k_hi > d_k, or
-// k_hi != 0 for a uniform format.
+// k_hi != 0 for a uniform format, with a message naming the `format` field
+// and its spec ("format: 'damp:999': k_hi 999 is outside 0..128 ...").
 absl::Status ValidateFormatSpec(const FormatSpec& spec, int d_k);
 
 SC_HD_CONSTEXPR bool IsStepQuantFormat(StateFormat f) {

@@ -37,8 +37,8 @@ absl::Status ModelGeometry::Validate() const {
   if (d_v <= 0 || d_v > kMaxHeadDim || d_v % 32 != 0) {
     return bad("d_v", d_v, "a multiple of 32 in 32..256");
   }
-  if (!(scale >= 0.0f) || !std::isfinite(scale)) {
-    return bad("scale", scale, "finite and >= 0; 0 selects 1/sqrt(d_k)");
+  if (!(scale >= 0.0f && scale <= kMaxReadoutScale)) {
+    return bad("scale", scale, "in [0, 65536]; 0 selects 1/sqrt(d_k)");
   }
   return absl::OkStatus();
 }

@@ -33,6 +33,9 @@ absl::StatusOr<Arch> ParseArch(absl::string_view name);
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kMaxLayers = 1024;
 inline constexpr int kMaxHeads = 1024;
+// Largest readout scale: with it, o = S^T (scale q) stays finite for every
+// accepted state (kernels/formats/state_bound.h); 1/sqrt(d_k) is typical.
+inline constexpr float kMaxReadoutScale = 65536.0f;
 
 struct ModelGeometry {
   Arch arch = Arch::kGdn;
@@ -41,12 +44,14 @@ struct ModelGeometry {
   int h_v = 0;    // value heads (= recurrent states per layer)
   int d_k = 128;  // key dimension (state rows)
   int d_v = 128;  // value dimension (state columns)
-  // Readout scale applied to q. 0 means the default 1/sqrt(d_k).
+  // Readout scale applied to q, in [0, kMaxReadoutScale]. 0 means the
+  // default 1/sqrt(d_k).
   float scale = 0.0f;
 
   // kInvalidArgument naming the field when: layers/h_qk/h_v not positive or
   // above the limits, h_v not a multiple of h_qk, d_k not in [1, 256],
-  // d_v not a positive multiple of 32 up to 256, scale negative or not finite.
+  // d_v not a positive multiple of 32 up to 256, scale not in
+  // [0, kMaxReadoutScale].
   // KDA additionally requires h_qk == h_v.
   absl::Status Validate() const;
 

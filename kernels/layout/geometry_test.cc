@@ -1,5 +1,7 @@
 #include "kernels/layout/geometry.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -29,6 +31,24 @@ TEST(ParseGeometry, ErrorsNameTheFieldAndTheProblem) {
     const std::string message(g.status().message());
     EXPECT_EQ(message.rfind("report_geometry: ", 0), 0u) << message;
     EXPECT_NE(message.find(c.says), std::string::npos) << message;
+  }
+}
+
+// The readout scale is bounded so that o = S^T (scale q) of an accepted state
+// cannot overflow (kernels/formats/state_bound.h).
+TEST(ModelGeometryValidate, ScaleIsFiniteAndAtMostKMaxReadoutScale) {
+  ModelGeometry g{Arch::kGdn, 1, 1, 1, 32, 32};
+  for (float ok : {0.0f, 0.125f, 1.0f, kMaxReadoutScale}) {
+    g.scale = ok;
+    EXPECT_TRUE(g.Validate().ok()) << ok;
+  }
+  for (float bad : {-1.0f, std::nextafter(kMaxReadoutScale, 1e30f), 1e30f, std::nanf(""),
+                    std::numeric_limits<float>::infinity()}) {
+    g.scale = bad;
+    const absl::Status s = g.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(std::string(s.message()).rfind("scale: ", 0), 0u) << s.message();
+    EXPECT_NE(s.message().find("in [0, 65536]"), absl::string_view::npos) << s.message();
   }
 }
 

@@ -311,6 +311,16 @@ TEST_P(StreamOpsContract, BadPackAndCopyAreRecordedAndCounted) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("(2 calls failed"));
   EXPECT_EQ(b.Bytes(), before);
 
+  std::vector<float> huge = RandomStates(g, 2, 9);
+  huge[11] = 3e38f;  // finite, beyond the state magnitude bound
+  auto hs = Stage(B(), huge);
+  ASSERT_TRUE(ops.EnqueuePack(*b.model, b.view, (const int32_t*)sl->data(), 2,
+                              (const float*)hs->data(), r.rec, nullptr)
+                  .ok());
+  s = ops.CheckRecord(r.rec, nullptr, true);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("pack: states[11]"));
+  EXPECT_EQ(b.Bytes(), before);
+
   auto dst_src = Stage(B(), std::vector<int32_t>{1, 3});
   ASSERT_TRUE(ops.EnqueueCopySlots(b.view, (const int32_t*)src->data(),
                                    (const int32_t*)dst_src->data(), 2, r.rec, nullptr)

@@ -120,7 +120,7 @@ absl::Status ErrorBlockStatus(const int32_t* e, const int32_t* slots, const int3
       {kErrV, "v", "is not finite"},
       {kErrG, "g", "is not finite or is positive (g is a log decay, must be <= 0)"},
       {kErrBeta, "beta", "is not finite or is outside [0, 2]"},
-      {kErrStates, "states", "is not finite"},
+      {kErrStates, "states", "is not finite or exceeds the state magnitude bound |x| <= 2^64"},
   };
   for (const auto& f : kValueFields) {
     if (e[f.field] != kNoError) {

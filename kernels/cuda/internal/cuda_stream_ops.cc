@@ -121,7 +121,7 @@ absl::Status CudaStreamOps::EnqueuePack(const PreparedModel& model, const PoolVi
   if (n == 0) return absl::OkStatus();
   const ModelGeometry& geo = m->layout().geometry();
   OpValidationParams v = ValidationOf(record, StreamOp::kPack, -1, pool, slots, n);
-  v.values.check[0] = {0, states, int64_t{n} * geo.HeadsPerSlot() * geo.d_k * geo.d_v, 0,
+  v.values.check[0] = {0, states, int64_t{n} * geo.HeadsPerSlot() * geo.d_k * geo.d_v, 3,
                        kErrStates};
   v.values.n = 1;
   RETURN_IF_ERROR(CudaStatus(LaunchValidateOp(v, stream), "validation kernel"));

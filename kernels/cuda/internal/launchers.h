@@ -46,7 +46,8 @@ int LaunchValidateSlots(const int32_t* slots, int n, int64_t num_slots, bool all
 
 // Value checks over count elements: mode 0 = finite (dtype = DType code),
 // mode 1 = finite and <= 0 (g, fp32), mode 2 = finite and in [0, 2] (beta,
-// fp32). errors[field] = first bad index.
+// fp32), mode 3 = finite and |x| <= kMaxStateMagnitude (states, fp32;
+// kernels/formats/state_bound.h). errors[field] = first bad index.
 int LaunchValidateValues(int dtype, const void* data, int64_t count, int mode, int32_t* errors,
                          int field, void* stream);
 

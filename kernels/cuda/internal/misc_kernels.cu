@@ -6,7 +6,7 @@
 
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/validation_block.cuh"
-#include "kernels/formats/numeric.h"
+#include "kernels/cuda/internal/value_checks.cuh"
 
 namespace statecache {
 namespace cuda_internal {
@@ -79,17 +79,9 @@ __global__ void ValidateValuesKernel(int dtype, const void* data, int64_t count,
                                      int32_t* errors, int field) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
-    float x;
-    if (dtype == 0) {
-      x = static_cast<const float*>(data)[i];
-    } else {
-      const uint16_t b = static_cast<const uint16_t*>(data)[i];
-      x = dtype == 1 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
+    if (IsBadValue(LoadCheckedValue(dtype, data, i), mode)) {
+      atomicMin(errors + field, static_cast<int32_t>(i < kNoError - 1 ? i : kNoError - 1));
     }
-    bool bad = !isfinite(x);
-    if (mode == 1) bad |= x > 0.0f;
-    if (mode == 2) bad |= x < 0.0f || x > 2.0f;
-    if (bad) atomicMin(errors + field, static_cast<int32_t>(i < kNoError - 1 ? i : kNoError - 1));
   }
 }
 
@@ -97,17 +89,9 @@ __global__ void ValidateValuesBatchKernel(const ValueChecks checks, int32_t* err
   const ValueCheck& c = checks.check[blockIdx.y];
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < c.count;
        i += int64_t{gridDim.x} * blockDim.x) {
-    float x;
-    if (c.dtype == 0) {
-      x = static_cast<const float*>(c.data)[i];
-    } else {
-      const uint16_t b = static_cast<const uint16_t*>(c.data)[i];
-      x = c.dtype == 1 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
+    if (IsBadValue(LoadCheckedValue(c.dtype, c.data, i), c.mode)) {
+      atomicMin(errors + c.field, static_cast<int32_t>(i < kNoError - 1 ? i : kNoError - 1));
     }
-    bool bad = !isfinite(x);
-    if (c.mode == 1) bad |= x > 0.0f;
-    if (c.mode == 2) bad |= x < 0.0f || x > 2.0f;
-    if (bad) atomicMin(errors + c.field, static_cast<int32_t>(i < kNoError - 1 ? i : kNoError - 1));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/formats/numeric.h"
+#include "kernels/formats/state_bound.h"
 
 namespace statecache {
 namespace cuda_internal {
@@ -17,11 +18,13 @@ __device__ __forceinline__ float LoadCheckedValue(int dtype, const void* data, i
   return dtype == 1 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
 }
 
-// mode 0 = finite, 1 = finite and <= 0 (g), 2 = finite and in [0, 2] (beta).
+// mode 0 = finite, 1 = finite and <= 0 (g), 2 = finite and in [0, 2] (beta),
+// 3 = finite and |x| <= kMaxStateMagnitude (states).
 __device__ __forceinline__ bool IsBadValue(float x, int mode) {
   bool bad = !isfinite(x);
   if (mode == 1) bad |= x > 0.0f;
   if (mode == 2) bad |= x < 0.0f || x > 2.0f;
+  if (mode == 3) bad |= !IsAcceptedStateValue(x);
   return bad;
 }
 
