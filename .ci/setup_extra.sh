@@ -3,8 +3,11 @@
 #  - Debian's `prometheus` package (promtool + the Prometheus server), used by
 #    //deploy:promtool_test and //tests/prometheus:prometheus_test;
 #  - a Python venv at ~/.cache/statecache-venv (override: STATECACHE_VENV)
-#    with client/python/requirements-test.txt, used by //client/python tests.
-# The venv is rebuilt only when the requirements file or the interpreter
+#    with client/python/requirements-test.txt, used by //client/python tests;
+#  - venvs ~/.cache/statecache-venv-{oldest,newest} with the runtime pins of
+#    client/python/tests/compat/{oldest,newest}.txt, used by
+#    //client/python:install_test.
+# A venv is rebuilt only when its requirements file or the interpreter
 # changes (a stamp file records both). Run from anywhere; root or sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,15 +36,23 @@ if ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
 fi
 
 HOME_DIR=$(getent passwd "$(id -u)" | cut -d: -f6)
-VENV=${STATECACHE_VENV:-$HOME_DIR/.cache/statecache-venv}
-REQ=client/python/requirements-test.txt
-want="$("$PY" -c 'import sys; print(sys.version)' | head -1) $(sha256sum "$REQ" | cut -d' ' -f1)"
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.statecache-stamp" 2>/dev/null)" = "$want" ]; then
-  exit 0
-fi
-echo "setup_extra: building Python venv $VENV"
-rm -rf "$VENV"
-mkdir -p "$(dirname "$VENV")"
-"$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ"
-echo "$want" >"$VENV/.statecache-stamp"
+
+# build_venv DIR REQUIREMENTS: (re)builds DIR unless its stamp matches.
+build_venv() {
+  local venv=$1 req=$2 want
+  want="$("$PY" -c 'import sys; print(sys.version)' | head -1) $(sha256sum "$req" | cut -d' ' -f1)"
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.statecache-stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  echo "setup_extra: building Python venv $venv"
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$PY" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
+  echo "$want" >"$venv/.statecache-stamp"
+}
+
+build_venv "${STATECACHE_VENV:-$HOME_DIR/.cache/statecache-venv}" client/python/requirements-test.txt
+for pins in oldest newest; do
+  build_venv "$HOME_DIR/.cache/statecache-venv-$pins" "client/python/tests/compat/$pins.txt"
+done

@@ -14,6 +14,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ -n "${TEST_SRCDIR:-}" ]; then
   export STATECACHE_REQUIRE_SERVER=1
+  export STATECACHE_REQUIRE_NATIVE_PREFIX=1
   export PYTHONDONTWRITEBYTECODE=1
 fi
 cd "$here"

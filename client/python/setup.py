@@ -7,7 +7,7 @@ import importlib.util
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py as _build_py
 from setuptools.command.sdist import sdist as _sdist
 
@@ -45,4 +45,8 @@ class sdist(_sdist):
         super().run()
 
 
-setup(cmdclass={"build_py": build_py, "sdist": sdist})
+setup(cmdclass={"build_py": build_py, "sdist": sdist},
+      # statecache/prefix.py's C chain (loaded with ctypes; optional: pure
+      # Python, same keys, when no compiler is at hand).
+      ext_modules=[Extension("statecache._prefixhash", ["statecache/_prefixhash.c"],
+                             optional=True)])

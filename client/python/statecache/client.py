@@ -1,12 +1,15 @@
 """Client: a typed wrapper over every RPC of one statecached server.
 
 Each method builds the request, calls the server, and returns dataclasses
-(statecache.types) and numpy arrays; a failed call raises the
-StateCacheError subclass of its status code (statecache.errors). Thread-safe
-(one gRPC channel shared by all calls).
+(statecache.types) and tensors (numpy, or torch on q's device when q is a
+torch tensor); a failed call raises the StateCacheError subclass of its
+status code (statecache.errors), and an argument the client rejects raises
+InvalidArgument naming it, before any RPC. Thread-safe (one gRPC channel
+shared by all calls). statecache.aio.Client has the same methods for asyncio.
 
     with Client("127.0.0.1:50051") as c:
-        c.register_model("m", Geometry("gdn", layers=2, h_qk=2, h_v=4), format="damp")
+        c.register_model("m", Geometry("gdn", layers=2, h_qk=2, h_v=4), "fp32",
+                         slots=4, checkpoints=4)
         slots = c.allocate_slots("m", 2)
         r = c.update("m", 0, slots, q, k, v, g, beta)  # r.o: float32 [2, 4, 128]
         key = c.snapshot("m", slots[0], tokens=[1, 2, 3]).key
@@ -16,33 +19,365 @@ StateCacheError subclass of its status code (statecache.errors). Thread-safe
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Sequence
+import os
+import warnings
+from typing import (Any, Callable, Iterable, List, Optional, Sequence, Tuple,
+                    TypeVar, Union)
 
 import grpc
 
+from statecache import _args
 from statecache._stubs import pb2, pb2_grpc
-from statecache.errors import error_from_rpc
-from statecache.tensor import to_numpy, to_tensor
-from statecache.types import (CompatibilityTags, ExportedState, Geometry, LayoutMaps,
-                              LookupResult, ModelInfo, PrefillResult, PrefixKey,
+from statecache.errors import InvalidArgument, Unavailable, error_from_rpc
+from statecache.stream import UpdateStream
+from statecache.tensor import output, to_tensor
+from statecache.types import (CalibrationResult, CompatibilityTags, ExportedState, Geometry,
+                              LayoutMaps, LookupResult, ModelInfo, PrefillResult, PrefixKey,
                               RestoreResult, SlotHandle, SnapshotResult, Stats, UpdateResult)
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
 
+T = TypeVar("T")
+BytesOrPath = Union[bytes, str, "os.PathLike[str]"]  # file contents, or a path to read
 
-def _handles(slots: Iterable[SlotHandle]):
+
+class IdentityLayoutWarning(UserWarning):
+    """A DAMP model was registered without a calibrated layout (identity maps:
+    the protected hi-precision rows are the first k_hi key channels, not the
+    calibrated ones, so accuracy is below what the format gives)."""
+
+
+def _handles(slots: Sequence[SlotHandle]) -> list:
     return [pb2().SlotHandle(id=s.id, generation=s.generation) for s in slots]
 
 
-def _read(path_or_bytes) -> Optional[bytes]:
+def _read(path_or_bytes: Optional[BytesOrPath], name: str = "file") -> Optional[bytes]:
     if path_or_bytes is None or isinstance(path_or_bytes, bytes):
         return path_or_bytes
-    with open(path_or_bytes, "rb") as f:
-        return f.read()
+    try:
+        with open(path_or_bytes, "rb") as f:
+            return f.read()
+    except (OSError, TypeError) as e:
+        raise InvalidArgument(f"{name}: cannot read {path_or_bytes!r} ({e})") from None
 
 
-class Client:
-    """One statecached server.
+def _has_maps(layout: Optional[LayoutMaps]) -> bool:
+    return layout is not None and any(len(x) for x in (layout.key_perm, layout.value_order,
+                                                         layout.value_scale))
+
+
+def channel_options(max_message_bytes: int, options: Sequence) -> list:
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes)] + list(options)
+
+
+def tls_credentials(tls: bool, root_certificates, private_key, certificate_chain,
+                    server_name: Optional[str], opts: list) -> Optional[grpc.ChannelCredentials]:
+    """Channel credentials for the TLS arguments of Client (None = plaintext);
+    appends the server-name override to opts."""
+    tls = tls or any(x is not None for x in (root_certificates, private_key, certificate_chain,
+                                              server_name))
+    if not tls:
+        return None
+    if (private_key is None) != (certificate_chain is None):
+        raise InvalidArgument("tls: give both private_key and certificate_chain, or neither",
+                              "Client")
+    if server_name:
+        opts.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(root_certificates, "root_certificates"),
+        private_key=_read(private_key, "private_key"),
+        certificate_chain=_read(certificate_chain, "certificate_chain"))
+
+
+class _Api:
+    """The RPC methods shared by Client and statecache.aio.Client: each builds
+    its request (checking the arguments) and hands it to _run() with the
+    function that turns the response into the result. Client._run calls and
+    converts; aio.Client._run returns a coroutine that does."""
+
+    _metadata: Tuple[Tuple[str, str], ...] = ()
+
+    def _run(self, method: str, request: Any, convert: Callable[[Any], T]) -> Any:
+        raise NotImplementedError
+
+    # -- models -----------------------------------------------------------------
+    def register_model(self, model_id: str, geometry: Geometry, format: str = "damp", *,
+                       slots: int, checkpoints: int, layout: Optional[LayoutMaps] = None,
+                       layout_file: Optional[BytesOrPath] = None, max_state_bytes: int = 0,
+                       max_checkpoint_bytes: int = 0) -> ModelInfo:
+        """Registers a model and preallocates its arenas; returns its ModelInfo.
+
+        slots / checkpoints are required: how many live slots and prefix
+        checkpoints to preallocate; 0 asks for everything the server's
+        remaining state (checkpoint) memory budget buys, capped by
+        max_state_bytes (max_checkpoint_bytes), which leaves nothing for a
+        second model. layout: calibrated LayoutMaps; layout_file: the bytes
+        (or path) of a layout file from calibrate() / `statecachectl
+        calibrate --out`. A "damp" / "damp-sr" model with neither uses
+        identity maps and warns (IdentityLayoutWarning). Errors:
+        AlreadyExists (id taken), InvalidArgument (geometry, format, layout;
+        names the field), ResourceExhausted (budget)."""
+        m = "register_model"
+        p = pb2()
+        req = p.RegisterModelRequest(
+            model_id=_args.string(model_id, "model_id", m), geometry=_geometry(geometry, p, m),
+            format=_args.string(format, "format", m),
+            slots=_args.integer(slots, "slots", m, minimum=0),
+            checkpoints=_args.integer(checkpoints, "checkpoints", m, minimum=0),
+            max_state_bytes=_args.integer(max_state_bytes, "max_state_bytes", m, minimum=0),
+            max_checkpoint_bytes=_args.integer(max_checkpoint_bytes, "max_checkpoint_bytes", m,
+                                               minimum=0))
+        if layout is not None:
+            if not isinstance(layout, LayoutMaps):
+                raise InvalidArgument(f"layout: {layout!r} is not a LayoutMaps", m)
+            req.layout.CopyFrom(layout.to_pb(p))
+        if layout_file is not None:
+            req.layout_file = _read(layout_file, "layout_file")
+        if format.lower().startswith("damp") and not _has_maps(layout) and not req.layout_file:
+            warnings.warn(f"register_model({model_id!r}): {format} without layout= or "
+                          f"layout_file= uses identity maps (uncalibrated); pass a layout "
+                          f"file from calibrate()", IdentityLayoutWarning, stacklevel=2)
+        return self._run("RegisterModel", req, lambda r: ModelInfo.from_pb(r.model))
+
+    def calibrate(self, geometry: Geometry, format: str, trajectories: Iterable[BytesOrPath],
+                  *, selector: str = "", sample_every: int = 0, horizon: int = 0,
+                  model_id: str = "", slots: int = 0, checkpoints: int = 0,
+                  domains: Optional[Sequence[str]] = None) -> CalibrationResult:
+        """Calibrates a "damp" / "damp-sr" layout from trajectory files
+        (safetensors bytes or paths, kernels/trajectory/TRAJECTORY_FORMAT.md)
+        on the server. Returns CalibrationResult; its layout_file goes to
+        register_model(layout_file=). With model_id the server also registers
+        the model with that layout (slots / checkpoints as in
+        register_model; the result's `model`). domains[i]: the calibration
+        domain of trajectories[i] (default: the file's own metadata)."""
+        m = "calibrate"
+        p = pb2()
+        files = [_read(t, f"trajectories[{i}]") for i, t in enumerate(trajectories)]
+        if not files:
+            raise InvalidArgument("trajectories: empty", m)
+        if domains is not None and len(domains) != len(files):
+            raise InvalidArgument(f"domains: {len(domains)} names for {len(files)} "
+                                  f"trajectories", m)
+        settings = p.CalibrateSettings(
+            geometry=_geometry(geometry, p, m), format=_args.string(format, "format", m),
+            selector=_args.string(selector, "selector", m, required=False),
+            sample_every=_args.integer(sample_every, "sample_every", m, minimum=0),
+            horizon=_args.integer(horizon, "horizon", m, minimum=0),
+            model_id=_args.string(model_id, "model_id", m, required=False),
+            slots=_args.integer(slots, "slots", m, minimum=0),
+            checkpoints=_args.integer(checkpoints, "checkpoints", m, minimum=0))
+        reqs = [p.CalibrateRequest(trajectory_file=f, domain=(domains[i] if domains else ""))
+                for i, f in enumerate(files)]
+        reqs[0].settings.CopyFrom(settings)
+        return self._run("Calibrate", reqs, CalibrationResult.from_pb)
+
+    def list_models(self) -> List[ModelInfo]:
+        """Every model of this server (of the caller's tenant)."""
+        return self._run("ListModels", pb2().ListModelsRequest(),
+                         lambda r: [ModelInfo.from_pb(x) for x in r.models])
+
+    def describe_model(self, model_id: str) -> ModelInfo:
+        """One model's ModelInfo (NotFound when unknown)."""
+        req = pb2().DescribeModelRequest(model_id=_args.string(model_id, "model_id",
+                                                               "describe_model"))
+        return self._run("DescribeModel", req, ModelInfo.from_pb)
+
+    def drop_model(self, model_id: str, force: bool = False) -> None:
+        """Drops a model and frees its arenas. Without force, FailedPrecondition
+        while it has allocated slots or active leases."""
+        req = pb2().DropModelRequest(model_id=_args.string(model_id, "model_id", "drop_model"),
+                                     force=bool(force))
+        return self._run("DropModel", req, _none)
+
+    # -- slots ------------------------------------------------------------------
+    def allocate_slots(self, model_id: str, count: int) -> List[SlotHandle]:
+        """`count` fresh (zeroed) slots; ResourceExhausted when the model has
+        fewer free."""
+        m = "allocate_slots"
+        req = pb2().AllocateSlotsRequest(model_id=_args.string(model_id, "model_id", m),
+                                         count=_args.integer(count, "count", m, minimum=1))
+        return self._run("AllocateSlots", req,
+                         lambda r: [SlotHandle.from_pb(x) for x in r.slots])
+
+    def release_slots(self, model_id: str, slots: Sequence[SlotHandle]) -> None:
+        """Frees slots (their handles go stale: FailedPrecondition afterwards)."""
+        m = "release_slots"
+        req = pb2().ReleaseSlotsRequest(model_id=_args.string(model_id, "model_id", m),
+                                        slots=_handles(_args.slots(slots, "slots", m)))
+        return self._run("ReleaseSlots", req, _none)
+
+    # -- compute ------------------------------------------------------------------
+    @staticmethod
+    def update_request(model_id: str, layer: int, slots: Sequence[SlotHandle], q: Any, k: Any,
+                       v: Any, g: Any, beta: Any, *, dtype: Optional[str] = None,
+                       sequence: int = 0, method: str = "update") -> Any:
+        """The UpdateRequest message (shared by update() and UpdateStream).
+        q, k, v: [B, h_qk|h_v, d] fp32/bf16/fp16 (dtype forces one, e.g. "bf16"
+        for uint16 bits); g: fp32 GDN [B, h_v] / KDA [B, h_v, d_k]; beta: fp32
+        [B, h_v]."""
+        m = method
+        return pb2().UpdateRequest(
+            model_id=_args.string(model_id, "model_id", m),
+            layer=_args.integer(layer, "layer", m, minimum=0),
+            slots=_handles(_args.slots(slots, "slots", m)),
+            q=to_tensor(q, dtype, "q", m), k=to_tensor(k, dtype, "k", m),
+            v=to_tensor(v, dtype, "v", m), g=to_tensor(g, "fp32", "g", m),
+            beta=to_tensor(beta, "fp32", "beta", m), sequence=sequence)
+
+    def update(self, model_id: str, layer: int, slots: Sequence[SlotHandle], q: Any, k: Any,
+               v: Any, g: Any, beta: Any, *, dtype: Optional[str] = None) -> UpdateResult:
+        """One fused decode step of one layer for a batch of slots: updates
+        their states and returns o float32 [B, h_v, d_v] (numpy, or torch on
+        q's device when q is a torch tensor)."""
+        req = self.update_request(model_id, layer, slots, q, k, v, g, beta, dtype=dtype)
+        return self._run("Update", req,
+                         lambda r: UpdateResult(output(r.o, q), r.kernel_micros, r.sequence))
+
+    def prefill(self, model_id: str, slots: Sequence[SlotHandle], layer: int, q: Any, k: Any,
+                v: Any, g: Any, beta: Any, *, want_output: bool = False,
+                dtype: Optional[str] = None) -> PrefillResult:
+        """T tokens of one layer: q, k [B, T, h_qk, d_k], v [B, T, h_v, d_v],
+        g [B, T, h_v] (KDA [B, T, h_v, d_k]), beta [B, T, h_v]. o [B, T, h_v,
+        d_v] when want_output (numpy, or torch on q's device)."""
+        m = "prefill"
+        p = pb2()
+        tokens = p.PrefillTokens(layer=_args.integer(layer, "layer", m, minimum=0),
+                                 q=to_tensor(q, dtype, "q", m), k=to_tensor(k, dtype, "k", m),
+                                 v=to_tensor(v, dtype, "v", m),
+                                 g=to_tensor(g, "fp32", "g", m),
+                                 beta=to_tensor(beta, "fp32", "beta", m),
+                                 want_output=bool(want_output))
+        req = p.PrefillRequest(model_id=_args.string(model_id, "model_id", m),
+                               slots=_handles(_args.slots(slots, "slots", m)), tokens=tokens)
+        return self._run("Prefill", req, lambda r: PrefillResult(
+            output(r.o, q) if r.HasField("o") else None, r.kernel_micros))
+
+    def prefill_states(self, model_id: str, slots: Sequence[SlotHandle],
+                       states: Any) -> PrefillResult:
+        """Overwrites every layer with FP32 states [B, layers, h_v, d_k, d_v]."""
+        m = "prefill_states"
+        req = pb2().PrefillRequest(model_id=_args.string(model_id, "model_id", m),
+                                   slots=_handles(_args.slots(slots, "slots", m)),
+                                   states=to_tensor(states, "fp32", "states", m))
+        return self._run("Prefill", req, lambda r: PrefillResult(None, r.kernel_micros))
+
+    # -- prefix cache -------------------------------------------------------------
+    def snapshot(self, model_id: str, slot: SlotHandle, *, tokens: Optional[Sequence[int]] = None,
+                 key: Optional[PrefixKey] = None, aux: Sequence[bytes] = ()) -> SnapshotResult:
+        """Checkpoints `slot` under the prefix given as tokens or as its key
+        (exactly one); aux: per-layer bytes returned by restore()."""
+        m = "snapshot"
+        p = pb2()
+        which = _args.one_of(m, tokens=tokens, key=key)
+        req = p.SnapshotRequest(model_id=_args.string(model_id, "model_id", m),
+                                slot=_args.slot(slot, "slot", m).to_pb(p), aux=_aux(aux, m))
+        if which == "tokens":
+            req.tokens.ids.extend(_token_ids(tokens, m))
+        else:
+            req.key.CopyFrom(_args.key(key, "key", m).to_pb(p))
+        return self._run("Snapshot", req,
+                         lambda r: SnapshotResult(PrefixKey.from_pb(r.key), r.evicted))
+
+    def restore(self, model_id: str, slot: SlotHandle, key: PrefixKey,
+                lease_id: int = 0) -> RestoreResult:
+        """Copies the checkpoint `key` into `slot` (lease_id from
+        lookup_prefix keeps it from eviction meanwhile)."""
+        m = "restore"
+        p = pb2()
+        req = p.RestoreRequest(model_id=_args.string(model_id, "model_id", m),
+                               slot=_args.slot(slot, "slot", m).to_pb(p),
+                               key=_args.key(key, "key", m).to_pb(p),
+                               lease_id=_args.integer(lease_id, "lease_id", m, minimum=0))
+        return self._run("Restore", req, lambda r: RestoreResult(list(r.aux), r.num_tokens))
+
+    def lookup_prefix(self, model_id: str, *, tokens: Optional[Sequence[int]] = None,
+                      keys: Optional[Sequence[PrefixKey]] = None,
+                      lease_ms: int = 0) -> LookupResult:
+        """Longest cached prefix among every prefix of `tokens` (or among
+        `keys`), leased for lease_ms (0 = server default) on a hit."""
+        m = "lookup_prefix"
+        p = pb2()
+        which = _args.one_of(m, tokens=tokens, keys=keys)
+        req = p.LookupPrefixRequest(model_id=_args.string(model_id, "model_id", m),
+                                    lease_ms=_args.integer(lease_ms, "lease_ms", m, minimum=0))
+        if which == "tokens":
+            req.tokens.ids.extend(_token_ids(tokens, m))
+        else:
+            if isinstance(keys, PrefixKey):
+                raise InvalidArgument("keys: a PrefixKey, not a sequence of them", m)
+            req.keys.keys.extend(_args.key(k, f"keys[{i}]", m).to_pb(p)
+                                 for i, k in enumerate(keys))
+        return self._run("LookupPrefix", req, lambda r: LookupResult(
+            r.hit, PrefixKey.from_pb(r.key) if r.hit else None, r.lease_id,
+            r.lease_expiry_unix_ms, r.candidate_tokens))
+
+    # -- transfer -----------------------------------------------------------------
+    def export_state(self, model_id: str, slot: SlotHandle) -> ExportedState:
+        """The slot's packed bytes and the tags import_state checks."""
+        m = "export_state"
+        p = pb2()
+        req = p.ExportRequest(model_id=_args.string(model_id, "model_id", m),
+                              slot=_args.slot(slot, "slot", m).to_pb(p))
+        return self._run("Export", req,
+                         lambda r: ExportedState(CompatibilityTags.from_pb(r.tags), r.packed))
+
+    def import_state(self, model_id: str, slot: SlotHandle, state: ExportedState) -> None:
+        """Writes an export_state() result into `slot` (FailedPrecondition
+        when the tags do not match the model)."""
+        m = "import_state"
+        p = pb2()
+        if not isinstance(state, ExportedState):
+            raise InvalidArgument(f"state: {type(state).__name__} is not an ExportedState", m)
+        req = p.ImportRequest(model_id=_args.string(model_id, "model_id", m),
+                              slot=_args.slot(slot, "slot", m).to_pb(p),
+                              tags=state.tags.to_pb(p), packed=state.packed)
+        return self._run("Import", req, _none)
+
+    # -- observability ------------------------------------------------------------
+    def get_stats(self, model_id: str = "") -> Stats:
+        """Server-wide stats and per-model counters (one model when given)."""
+        req = pb2().GetStatsRequest(model_id=_args.string(model_id, "model_id", "get_stats",
+                                                          required=False))
+        return self._run("GetStats", req, Stats.from_pb)
+
+
+def _none(_response: Any) -> None:
+    return None
+
+
+def _geometry(geometry: Any, p: Any, method: str) -> Any:
+    if not isinstance(geometry, Geometry):
+        raise InvalidArgument(f"geometry: {geometry!r} is not a Geometry", method)
+    try:
+        return geometry.to_pb(p)
+    except InvalidArgument as e:
+        raise InvalidArgument(e.message, method) from None
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"geometry: {e}", method) from None
+
+
+def _token_ids(tokens: Any, method: str) -> List[int]:
+    from statecache.prefix import _tokens_array
+    try:
+        return _tokens_array(tokens).tolist()
+    except InvalidArgument as e:
+        raise InvalidArgument(e.message, method) from None
+
+
+def _aux(aux: Sequence[bytes], method: str) -> List[bytes]:
+    if isinstance(aux, (bytes, str)):
+        raise InvalidArgument("aux: one bytes object; give a sequence (one per layer)", method)
+    out = []
+    for i, a in enumerate(aux):
+        if not isinstance(a, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"aux[{i}]: {type(a).__name__} is not bytes", method)
+        out.append(bytes(a))
+    return out
+
+
+class Client(_Api):
+    """One statecached server (blocking calls; statecache.aio.Client for asyncio).
 
     target: "host:port" or any gRPC target ("unix:/run/statecache.sock").
     timeout: default deadline in seconds for unary calls (None = none).
@@ -59,50 +394,48 @@ class Client:
 
     def __init__(self, target: str = "127.0.0.1:50051", *, timeout: Optional[float] = None,
                  token: Optional[str] = None, tls: bool = False,
-                 root_certificates=None, private_key=None, certificate_chain=None,
+                 root_certificates: Optional[BytesOrPath] = None,
+                 private_key: Optional[BytesOrPath] = None,
+                 certificate_chain: Optional[BytesOrPath] = None,
                  server_name: Optional[str] = None,
                  channel: Optional[grpc.Channel] = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 options: Sequence = ()):
+                 options: Sequence[Tuple[str, Any]] = ()):
         self.target = target
         self.timeout = timeout
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._owns_channel = channel is None
         if channel is None:
-            opts = [("grpc.max_send_message_length", max_message_bytes),
-                    ("grpc.max_receive_message_length", max_message_bytes)] + list(options)
-            tls = tls or any(x is not None for x in (root_certificates, private_key,
-                                                      certificate_chain, server_name))
-            if tls:
-                if (private_key is None) != (certificate_chain is None):
-                    raise ValueError("tls: give both private_key and certificate_chain, or neither")
-                creds = grpc.ssl_channel_credentials(
-                    root_certificates=_read(root_certificates), private_key=_read(private_key),
-                    certificate_chain=_read(certificate_chain))
-                if server_name:
-                    opts.append(("grpc.ssl_target_name_override", server_name))
-                channel = grpc.secure_channel(target, creds, options=opts)
-            else:
-                channel = grpc.insecure_channel(target, options=opts)
+            opts = channel_options(max_message_bytes, options)
+            creds = tls_credentials(tls, root_certificates, private_key, certificate_chain,
+                                    server_name, opts)
+            channel = (grpc.secure_channel(target, creds, options=opts) if creds
+                       else grpc.insecure_channel(target, options=opts))
         self.channel = channel
         self._stub = pb2_grpc().StateCacheStub(channel)
 
     # -- plumbing -------------------------------------------------------------
     def close(self) -> None:
+        """Closes the channel (unless it was passed in)."""
         if self._owns_channel:
             self.channel.close()
 
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _call(self, method: str, request, timeout: Optional[float] = None):
+    def _run(self, method: str, request: Any, convert: Callable[[Any], T]) -> T:
+        return convert(self._call(method, request))
+
+    def _call(self, method: str, request: Any, timeout: Optional[float] = None) -> Any:
+        call = getattr(self._stub, method)
+        if isinstance(request, list):  # a client-streaming RPC
+            request = iter(request)
         try:
-            return getattr(self._stub, method)(
-                request, timeout=self.timeout if timeout is None else timeout,
-                metadata=self._metadata)
+            return call(request, timeout=self.timeout if timeout is None else timeout,
+                        metadata=self._metadata)
         except grpc.RpcError as e:
             raise error_from_rpc(e, method) from None
 
@@ -111,152 +444,28 @@ class Client:
         try:
             grpc.channel_ready_future(self.channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            from statecache.errors import Unavailable
             raise Unavailable(f"{self.target} not ready after {timeout}s", "wait_ready") from None
 
     def health(self, service: str = "", timeout: float = 5.0) -> bool:
         """grpc.health.v1 Check: True when the server (or `service`, e.g.
         "statecache.v1.StateCache") is SERVING."""
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-        stub = health_pb2_grpc.HealthStub(self.channel)
+        from statecache import _health
+        request, _ = _health.messages()
         try:
-            r = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout,
-                           metadata=self._metadata)
+            r = _health.check_callable(self.channel)(
+                request(service=_args.string(service, "service", "health", required=False)),
+                timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise error_from_rpc(e, "Health.Check") from None
-        return r.status == health_pb2.HealthCheckResponse.SERVING
+        return r.status == _health.SERVING
 
-    # -- models -----------------------------------------------------------------
-    def register_model(self, model_id: str, geometry: Geometry, format: str = "damp", *,
-                       layout: Optional[LayoutMaps] = None, slots: int = 0,
-                       checkpoints: int = 0, max_state_bytes: int = 0,
-                       max_checkpoint_bytes: int = 0) -> ModelInfo:
-        """Registers a model and preallocates its arenas (slots / checkpoints
-        0 = what the server's remaining budget buys, capped by max_*_bytes)."""
-        p = pb2()
-        req = p.RegisterModelRequest(model_id=model_id, geometry=geometry.to_pb(p), format=format,
-                                     slots=slots, checkpoints=checkpoints,
-                                     max_state_bytes=max_state_bytes,
-                                     max_checkpoint_bytes=max_checkpoint_bytes)
-        if layout is not None:
-            req.layout.CopyFrom(layout.to_pb(p))
-        return ModelInfo.from_pb(self._call("RegisterModel", req).model)
+    def update_stream(self, model_id: Optional[str] = None, *, max_in_flight: int = 64,
+                      send_timeout: Optional[float] = 0.0) -> "UpdateStream":
+        """An UpdateStream session (statecache.stream.UpdateStream): at most
+        max_in_flight sent requests without recv(); send() beyond that waits
+        up to send_timeout seconds (0 = fails at once, None = waits) and
+        then raises ResourceExhausted."""
+        return UpdateStream(self, model_id, max_in_flight=max_in_flight,
+                            send_timeout=send_timeout)
 
-    def list_models(self) -> List[ModelInfo]:
-        return [ModelInfo.from_pb(m)
-                for m in self._call("ListModels", pb2().ListModelsRequest()).models]
 
-    def describe_model(self, model_id: str) -> ModelInfo:
-        return ModelInfo.from_pb(
-            self._call("DescribeModel", pb2().DescribeModelRequest(model_id=model_id)))
-
-    def drop_model(self, model_id: str, force: bool = False) -> None:
-        self._call("DropModel", pb2().DropModelRequest(model_id=model_id, force=force))
-
-    # -- slots ------------------------------------------------------------------
-    def allocate_slots(self, model_id: str, count: int) -> List[SlotHandle]:
-        r = self._call("AllocateSlots", pb2().AllocateSlotsRequest(model_id=model_id, count=count))
-        return [SlotHandle.from_pb(s) for s in r.slots]
-
-    def release_slots(self, model_id: str, slots: Sequence[SlotHandle]) -> None:
-        self._call("ReleaseSlots",
-                   pb2().ReleaseSlotsRequest(model_id=model_id, slots=_handles(slots)))
-
-    # -- compute ------------------------------------------------------------------
-    @staticmethod
-    def update_request(model_id: str, layer: int, slots: Sequence[SlotHandle], q, k, v, g, beta,
-                       *, dtype=None, sequence: int = 0):
-        """The UpdateRequest message (shared by update() and UpdateStream).
-        q, k, v: [B, h_qk|h_v, d] fp32/bf16/fp16 (dtype forces one, e.g. "bf16"
-        for uint16 bits); g: fp32 GDN [B, h_v] / KDA [B, h_v, d_k]; beta: fp32
-        [B, h_v]."""
-        return pb2().UpdateRequest(
-            model_id=model_id, layer=layer, slots=_handles(slots),
-            q=to_tensor(q, dtype, "q"), k=to_tensor(k, dtype, "k"), v=to_tensor(v, dtype, "v"),
-            g=to_tensor(g, "fp32", "g"), beta=to_tensor(beta, "fp32", "beta"), sequence=sequence)
-
-    def update(self, model_id: str, layer: int, slots: Sequence[SlotHandle], q, k, v, g, beta,
-               *, dtype=None) -> UpdateResult:
-        """One fused decode step of one layer; returns o float32 [B, h_v, d_v]."""
-        r = self._call("Update", self.update_request(model_id, layer, slots, q, k, v, g, beta,
-                                                     dtype=dtype))
-        return UpdateResult(to_numpy(r.o), r.kernel_micros, r.sequence)
-
-    def update_stream(self, model_id: Optional[str] = None, *, max_in_flight: int = 64):
-        """An UpdateStream session (see statecache.stream.UpdateStream)."""
-        from statecache.stream import UpdateStream
-        return UpdateStream(self, model_id, max_in_flight=max_in_flight)
-
-    def prefill(self, model_id: str, slots: Sequence[SlotHandle], layer: int, q, k, v, g, beta,
-                *, want_output: bool = False, dtype=None) -> PrefillResult:
-        """T tokens of one layer: q, k [B, T, h_qk, d_k], v [B, T, h_v, d_v],
-        g [B, T, h_v] (KDA [B, T, h_v, d_k]), beta [B, T, h_v]."""
-        p = pb2()
-        tokens = p.PrefillTokens(layer=layer, q=to_tensor(q, dtype, "q"),
-                                 k=to_tensor(k, dtype, "k"), v=to_tensor(v, dtype, "v"),
-                                 g=to_tensor(g, "fp32", "g"), beta=to_tensor(beta, "fp32", "beta"),
-                                 want_output=want_output)
-        r = self._call("Prefill", p.PrefillRequest(model_id=model_id, slots=_handles(slots),
-                                                   tokens=tokens))
-        return PrefillResult(to_numpy(r.o) if r.HasField("o") else None, r.kernel_micros)
-
-    def prefill_states(self, model_id: str, slots: Sequence[SlotHandle], states) -> PrefillResult:
-        """Overwrites every layer with FP32 states [B, layers, h_v, d_k, d_v]."""
-        r = self._call("Prefill", pb2().PrefillRequest(
-            model_id=model_id, slots=_handles(slots), states=to_tensor(states, "fp32", "states")))
-        return PrefillResult(None, r.kernel_micros)
-
-    # -- prefix cache -------------------------------------------------------------
-    def snapshot(self, model_id: str, slot: SlotHandle, *, tokens: Optional[Sequence[int]] = None,
-                 key: Optional[PrefixKey] = None,
-                 aux: Sequence[bytes] = ()) -> SnapshotResult:
-        """Checkpoints `slot` under the prefix given as tokens or as its key."""
-        p = pb2()
-        if (tokens is None) == (key is None):
-            raise ValueError("snapshot: give exactly one of tokens, key")
-        req = p.SnapshotRequest(model_id=model_id, slot=slot.to_pb(p), aux=list(aux))
-        if tokens is not None:
-            req.tokens.ids.extend(int(t) for t in tokens)
-        else:
-            req.key.CopyFrom(key.to_pb(p))
-        r = self._call("Snapshot", req)
-        return SnapshotResult(PrefixKey.from_pb(r.key), r.evicted)
-
-    def restore(self, model_id: str, slot: SlotHandle, key: PrefixKey,
-                lease_id: int = 0) -> RestoreResult:
-        p = pb2()
-        r = self._call("Restore", p.RestoreRequest(model_id=model_id, slot=slot.to_pb(p),
-                                                   key=key.to_pb(p), lease_id=lease_id))
-        return RestoreResult(list(r.aux), r.num_tokens)
-
-    def lookup_prefix(self, model_id: str, *, tokens: Optional[Sequence[int]] = None,
-                      keys: Optional[Sequence[PrefixKey]] = None,
-                      lease_ms: int = 0) -> LookupResult:
-        """Longest cached prefix among every prefix of `tokens` (or among
-        `keys`), leased for lease_ms (0 = server default) on a hit."""
-        p = pb2()
-        if (tokens is None) == (keys is None):
-            raise ValueError("lookup_prefix: give exactly one of tokens, keys")
-        req = p.LookupPrefixRequest(model_id=model_id, lease_ms=lease_ms)
-        if tokens is not None:
-            req.tokens.ids.extend(int(t) for t in tokens)
-        else:
-            req.keys.keys.extend(k.to_pb(p) for k in keys)
-        r = self._call("LookupPrefix", req)
-        return LookupResult(r.hit, PrefixKey.from_pb(r.key) if r.hit else None, r.lease_id,
-                            r.lease_expiry_unix_ms, r.candidate_tokens)
-
-    # -- transfer -----------------------------------------------------------------
-    def export_state(self, model_id: str, slot: SlotHandle) -> ExportedState:
-        p = pb2()
-        r = self._call("Export", p.ExportRequest(model_id=model_id, slot=slot.to_pb(p)))
-        return ExportedState(CompatibilityTags.from_pb(r.tags), r.packed)
-
-    def import_state(self, model_id: str, slot: SlotHandle, state: ExportedState) -> None:
-        p = pb2()
-        self._call("Import", p.ImportRequest(model_id=model_id, slot=slot.to_pb(p),
-                                             tags=state.tags.to_pb(p), packed=state.packed))
-
-    # -- observability ------------------------------------------------------------
-    def get_stats(self, model_id: str = "") -> Stats:
-        return Stats.from_pb(self._call("GetStats", pb2().GetStatsRequest(model_id=model_id)))

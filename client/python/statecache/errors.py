@@ -8,7 +8,13 @@ Every RPC error becomes a StateCacheError subclass chosen by the status code
   FailedPrecondition  stale handle (released slot), incompatible tags, model in use
   ResourceExhausted   pool full (after evicting what may be evicted)
   AlreadyExists       model id taken
-  Unavailable         server down or unreachable (retryable)
+  Unavailable         server down or unreachable (retryable); also a name
+                      that does not resolve (ShardedClient.from_dns)
+
+Arguments the client itself rejects (a float64 array, a list where a
+SlotHandle goes, a negative count, ...) raise InvalidArgument too, before any
+RPC, with `method` the client method and the message naming the argument.
+InvalidArgument is also a ValueError, so `except ValueError` keeps working.
 
     try:
         c.allocate_slots("m", 10_000)
@@ -17,7 +23,7 @@ Every RPC error becomes a StateCacheError subclass chosen by the status code
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+from typing import Dict, Optional, Type, Union
 
 import grpc
 
@@ -42,7 +48,7 @@ class Cancelled(StateCacheError):
     code = grpc.StatusCode.CANCELLED
 
 
-class InvalidArgument(StateCacheError):
+class InvalidArgument(StateCacheError, ValueError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -98,16 +104,15 @@ class Unauthenticated(StateCacheError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
-_BY_CODE: Dict[grpc.StatusCode, Type[StateCacheError]] = {
-    cls.code: cls
-    for cls in (Cancelled, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
-                PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange,
-                Unimplemented, Internal, Unavailable, DataLoss, Unauthenticated)
-}
+ALL_ERRORS = (Cancelled, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
+              PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange,
+              Unimplemented, Internal, Unavailable, DataLoss, Unauthenticated)
+
+_BY_CODE: Dict[grpc.StatusCode, Type[StateCacheError]] = {cls.code: cls for cls in ALL_ERRORS}
 _BY_VALUE: Dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def error_from_code(code, message: str, method: str = "") -> StateCacheError:
+def error_from_code(code: Union[grpc.StatusCode, int], message: str, method: str = "") -> StateCacheError:
     """The exception for a grpc.StatusCode or its integer value (as carried by
     UpdateResponse.error.code). Unknown integers give StateCacheError(UNKNOWN)."""
     if isinstance(code, int):

@@ -25,6 +25,8 @@ from __future__ import annotations
 import bisect
 from typing import Iterable, List, Sequence, Tuple, Union
 
+from statecache.errors import InvalidArgument
+
 FNV_OFFSET_BASIS = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 DEFAULT_VIRTUAL_NODES = 256
@@ -72,21 +74,21 @@ def hash64(data: bytes) -> int:
 class HashRing:
     """An immutable consistent-hash ring over endpoint names.
 
-    Raises ValueError for an empty or duplicated endpoint list, an empty
+    Raises InvalidArgument (a ValueError) for an empty or duplicated endpoint list, an empty
     endpoint name, or virtual_nodes outside [1, 65536]. Thread-safe (immutable).
     """
 
     def __init__(self, endpoints: Iterable[str], virtual_nodes: int = DEFAULT_VIRTUAL_NODES):
         eps = list(endpoints)
         if not eps:
-            raise ValueError("endpoints: empty")
+            raise InvalidArgument("endpoints: empty")
         if len(set(eps)) != len(eps):
-            raise ValueError("endpoints: duplicated endpoint")
+            raise InvalidArgument("endpoints: duplicated endpoint")
         for e in eps:
             if not isinstance(e, str) or not e:
-                raise ValueError(f"endpoints: invalid endpoint {e!r}")
+                raise InvalidArgument(f"endpoints: invalid endpoint {e!r}")
         if not isinstance(virtual_nodes, int) or not 1 <= virtual_nodes <= MAX_VIRTUAL_NODES:
-            raise ValueError(f"virtual_nodes: {virtual_nodes!r} not in [1, {MAX_VIRTUAL_NODES}]")
+            raise InvalidArgument(f"virtual_nodes: {virtual_nodes!r} not in [1, {MAX_VIRTUAL_NODES}]")
         self._endpoints: Tuple[str, ...] = tuple(eps)
         self._virtual_nodes = virtual_nodes
         points: List[Tuple[int, str]] = []
@@ -119,9 +121,9 @@ class HashRing:
         return HashRing(self._endpoints + (endpoint,), self._virtual_nodes)
 
     def without_endpoint(self, endpoint: str) -> "HashRing":
-        """A new ring with `endpoint` removed (ValueError if absent or last)."""
+        """A new ring with `endpoint` removed (InvalidArgument if absent or last)."""
         if endpoint not in self._endpoints:
-            raise ValueError(f"endpoints: {endpoint!r} not in the ring")
+            raise InvalidArgument(f"endpoints: {endpoint!r} not in the ring")
         return HashRing([e for e in self._endpoints if e != endpoint], self._virtual_nodes)
 
     def __repr__(self) -> str:

@@ -2,8 +2,11 @@
 
 Inputs (q, k, v, g, beta, states) may be numpy arrays, torch tensors (CPU; a
 CUDA tensor is copied to host), or TensorData (bytes you already have).
-Outputs come back as numpy arrays that VIEW the response bytes (np.frombuffer,
-no copy, read-only); call .copy() to write, or to_torch() for a torch tensor.
+Outputs follow the inputs: with numpy (or TensorData) inputs they come back
+as numpy arrays that VIEW the response bytes (np.frombuffer, no copy,
+read-only; .copy() to write); when q is a torch tensor they come back as
+writable torch tensors on q's device (one copy from the response bytes, then
+a host-to-device copy for CUDA). to_torch() converts either kind.
 
 dtypes: float32 -> DTYPE_FP32, float16 -> DTYPE_FP16, torch.bfloat16 ->
 DTYPE_BF16. numpy has no bfloat16: pass raw bf16 bits as uint16 with
@@ -24,6 +27,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from statecache._stubs import pb2
+from statecache.errors import InvalidArgument
 
 # proto DType values.
 FP32, BF16, FP16 = 1, 2, 3
@@ -44,15 +48,16 @@ class TensorData:
 def _dtype_code(dtype) -> int:
     if isinstance(dtype, int):
         if dtype not in _ITEMSIZE:
-            raise ValueError(f"dtype: {dtype} is not FP32, BF16 or FP16")
+            raise InvalidArgument(f"dtype: {dtype} is not FP32, BF16 or FP16")
         return dtype
     code = _NAMES.get(str(dtype).lower())
     if code is None:
-        raise ValueError(f"dtype: {dtype!r} is not fp32, bf16 or fp16")
+        raise InvalidArgument(f"dtype: {dtype!r} is not fp32, bf16 or fp16")
     return code
 
 
-def _is_torch(x) -> bool:
+def is_torch(x: Any) -> bool:
+    """True for a torch.Tensor (without importing torch)."""
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
@@ -68,7 +73,7 @@ def _torch_to_numpy(x) -> Tuple[np.ndarray, int]:
         return t.numpy(), FP16
     if t.dtype == torch.float32:
         return t.numpy(), FP32
-    raise ValueError(f"dtype: torch {t.dtype} is not float32, bfloat16 or float16")
+    raise InvalidArgument(f"dtype: torch {t.dtype} is not float32, bfloat16 or float16")
 
 
 def _is_float(a: np.ndarray, itemsize: int) -> bool:
@@ -82,7 +87,7 @@ def _numpy_code(a: np.ndarray, dtype) -> int:
         ok = {FP32: _is_float(a, 4), FP16: _is_float(a, 2),
               BF16: a.dtype in (np.uint16, np.int16) or a.dtype.name == "bfloat16"}[code]
         if not ok:
-            raise ValueError(f"array of {a.dtype} cannot be sent as {dtype}")
+            raise InvalidArgument(f"array of {a.dtype} cannot be sent as {dtype}")
         return code
     if _is_float(a, 4):
         return FP32
@@ -90,34 +95,45 @@ def _numpy_code(a: np.ndarray, dtype) -> int:
         return FP16
     if a.dtype.name == "bfloat16":  # ml_dtypes
         return BF16
-    raise ValueError(f"numpy {a.dtype} is not float32 or float16 (bf16: pass uint16 "
-                     f"bits with dtype='bf16')")
+    raise InvalidArgument(f"numpy {a.dtype} is not float32 or float16 (bf16: pass uint16 "
+                          f"bits with dtype='bf16'; lists: np.asarray(x, np.float32))")
 
 
-def to_tensor(x: Any, dtype: Optional[Union[str, int]] = None, name: str = "tensor"):
+def to_tensor(x: Any, dtype: Optional[Union[str, int]] = None, name: str = "tensor",
+              method: str = "") -> Any:
     """A statecache.v1.Tensor from a numpy array, torch tensor, TensorData or a
-    Tensor message (returned as is). ValueError (naming `name`) for an
-    unsupported dtype or a byte count that does not match the shape."""
+    Tensor message (returned as is). InvalidArgument (a ValueError; message
+    naming `name`, `method` the calling client method) for an unsupported
+    dtype, a byte count that does not match the shape, or anything else."""
     if isinstance(x, pb2().Tensor):
         return x
     if isinstance(x, TensorData):
-        code = _dtype_code(x.dtype)
+        try:
+            code = _dtype_code(x.dtype)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{name}: {e.message}", method) from None
         shape = tuple(int(d) for d in x.shape)
         want = int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[code]
         data = bytes(x.data) if not isinstance(x.data, bytes) else x.data
         if len(data) != want:
-            raise ValueError(f"{name}: {len(data)} bytes, shape {shape} needs {want}")
+            raise InvalidArgument(f"{name}: {len(data)} bytes, shape {shape} needs {want}",
+                                  method)
         return pb2().Tensor(dtype=code, shape=shape, data=data)
+    if x is None:
+        raise InvalidArgument(f"{name}: missing (None)", method)
     try:
-        if _is_torch(x):
+        if is_torch(x):
             a, code = _torch_to_numpy(x)
             if dtype is not None and _dtype_code(dtype) != code:
-                raise ValueError(f"dtype: torch tensor is not {dtype}")
+                raise InvalidArgument(f"dtype: torch tensor is not {dtype}")
         else:
-            a = np.asarray(x)
+            if not isinstance(x, np.ndarray):
+                raise InvalidArgument(f"{type(x).__name__} is not a numpy array, torch tensor "
+                                      f"or TensorData")
+            a = x
             code = _numpy_code(a, dtype)
-    except ValueError as e:
-        raise ValueError(f"{name}: {e}") from None
+    except InvalidArgument as e:
+        raise InvalidArgument(f"{name}: {e.message}", method) from None
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     a = np.ascontiguousarray(a)
@@ -141,24 +157,40 @@ def to_numpy(t, bf16_as: str = "float32") -> Optional[np.ndarray]:
         if bf16_as == "uint16":
             return bits
         return (bits.astype(np.uint32) << 16).view(np.float32)
-    raise ValueError(f"tensor: unsupported dtype {t.dtype}")
+    raise InvalidArgument(f"tensor: unsupported dtype {t.dtype}")
 
 
-def to_torch(t):
-    """The elements of a Tensor message as a CPU torch tensor sharing the
-    message's bytes where torch allows it (torch.frombuffer)."""
-    import warnings
-
+def to_torch(x: Any, device: Any = None) -> Any:
+    """A writable torch tensor from a Tensor message, a numpy array (e.g.
+    UpdateResult.o of a numpy call) or a torch tensor, on `device` (default:
+    CPU, or the tensor's own device). BF16 messages give torch.bfloat16.
+    Copies the bytes once (torch tensors over read-only response bytes would
+    be unsafe to write); None for None or an empty message."""
     import torch
-    if t is None or (not t.shape and not t.data):
+    if x is None:
         return None
-    shape = tuple(t.shape)
-    dt = {FP32: torch.float32, FP16: torch.float16, BF16: torch.bfloat16}[t.dtype]
-    if not t.data:
-        return torch.empty(shape, dtype=dt)
-    with warnings.catch_warnings():  # bytes are read-only; the tensor must not be written
-        warnings.simplefilter("ignore")
-        return torch.frombuffer(t.data, dtype=dt).reshape(shape)
+    if is_torch(x):
+        return x if device is None else x.to(device)
+    if isinstance(x, np.ndarray):
+        out = torch.from_numpy(np.array(x, copy=True, order="C"))
+    else:
+        if not x.shape and not x.data:
+            return None
+        shape = tuple(x.shape)
+        dt = {FP32: torch.float32, FP16: torch.float16, BF16: torch.bfloat16}.get(x.dtype)
+        if dt is None:
+            raise InvalidArgument(f"tensor: unsupported dtype {x.dtype}")
+        out = (torch.frombuffer(bytearray(x.data), dtype=dt).reshape(shape) if x.data
+               else torch.empty(shape, dtype=dt))
+    return out if device is None else out.to(device)
+
+
+def output(t: Any, like: Any = None) -> Any:
+    """A response Tensor as the caller's kind: a torch tensor on like's device
+    when `like` (the call's q) is a torch tensor, else to_numpy(t)."""
+    if like is not None and is_torch(like):
+        return to_torch(t, like.device)
+    return to_numpy(t)
 
 
 def bf16_bits(a: np.ndarray) -> np.ndarray:

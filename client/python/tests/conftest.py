@@ -4,6 +4,9 @@
   before any test runs, by `python -m statecache._gen --out DIR` in a child
   process (grpc_tools must not be loaded next to statecache.attached's
   library: see README, attached mode).
+- statecache.prefix loads the C chain from $STATECACHE_PREFIX_LIB, set here
+  to Bazel's libstatecache_prefix.so when present (the Bazel test requires
+  it: STATECACHE_REQUIRE_NATIVE_PREFIX=1).
 - `server` starts the real statecached (CPU backend, 127.0.0.1, ephemeral
   gRPC and metrics ports read from its `server_started` log line) and stops it
   with SIGTERM. The binary: $STATECACHED, else Bazel runfiles
@@ -28,6 +31,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PKG_ROOT = os.path.dirname(HERE)
 REPO = os.path.dirname(os.path.dirname(PKG_ROOT))
 sys.path.insert(0, PKG_ROOT)
+
+
+def _prefix_lib():
+    """The C prefix chain built by Bazel (runfiles, else bazel-bin)."""
+    roots = [os.path.join(os.environ["TEST_SRCDIR"], "statecache")] \
+        if os.environ.get("TEST_SRCDIR") else []
+    for root in roots + [os.path.join(REPO, "bazel-bin")]:
+        p = os.path.join(root, "client", "python", "libstatecache_prefix.so")
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+if not os.environ.get("STATECACHE_PREFIX_LIB") and _prefix_lib():
+    os.environ["STATECACHE_PREFIX_LIB"] = _prefix_lib()
 
 import statecache  # noqa: E402
 

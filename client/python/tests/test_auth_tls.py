@@ -75,5 +75,5 @@ def test_plaintext_client_cannot_talk_to_tls_server(secure_server):
 
 
 def test_tls_argument_checks():
-    with pytest.raises(ValueError, match="private_key and certificate_chain"):
+    with pytest.raises(sc.InvalidArgument, match="private_key and certificate_chain"):
         sc.Client("127.0.0.1:1", private_key=b"k")

@@ -58,9 +58,9 @@ def test_health_and_register(client, model):
     assert client.describe_model("fp32m") == client.describe_model("fp32m")
     assert "fp32m" in [m.model_id for m in client.list_models()]
     with pytest.raises(sc.AlreadyExists):
-        client.register_model("fp32m", GEOM, "fp32", slots=1)
+        client.register_model("fp32m", GEOM, "fp32", slots=1, checkpoints=0)
     with pytest.raises(sc.InvalidArgument, match="format"):
-        client.register_model("bad", GEOM, "int3", slots=1)
+        client.register_model("bad", GEOM, "int3", slots=1, checkpoints=0)
     with pytest.raises(sc.NotFound):
         client.describe_model("nope")
 
@@ -107,7 +107,7 @@ def test_bf16_inputs_match_fp32_of_the_rounded_values(client, model):
         a = client.update("fp32m", 0, slots[:1], *bits, g, beta, dtype="bf16").o
         b = client.update("fp32m", 0, slots[1:], *rounded, g, beta).o
         np.testing.assert_array_equal(a, b)  # bf16 is widened exactly on the server
-        with pytest.raises(ValueError, match="q: array of uint16 cannot be sent as fp16"):
+        with pytest.raises(sc.InvalidArgument, match="q: array of uint16 cannot be sent as fp16"):
             client.update("fp32m", 0, slots[:1], *bits, g, beta, dtype="fp16")
     finally:
         client.release_slots("fp32m", slots)
@@ -272,7 +272,7 @@ def test_sharded_client_routes_by_conversation(statecached_binary):
         with sc.ShardedClient([s.target for s in servers], timeout=30) as cluster:
             infos = cluster.register_model_everywhere("m", GEOM, "damp", slots=32, checkpoints=8)
             assert len(infos) == 3
-            assert cluster.register_model_everywhere("m", GEOM, "damp", slots=32)  # exist_ok
+            assert cluster.register_model_everywhere("m", GEOM, "damp", slots=32, checkpoints=8)  # exist_ok
             convs = [f"conversation-{i}" for i in range(30)]
             for conv in convs:
                 c = cluster.for_conversation(conv)
@@ -283,7 +283,7 @@ def test_sharded_client_routes_by_conversation(statecached_binary):
             want = {e: sum(cluster.endpoint_for(c) == e for c in convs) for e in cluster.endpoints}
             assert per_server == want
             assert sum(per_server.values()) == 30 and min(per_server.values()) > 0
-            with pytest.raises(ValueError, match="not in the ring"):
+            with pytest.raises(sc.InvalidArgument, match="not in the ring"):
                 cluster.client("127.0.0.1:1")
     finally:
         for s in servers:

@@ -3,6 +3,8 @@ import collections
 
 import pytest
 
+import statecache as sc
+
 from conftest import RING_VECTORS
 from statecache.ring import HashRing, fnv1a64, hash64, key_bytes
 
@@ -106,17 +108,17 @@ def test_key_types():
     (["a:1"], 65537, "virtual_nodes"),
 ])
 def test_rejects_bad_input(eps, vnodes, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(sc.InvalidArgument, match=match):
         HashRing(eps, vnodes)
 
 
 def test_without_endpoint_errors():
     ring = HashRing(["a:1"])
-    with pytest.raises(ValueError, match="not in the ring"):
+    with pytest.raises(sc.InvalidArgument, match="not in the ring"):
         ring.without_endpoint("b:1")
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(sc.InvalidArgument, match="empty"):
         ring.without_endpoint("a:1")
-    with pytest.raises(ValueError, match="duplicated"):
+    with pytest.raises(sc.InvalidArgument, match="duplicated"):
         ring.with_endpoint("a:1")
 
 
@@ -128,3 +130,9 @@ def test_sharded_from_dns_localhost():
         assert e in ("127.0.0.1:50099", "[::1]:50099")
     assert cluster.endpoint_for("conv-1") in cluster.endpoints
     cluster.close()
+
+
+def test_sharded_from_dns_unresolvable_is_unavailable_naming_host():
+    with pytest.raises(sc.Unavailable, match="'no-such-host.invalid' does not resolve") as e:
+        sc.ShardedClient.from_dns("no-such-host.invalid", 50051)
+    assert e.value.method == "from_dns"
