@@ -56,3 +56,5 @@ build_venv "${STATECACHE_VENV:-$HOME_DIR/.cache/statecache-venv}" client/python/
 for pins in oldest newest; do
   build_venv "$HOME_DIR/.cache/statecache-venv-$pins" "client/python/tests/compat/$pins.txt"
 done
+build_venv "${STATECACHE_TORCH_VENV:-$HOME_DIR/.cache/statecache-venv-torch}" \
+  client/python/requirements-torch.txt

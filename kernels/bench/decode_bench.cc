@@ -18,6 +18,12 @@
 //
 //   decode_bench --batches=1,8,32,64,128,256,512 --formats=fp32,damp,bf16
 //
+// The engine path (StreamOps, issue 25) beside the raw kernel, same slots
+// and inputs: OP lines time EnqueueDecode (validation kernel + kernel, one
+// record) in the same graph replay (ratio = OP / RESULT); OPSTEP lines a
+// 30-call step of it in one graph, with the host time of the graph launch;
+// OPCOPY / OPPACK / OPUNPACK the copy, pack and unpack ops with their bytes.
+//
 // Output: one table row per (arch, format, B): microseconds per launch, bytes
 // moved (state read + write, plus q/k/v/g/beta/o), effective bandwidth, % of
 // the measured copy bandwidth, and speedup over our fp32 kernel.
@@ -36,6 +42,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "kernels/backend/backend.h"
+#include "kernels/backend/stream_ops.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/internal/cuda_runtime.h"
@@ -335,6 +342,73 @@ int Main(int argc, char** argv) {
           std::sort(wall.begin(), wall.end());
           std::printf("BINDING arch=%s format=%s B=%d us=%.1f\n", arch_name.c_str(), fmt.c_str(),
                       batch, wall[wall.size() / 2]);
+        }
+        // The engine path: EnqueueDecode with its validation kernel and record.
+        StreamOps& ops = be.stream_ops();
+        auto rec_buf = be.Allocate(ops.RecordBytes(num_slots)).value();
+        const OpRecord rec{rec_buf->data(), ops.RecordBytes(num_slots)};
+        CHECK_OK(ops.InitRecord(rec, stream));
+        const auto op_launch = [&](int i) {
+          DecodeInputs it = in;
+          it.slots = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{i % sets} * batch;
+          CHECK_OK(ops.EnqueueDecode(*model, pool, 0, it, rec, stream));
+        };
+        const double op_us = timer.MedianGraphUs(flags.iters, flags.reps, op_launch);
+        CHECK_OK(ops.CheckRecord(rec, stream, true));
+        std::printf("OP arch=%s format=%s B=%d us=%.2f kernel_us=%.2f ratio=%.3f\n",
+                    arch_name.c_str(), fmt.c_str(), batch, op_us, us, op_us / us);
+        {
+          // One decode step of 30 layers as one graph: replay time and the
+          // host's time to launch it.
+          constexpr int kLayers = 30;
+          CHECK_CUDA(ci::StreamSynchronize(stream));
+          void* exec = nullptr;
+          CHECK_CUDA(ci::GraphCaptureBegin(stream));
+          for (int l = 0; l < kLayers; ++l) op_launch(l);
+          CHECK_CUDA(ci::GraphCaptureEnd(stream, &exec));
+          CHECK_CUDA(ci::GraphLaunch(exec, stream));
+          CHECK_CUDA(ci::StreamSynchronize(stream));
+          std::vector<double> host_us;
+          const double step_us = kLayers * timer.MedianGraphUs(1, flags.reps, [&](int) {
+            const auto t0 = std::chrono::steady_clock::now();
+            CHECK_CUDA(ci::GraphLaunch(exec, stream));
+            host_us.push_back(std::chrono::duration<double, std::micro>(
+                                  std::chrono::steady_clock::now() - t0).count());
+          });
+          std::sort(host_us.begin(), host_us.end());
+          CHECK_CUDA(ci::GraphExecDestroy(exec));
+          CHECK_OK(ops.CheckRecord(rec, stream, true));
+          std::printf("OPSTEP arch=%s format=%s B=%d layers=%d step_us=%.1f kernels_us=%.1f "
+                      "launch_host_us=%.1f\n",
+                      arch_name.c_str(), fmt.c_str(), batch, kLayers, step_us, kLayers * us,
+                      host_us[host_us.size() / 2]);
+        }
+        if (arch == Arch::kGdn && batch >= 64) {
+          const double bytes = 2.0 * batch * slot_bytes;
+          const double cus = timer.MedianGraphUs(flags.iters, flags.reps, [&](int i) {
+            const int a = i % sets, b2 = (i + sets / 2) % sets;
+            const int32_t* src = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{a} * batch;
+            const int32_t* dst = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{b2} * batch;
+            CHECK_OK(ops.EnqueueCopySlots(pool, src, dst, batch, rec, stream));
+          });
+          std::printf("OPCOPY format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, cus, bytes);
+          // Pack and unpack of B slots: packed bytes plus FP32 states.
+          const int64_t values = int64_t{batch} * geo.HeadsPerSlot() * geo.d_k * geo.d_v;
+          auto st = be.Allocate(values * 4).value();
+          float* stp = reinterpret_cast<float*>(st->data());
+          const int32_t* s0 = reinterpret_cast<int32_t*>(d_sets->data());
+          CHECK_OK(ops.EnqueueUnpack(*model, pool, s0, batch, stp, rec, stream));
+          const double pk = timer.MedianGraphUs(4, flags.reps, [&](int) {
+            CHECK_OK(ops.EnqueuePack(*model, pool, s0, batch, stp, rec, stream));
+          });
+          const double uk = timer.MedianGraphUs(4, flags.reps, [&](int) {
+            CHECK_OK(ops.EnqueueUnpack(*model, pool, s0, batch, stp, rec, stream));
+          });
+          CHECK_OK(ops.CheckRecord(rec, stream, true));
+          const double pbytes = batch * slot_bytes + values * 4.0;
+          std::printf("OPPACK format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, pk, pbytes);
+          std::printf("OPUNPACK format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, uk,
+                      pbytes);
         }
         const double state_bytes = 2.0 * batch * slot_bytes;
         const double io_bytes = batch * (2.0 * 2 * geo.h_qk * geo.d_k + 2.0 * geo.h_v * geo.d_v +

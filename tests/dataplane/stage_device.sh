@@ -17,7 +17,8 @@ S=.device/dataplane.staging   # unpacked tree (also ignored; not carried)
 targets=(//kernels/cuda:cuda_backend_test //kernels/cuda_ipc:ipc_test
          //tests/dataplane:cuda_queue_test //tests/dataplane:torch_check_ops
          //server/dataplane:dataplane_bench //server:statecached
-         //client/python:libstatecache_dataplane.so)
+         //client/python:libstatecache_dataplane.so
+         //kernels/cuda:stream_ops_cuda_test //kernels/bench:decode_bench)
 bazel build "${targets[@]}"
 rm -rf "$S" "$D"
 mkdir -p "$S/lib" "$S/python/statecache" "$D"
@@ -32,7 +33,8 @@ copy_deps() {
 }
 for bin in kernels/cuda/cuda_backend_test kernels/cuda_ipc/ipc_test \
            tests/dataplane/cuda_queue_test tests/dataplane/torch_check_ops \
-           server/dataplane/dataplane_bench server/statecached; do
+           server/dataplane/dataplane_bench server/statecached \
+           kernels/cuda/stream_ops_cuda_test kernels/bench/decode_bench; do
   cp -Lf "$bin_dir/$bin" "$S/"
   # Symbols out (smaller bundle).
   chmod u+w "$S/$(basename "$bin")" && strip --strip-unneeded "$S/$(basename "$bin")"

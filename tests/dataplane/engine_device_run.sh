@@ -1,0 +1,36 @@
+#!/bin/bash
+# The engine path's GPU run (issue 25), one call on the device machine from
+# the repository root after tests/dataplane/stage_device.sh (carry
+# [".device/dataplane"]):
+#   (a) stream_ops_cuda_test: the StreamOps contract on CUDA (bytes equal to
+#       the validated binding for five formats, padding, every kind of bad
+#       input recorded with other slots byte-identical, fence);
+#   (b) cuda_backend_test (the validated binding; regression);
+#   (c) torch_ops_check.py: statecache.torch from a PyTorch worker (CUDA graph
+#       capture + replay with new inputs and indices, errors, torch.compile,
+#       fence after detach);
+#   (d) decode_bench: the op in a CUDA graph beside the raw kernel (OP /
+#       OPSTEP / OPCOPY / OPPACK / OPUNPACK lines), Qwen3.6 head geometry.
+# Logs and summary.txt go to $OUT (or /tmp/sc_out).
+set -o pipefail
+OUT=${OUT:-/tmp/sc_out}
+mkdir -p "$OUT"
+D=$PWD/.device/dataplane
+U=/tmp/sc_dataplane
+if [ ! -x "$U/statecached" ]; then
+  rm -rf "$U" && mkdir -p "$U"
+  tar -C "$U" -xJf "$D/bundle.tar.xz" || { echo "cannot unpack $D/bundle.tar.xz"; exit 1; }
+fi
+export LD_LIBRARY_PATH=$U/lib
+cat "$U/STAGED" | tee "$OUT/staged.txt"
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+timeout 120 $U/stream_ops_cuda_test --gtest_brief=1 > "$OUT/stream_ops_cuda_test.log" 2>&1
+summary "stream_ops_cuda_test exit=$?  $(grep -E 'PASSED|FAILED' "$OUT/stream_ops_cuda_test.log" | head -5 | tr '\n' ' ')"
+timeout 120 $U/cuda_backend_test --gtest_brief=1 > "$OUT/cuda_backend_test.log" 2>&1
+summary "cuda_backend_test exit=$?  $(grep -E 'PASSED|FAILED' "$OUT/cuda_backend_test.log" | head -5 | tr '\n' ' ')"
+timeout 240 python3 tests/dataplane/torch_ops_check.py --dir "$U" > "$OUT/torch_ops_check.log" 2>&1
+summary "torch_ops_check exit=$?  $(grep -E '^RESULT' "$OUT/torch_ops_check.log")"
+timeout ${BENCH_S:-200} $U/decode_bench ${BENCH_ARGS:---batches=1,8,32,64,128,256,512 --formats=damp,int8-hadamard,bf16,fp32 --reps=5} \
+  > "$OUT/decode_bench.log" 2>&1
+summary "decode_bench exit=$?"
+grep -E '^(OP|OPSTEP|OPCOPY|OPPACK|OPUNPACK|RESULT|COPY_BW) ' "$OUT/decode_bench.log" >> "$OUT/summary.txt"
