@@ -1,6 +1,7 @@
 #include "client/ctl_calibration/cli_flags.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/numbers.h"
@@ -11,40 +12,127 @@
 
 namespace statecache {
 
-absl::StatusOr<CliFlags> CliFlags::Parse(int argc, char** argv,
-                                         const std::set<std::string>& value_flags,
-                                         const std::set<std::string>& bool_flags) {
+absl::StatusOr<CliFlags> CliFlags::Parse(const std::vector<std::string>& args,
+                                         const Spec& spec) {
   CliFlags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+  std::vector<std::string> known;
+  for (const std::string& n : spec.value_flags) known.push_back(n);
+  for (const std::string& n : spec.bool_flags) known.push_back(n);
+  const bool has_help = spec.bool_flags.count("help") != 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      if (spec.stop_at_positional) {
+        f.rest_.assign(args.begin() + i + 1, args.end());
+        return f;
+      }
+      if (!spec.positional && i + 1 < args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", args[i + 1], "'"));
+      }
+      f.positional_.insert(f.positional_.end(), args.begin() + i + 1, args.end());
+      return f;
     }
-    arg = arg.substr(2);
-    std::string name = arg, value;
-    const size_t eq = arg.find('=');
+    if (arg.size() < 2 || arg[0] != '-') {
+      if (spec.stop_at_positional) {
+        f.rest_.assign(args.begin() + i, args.end());
+        return f;
+      }
+      if (!spec.positional) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+      }
+      f.positional_.push_back(arg);
+      continue;
+    }
+    const size_t dashes = arg[1] == '-' ? 2 : 1;
+    const std::string body = arg.substr(dashes);
+    std::string name = body, value;
+    const size_t eq = body.find('=');
     const bool has_value = eq != std::string::npos;
     if (has_value) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
+      name = body.substr(0, eq);
+      value = body.substr(eq + 1);
     }
-    if (bool_flags.count(name) != 0) {
+    if (name == "h" && has_help && !has_value) name = "help";
+    if (spec.value_flags.count(name) == 0 && spec.bool_flags.count(name) == 0 &&
+        name.find('-') != std::string::npos) {
+      std::string snake = name;
+      std::replace(snake.begin(), snake.end(), '-', '_');
+      if (spec.value_flags.count(snake) != 0 || spec.bool_flags.count(snake) != 0) {
+        f.warnings_.push_back(
+            absl::StrCat("--", name, " is deprecated: use --", snake));
+        name = snake;
+      }
+    }
+    if (spec.bool_flags.count(name) != 0) {
       if (has_value && value != "true" && value != "false") {
         return absl::InvalidArgumentError(absl::StrCat("--", name, ": want true or false"));
       }
       if (!has_value || value == "true") f.values_[name] = "true";
       continue;
     }
-    if (value_flags.count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    if (spec.value_flags.count(name) == 0) {
+      std::string snake = name;
+      std::replace(snake.begin(), snake.end(), '-', '_');
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag ", arg.substr(0, dashes + name.size()), DidYouMean(snake, known, "--"),
+          has_help ? " (see --help)" : ""));
     }
     if (!has_value) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
-      value = argv[++i];
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
+      }
+      value = args[++i];
     }
     f.values_[name] = value;
   }
   return f;
+}
+
+absl::StatusOr<CliFlags> CliFlags::Parse(int argc, char** argv,
+                                         const std::set<std::string>& value_flags,
+                                         const std::set<std::string>& bool_flags) {
+  Spec spec;
+  spec.value_flags = value_flags;
+  spec.bool_flags = bool_flags;
+  ASSIGN_OR_RETURN(CliFlags f,
+                   Parse(std::vector<std::string>(argv + std::min(argc, 1), argv + argc), spec));
+  for (const std::string& w : f.warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  return f;
+}
+
+int EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<int> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int diagonal = row[0];
+    row[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string ClosestMatch(absl::string_view word, const std::vector<std::string>& candidates) {
+  const int limit = std::max<int>(1, static_cast<int>(word.size()) / 3);
+  std::string best;
+  int best_distance = limit + 1;
+  for (const std::string& c : candidates) {
+    const int d = EditDistance(word, c);
+    if (d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+std::string DidYouMean(absl::string_view word, const std::vector<std::string>& candidates,
+                       absl::string_view prefix) {
+  const std::string best = ClosestMatch(word, candidates);
+  return best.empty() ? "" : absl::StrCat(" (did you mean '", prefix, best, "'?)");
 }
 
 std::string CliFlags::Get(const std::string& name, const std::string& fallback) const {
