@@ -116,7 +116,7 @@ int EditDistance(absl::string_view a, absl::string_view b) {
 }
 
 std::string ClosestMatch(absl::string_view word, const std::vector<std::string>& candidates) {
-  const int limit = std::max<int>(1, static_cast<int>(word.size()) / 3);
+  const int limit = std::max<int>(1, (static_cast<int>(word.size()) + 2) / 3);
   std::string best;
   int best_distance = limit + 1;
   for (const std::string& c : candidates) {
@@ -183,6 +183,58 @@ absl::StatusOr<std::vector<std::string>> ExpandTrajectoryPaths(const std::string
   return out;
 }
 
+namespace {
+
+// Applies one geometry key of a spec ("arch", "layers", "h_qk", "h_v", "d_k",
+// "d_v", and with `allow_scale` "scale") to `g`; false when `key` is not a
+// geometry key.
+absl::StatusOr<bool> ApplyGeometryKey(absl::string_view kv, const std::string& key,
+                                      const std::string& value, bool allow_scale,
+                                      absl::string_view what, ModelGeometry* g) {
+  if (key == "arch") {
+    ASSIGN_OR_RETURN(g->arch, ParseArch(value));
+    return true;
+  }
+  if (allow_scale && key == "scale") {
+    if (!absl::SimpleAtof(value, &g->scale)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": '", kv, "' is not scale=number"));
+    }
+    return true;
+  }
+  int* field = key == "layers" ? &g->layers
+               : key == "h_qk" ? &g->h_qk
+               : key == "h_v"  ? &g->h_v
+               : key == "d_k"  ? &g->d_k
+               : key == "d_v"  ? &g->d_v
+                               : nullptr;
+  if (field == nullptr) return false;
+  if (!absl::SimpleAtoi(value, field)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": '", kv, "' is not key=integer (or arch=gdn|kda)"));
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelGeometry> ParseGeometrySpec(const std::string& text) {
+  ModelGeometry g{Arch::kGdn, 0, 0, 0, 0, 0, 0.0f};
+  bool h_qk_given = false;
+  for (absl::string_view kv : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    ASSIGN_OR_RETURN(bool known, ApplyGeometryKey(kv, p.first, p.second, true, "--geometry", &g));
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--geometry: unknown key '", p.first,
+          "' (keys: arch, layers, h_qk, h_v, d_k, d_v, scale)"));
+    }
+    h_qk_given |= p.first == "h_qk";
+  }
+  if (g.arch == Arch::kKda && !h_qk_given) g.h_qk = g.h_v;
+  RETURN_IF_ERROR(g.Validate());
+  return g;
+}
+
 absl::StatusOr<SyntheticSpec> ParseSyntheticSpec(const std::string& text) {
   SyntheticSpec s;
   s.base.geometry = ModelGeometry{Arch::kGdn, 4, 4, 8, 128, 128, 0.0f};
@@ -190,21 +242,15 @@ absl::StatusOr<SyntheticSpec> ParseSyntheticSpec(const std::string& text) {
   for (absl::string_view kv : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
     const std::string& k = p.first;
+    ASSIGN_OR_RETURN(bool geometry_key,
+                     ApplyGeometryKey(kv, k, p.second, false, "synthetic", &s.base.geometry));
+    if (geometry_key) continue;
     int64_t v = 0;
-    if (k == "arch") {
-      ASSIGN_OR_RETURN(s.base.geometry.arch, ParseArch(p.second));
-      continue;
-    }
     if (!absl::SimpleAtoi(p.second, &v)) {
       return absl::InvalidArgumentError(
           absl::StrCat("synthetic: '", kv, "' is not key=integer (or arch=gdn|kda)"));
     }
-    if (k == "layers") s.base.geometry.layers = static_cast<int>(v);
-    else if (k == "h_qk") s.base.geometry.h_qk = static_cast<int>(v);
-    else if (k == "h_v") s.base.geometry.h_v = static_cast<int>(v);
-    else if (k == "d_k") s.base.geometry.d_k = static_cast<int>(v);
-    else if (k == "d_v") s.base.geometry.d_v = static_cast<int>(v);
-    else if (k == "docs") s.docs = static_cast<int>(v);
+    if (k == "docs") s.docs = static_cast<int>(v);
     else if (k == "tokens") s.base.tokens = static_cast<int>(v);
     else if (k == "domains") s.domains = static_cast<int>(v);
     else if (k == "seed") s.seed = static_cast<uint64_t>(v);

@@ -68,7 +68,7 @@ class CliFlags {
 // Levenshtein distance (insertions, deletions, substitutions of bytes).
 int EditDistance(absl::string_view a, absl::string_view b);
 // The candidate closest to `word` when it is plausibly a typo of it (edit
-// distance <= max(1, |word| / 3), ties: the first), else "".
+// distance <= max(1, ceil(|word| / 3)), ties: the first), else "".
 std::string ClosestMatch(absl::string_view word, const std::vector<std::string>& candidates);
 // " (did you mean 'x'?)" with `prefix` before x, or "" when nothing is close.
 std::string DidYouMean(absl::string_view word, const std::vector<std::string>& candidates,
@@ -91,6 +91,12 @@ struct SyntheticSpec {
   std::string text;  // canonical text, for reports
 };
 absl::StatusOr<SyntheticSpec> ParseSyntheticSpec(const std::string& text);
+
+// --geometry of `statecachectl register`: "arch=gdn,layers=4,h_qk=2,h_v=4,
+// d_k=128,d_v=128[,scale=0.088]" (arch defaults to gdn, KDA's h_qk to h_v,
+// scale to 0 = 1/sqrt(d_k)); kInvalidArgument naming the key or the
+// geometry rule that fails.
+absl::StatusOr<ModelGeometry> ParseGeometrySpec(const std::string& text);
 // The same model, other documents (disjoint token seeds): for held-out sets.
 SyntheticSpec HeldOutSpec(const SyntheticSpec& spec, int docs);
 // Generates document i (0 <= i < docs).
