@@ -1,26 +1,15 @@
 // statecachectl models: the registered models.
 #include "absl/strings/str_format.h"
 #include "client/cpp/ctl_command.h"
+#include "client/cpp/ctl_json.h"
 #include "kernels/common/status_macros.h"
 
 namespace statecache {
-namespace {
 
-absl::Status RunModels(CtlContext& ctx, const std::vector<std::string>& args) {
-  ASSIGN_OR_RETURN(StateCacheClient * client, ctx.client());
-  std::vector<v1::ModelInfo> models;
-  if (args.empty()) {
-    ASSIGN_OR_RETURN(models, client->ListModels());
-  } else {
-    for (const std::string& id : args) {
-      ASSIGN_OR_RETURN(v1::ModelInfo info, client->DescribeModel(id));
-      models.push_back(std::move(info));
-    }
-  }
-  std::FILE* out = ctx.out();
+void PrintModels(std::FILE* out, const std::vector<v1::ModelInfo>& models) {
   if (models.empty()) {
     absl::FPrintF(out, "no models registered\n");
-    return absl::OkStatus();
+    return;
   }
   absl::FPrintF(out, "%-20s %-12s %-32s %9s %12s %12s %13s %11s %s\n", "model", "format",
                 "geometry", "bits/val", "slot", "fp32 slot", "slots", "ckpts", "layout");
@@ -38,14 +27,50 @@ absl::Status RunModels(CtlContext& ctx, const std::vector<std::string>& args) {
                                       : absl::StrFormat("calibrated %016x",
                                                         m.tags().layout_fingerprint()));
   }
+}
+
+std::string ModelsJson(const std::vector<v1::ModelInfo>& models) {
+  JsonWriter w;
+  w.BeginObject().Key("models").BeginArray();
+  for (const v1::ModelInfo& m : models) w.Message(m);
+  w.EndArray().EndObject();
+  return w.str();
+}
+
+namespace {
+
+absl::Status RunModels(CtlContext& ctx, const std::vector<std::string>& args) {
+  CliFlags::Spec spec;
+  spec.bool_flags = {"json"};
+  spec.positional = true;
+  ASSIGN_OR_RETURN(CliFlags flags, ParseCommandFlags(args, spec));
+  ASSIGN_OR_RETURN(StateCacheClient * client, ctx.client());
+  std::vector<v1::ModelInfo> models;
+  if (flags.positional().empty()) {
+    ASSIGN_OR_RETURN(models, client->ListModels());
+  } else {
+    for (const std::string& id : flags.positional()) {
+      ASSIGN_OR_RETURN(v1::ModelInfo info, client->DescribeModel(id));
+      models.push_back(std::move(info));
+    }
+  }
+  if (flags.Has("json")) {
+    absl::FPrintF(ctx.out(), "%s\n", ModelsJson(models));
+  } else {
+    PrintModels(ctx.out(), models);
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
 Command ModelsCommand() {
-  return Command{"models", "registered models: format, geometry, sizes, slots, checkpoints",
-                 "models [MODEL_ID...]   (all models when none is given)", RunModels};
+  Command c{"models", "registered models: format, geometry, sizes, slots, checkpoints",
+            "models [--json] [MODEL_ID...]", RunModels};
+  c.help =
+      "  MODEL_ID...   only these models (NOT_FOUND for an unknown one); all when none\n"
+      "  --json        {\"models\": [ModelInfo with proto field names, ...]}\n";
+  return c;
 }
 
 }  // namespace statecache

@@ -1,6 +1,7 @@
 // statecachectl status: health, backend, budgets and per-model use.
 #include "absl/strings/str_format.h"
 #include "client/cpp/ctl_command.h"
+#include "client/cpp/ctl_json.h"
 #include "kernels/common/status_macros.h"
 
 namespace statecache {
@@ -9,11 +10,20 @@ namespace {
 double Ratio(int64_t a, int64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / b; }
 
 absl::Status RunStatus(CtlContext& ctx, const std::vector<std::string>& args) {
-  if (!args.empty()) return absl::InvalidArgumentError("status: takes no arguments");
+  CliFlags::Spec spec;
+  spec.bool_flags = {"json"};
+  ASSIGN_OR_RETURN(CliFlags flags, ParseCommandFlags(args, spec));
   ASSIGN_OR_RETURN(StateCacheClient * client, ctx.client());
   ASSIGN_OR_RETURN(bool serving, client->CheckHealth());
   ASSIGN_OR_RETURN(v1::GetStatsResponse stats, client->GetStats());
   std::FILE* out = ctx.out();
+  if (flags.Has("json")) {
+    JsonWriter w;
+    w.BeginObject().Key("server").String(ctx.server()).Key("serving").Bool(serving);
+    w.Key("stats").Message(stats).EndObject();
+    absl::FPrintF(out, "%s\n", w.str());
+    return absl::OkStatus();
+  }
   absl::FPrintF(out, "server       %s (%s)\n", ctx.server(), serving ? "SERVING" : "NOT_SERVING");
   absl::FPrintF(out, "version      %s, up %.0f s\n", stats.version(), stats.uptime_seconds());
   absl::FPrintF(out, "backend      %s: %s\n", stats.backend(), stats.backend_description());
@@ -45,8 +55,12 @@ absl::Status RunStatus(CtlContext& ctx, const std::vector<std::string>& args) {
 }  // namespace
 
 Command StatusCommand() {
-  return Command{"status", "server health, backend, memory budgets and per-model use", "status",
-                 RunStatus};
+  Command c{"status", "server health, backend, memory budgets and per-model use",
+            "status [--json]", RunStatus};
+  c.help =
+      "  --json   one JSON object: {server, serving, stats: GetStatsResponse with proto field\n"
+      "           names (fixed64 as hex strings)}\n";
+  return c;
 }
 
 }  // namespace statecache

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # statecachectl against a statecached that requires bearer tokens: with
-# --token_file the status command succeeds; without it, or with a wrong token,
-# it fails with UNAUTHENTICATED; an unreadable token file is a usage error.
+# --token_file (or STATECACHE_TOKEN_FILE; the flag wins) the status command
+# succeeds; without it, or with a wrong token, it fails with UNAUTHENTICATED;
+# an unreadable token file is a usage error.
 set -euo pipefail
+unset STATECACHE_SERVER STATECACHE_TOKEN_FILE
 ctl="$1"
 server="$2"
 tmp="$(mktemp -d)"
@@ -20,6 +22,14 @@ for _ in $(seq 100); do [ -S "$tmp/sc.sock" ] && break; sleep 0.1; done
 
 "$ctl" --server="$sock" --token_file="$tmp/token" status > "$tmp/ok.log" 2>&1 \
   || { echo "status with the token failed:"; cat "$tmp/ok.log" "$tmp/server.log"; exit 1; }
+STATECACHE_TOKEN_FILE="$tmp/token" "$ctl" --server="$sock" status > "$tmp/env.log" 2>&1 \
+  || { echo "status with STATECACHE_TOKEN_FILE failed:"; cat "$tmp/env.log"; exit 1; }
+STATECACHE_SERVER="$sock" "$ctl" --token_file="$tmp/token" status > "$tmp/env2.log" 2>&1 \
+  || { echo "status with STATECACHE_SERVER failed:"; cat "$tmp/env2.log"; exit 1; }
+if STATECACHE_TOKEN_FILE="$tmp/token" "$ctl" --server="$sock" --token_file="$tmp/wrong" status \
+    > "$tmp/override.log" 2>&1; then
+  echo "--token_file did not override STATECACHE_TOKEN_FILE"; exit 1
+fi
 if "$ctl" --server="$sock" status > "$tmp/none.log" 2>&1; then
   echo "status without a token succeeded"; exit 1
 fi

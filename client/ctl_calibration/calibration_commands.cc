@@ -41,13 +41,13 @@ constexpr char kCommonHelp[] = R"(calibration set (one of):
                            arch=gdn,layers=4,h_qk=4,h_v=8,d_k=128,d_v=128,docs=16,
                            tokens=256,domains=4,seed=1,model_seed=7 (keys optional)
 calibration options:
-  --sample-every=8         state sample period in tokens (seed 000: 8)
+  --sample_every=8         state sample period in tokens (seed 000: 8)
   --horizon=256            H of the seed 001 horizon score
   --tau=1e-4               persistence cap of seed 000 eq. 9
   --threads=0              worker threads (0 = all cores)
   --prefetch=2             trajectories loaded (or generated) concurrently ahead;
                            0 = synchronously (compute time then excludes loading)
-  --no-progress            never draw the progress bar (drawn on a TTY only)
+  --no_progress            never draw the progress bar (drawn on a TTY only)
   --json=PATH              machine-readable report ('-' = stdout instead of tables)
 )";
 
@@ -118,7 +118,7 @@ absl::StatusOr<CalibrationInput> MakeCalibrationInput(const CliFlags& f) {
 
 absl::StatusOr<CalibrationOptions> MakeCalibrationOptions(const CliFlags& f, ProgressBar* bar) {
   CalibrationOptions o;
-  ASSIGN_OR_RETURN(o.sample_every, f.GetInt("sample-every", 8));
+  ASSIGN_OR_RETURN(o.sample_every, f.GetInt("sample_every", 8));
   ASSIGN_OR_RETURN(o.horizon, f.GetInt("horizon", 256));
   ASSIGN_OR_RETURN(o.threads, f.GetInt("threads", 0));
   ASSIGN_OR_RETURN(o.prefetch, f.GetInt("prefetch", 2));
@@ -213,8 +213,8 @@ output:
   --selector=NAME          random | energy | e | p | ep | horizon | epq
                            (default: ep for damp, horizon for damp-sr)
   --out=PATH               layout file to write (safetensors, versioned, checksummed)
-  --save-synthetic=DIR     also write the --synthetic documents as trajectory files
-  --no-stability           skip the split-half stability report
+  --save_synthetic=DIR     also write the --synthetic documents as trajectory files
+  --no_stability           skip the split-half stability report
 )";
 
 absl::Status Calibrate(const CliFlags& f, int* exit_code) {
@@ -228,14 +228,14 @@ absl::Status Calibrate(const CliFlags& f, int* exit_code) {
   if (f.Has("selector")) {
     ASSIGN_OR_RETURN(selector, ParseSelector(f.Get("selector", "")));
   }
-  ProgressBar bar(!f.Has("no-progress"));
+  ProgressBar bar(!f.Has("no_progress"));
   ASSIGN_OR_RETURN(CalibrationOptions opts, MakeCalibrationOptions(f, &bar));
   opts.damp_sr = spec.format == StateFormat::kDampSr;
-  if (input.synthetic && f.Has("save-synthetic")) {
+  if (input.synthetic && f.Has("save_synthetic")) {
     for (int i = 0; i < input.spec.docs; ++i) {
       ASSIGN_OR_RETURN(Trajectory t, MakeSyntheticDocument(input.spec, i));
       RETURN_IF_ERROR(WriteTrajectoryFile(
-          t, absl::StrFormat("%s/synthetic-%04d.safetensors", f.Get("save-synthetic", ""), i)));
+          t, absl::StrFormat("%s/synthetic-%04d.safetensors", f.Get("save_synthetic", ""), i)));
     }
   }
   ASSIGN_OR_RETURN(CalibrationStats st, Calibrate(input.source, opts));
@@ -261,7 +261,7 @@ absl::Status Calibrate(const CliFlags& f, int* exit_code) {
     RETURN_IF_ERROR(WriteLayoutFile(built.layout, info, built.scores, f.Get("out", "")));
   }
   absl::StatusOr<StabilityReport> stab = absl::FailedPreconditionError("skipped");
-  if (!f.Has("no-stability")) stab = ComputeStability(st, req, 16);
+  if (!f.Has("no_stability")) stab = ComputeStability(st, req, 16);
   const bool json_only = f.Get("json", "") == "-";
   if (!json_only) {
     PrintTiming(st, input.description);
@@ -273,7 +273,7 @@ absl::Status Calibrate(const CliFlags& f, int* exit_code) {
     }
     if (stab.ok()) {
       PrintStability(*stab, st.geometry, absl::StrCat(FormatSpecName(spec), "/", SelectorName(selector)));
-    } else if (!f.Has("no-stability")) {
+    } else if (!f.Has("no_stability")) {
       std::printf("%s\n", std::string(stab.status().message()).c_str());
     }
   }
@@ -295,14 +295,14 @@ absl::Status Calibrate(const CliFlags& f, int* exit_code) {
 constexpr char kEvaluateHelp[] = R"(statecachectl evaluate: held-out accuracy of every format and layout
 held-out set (one of; with --synthetic the default is 4 fresh documents of the same model):
   --heldout=PATHS          trajectory files / directories
-  --heldout-docs=4         number of SYNTHETIC held-out documents
+  --heldout_docs=4         number of SYNTHETIC held-out documents
 evaluation:
   --sections=formats,selectors,k_sweep   which tables to produce
   --only=CASES             keep only these cases of the sections, e.g. damp:16/ep,int8-hadamard
   --layout=PATHS           also evaluate these layout files (comma-separated)
-  --no-sr                  skip damp-sr (one FP32 calibration pass instead of two)
+  --no_sr                  skip damp-sr (one FP32 calibration pass instead of two)
   --backend=cpu            cpu | cuda | auto
-  --per-layer              print per-layer output RRMSE tables (always in --json)
+  --per_layer              print per-layer output RRMSE tables (always in --json)
 )";
 
 void PrintEvalTable(const std::vector<EvalRow>& rows, const std::string& section,
@@ -351,9 +351,9 @@ std::string RowJson(const EvalRow& r) {
 
 absl::Status Evaluate(const CliFlags& f, int* exit_code) {
   ASSIGN_OR_RETURN(CalibrationInput input, MakeCalibrationInput(f));
-  ProgressBar bar(!f.Has("no-progress"));
+  ProgressBar bar(!f.Has("no_progress"));
   ASSIGN_OR_RETURN(CalibrationOptions opts, MakeCalibrationOptions(f, &bar));
-  opts.damp_sr = !f.Has("no-sr");
+  opts.damp_sr = !f.Has("no_sr");
   // Held-out set, fully in memory (the replay needs it per case).
   std::vector<Trajectory> heldout;
   std::string heldout_desc;
@@ -365,7 +365,7 @@ absl::Status Evaluate(const CliFlags& f, int* exit_code) {
     }
     heldout_desc = absl::StrCat(paths.size(), " trajectory files from ", f.Get("heldout", ""));
   } else if (input.synthetic) {
-    ASSIGN_OR_RETURN(int docs, f.GetInt("heldout-docs", 4));
+    ASSIGN_OR_RETURN(int docs, f.GetInt("heldout_docs", 4));
     const SyntheticSpec h = HeldOutSpec(input.spec, docs);
     for (int i = 0; i < docs; ++i) {
       ASSIGN_OR_RETURN(Trajectory t, MakeSyntheticDocument(h, i));
@@ -446,7 +446,7 @@ absl::Status Evaluate(const CliFlags& f, int* exit_code) {
     std::printf("RRMSE = sqrt(sum_t ||Y_hat_t - Y_t||^2 / sum_t ||Y_t||^2) vs the FP32 replay; "
                 "states every %d tokens, outputs every token; out/int8H = output RRMSE / "
                 "int8-hadamard's\n", replay.state_sample_every);
-    const bool per_layer = f.Has("per-layer");
+    const bool per_layer = f.Has("per_layer");
     if (std::count(sections.begin(), sections.end(), "formats")) {
       PrintEvalTable(rows, "formats", "formats (damp: E*P selector, damp-sr: horizon selector)", ref_out);
       if (per_layer) PrintPerLayer(rows, "formats", st.geometry.layers);
@@ -481,10 +481,10 @@ absl::Status Evaluate(const CliFlags& f, int* exit_code) {
 int RunCommand(int argc, char** argv, const char* help, std::set<std::string> value_flags,
                std::set<std::string> bool_flags,
                absl::Status (*body)(const CliFlags&, int*)) {
-  for (const char* v : {"trajectories", "synthetic", "sample-every", "horizon", "tau", "threads", "prefetch", "json"}) {
+  for (const char* v : {"trajectories", "synthetic", "sample_every", "horizon", "tau", "threads", "prefetch", "json"}) {
     value_flags.insert(v);
   }
-  bool_flags.insert({"no-progress", "help"});
+  bool_flags.insert({"no_progress", "help"});
   absl::StatusOr<CliFlags> f = CliFlags::Parse(argc, argv, value_flags, bool_flags);
   if (!f.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(f.status().message()).c_str());
@@ -503,14 +503,14 @@ int RunCommand(int argc, char** argv, const char* help, std::set<std::string> va
 }  // namespace
 
 int RunCalibrateCommand(int argc, char** argv) {
-  return RunCommand(argc, argv, kCalibrateHelp, {"format", "selector", "out", "save-synthetic"},
-                    {"no-stability"}, &Calibrate);
+  return RunCommand(argc, argv, kCalibrateHelp, {"format", "selector", "out", "save_synthetic"},
+                    {"no_stability"}, &Calibrate);
 }
 
 int RunEvaluateCommand(int argc, char** argv) {
   return RunCommand(argc, argv, kEvaluateHelp,
-                    {"heldout", "heldout-docs", "sections", "only", "layout", "backend"},
-                    {"no-sr", "per-layer"}, &Evaluate);
+                    {"heldout", "heldout_docs", "sections", "only", "layout", "backend"},
+                    {"no_sr", "per_layer"}, &Evaluate);
 }
 
 }  // namespace statecache

@@ -51,6 +51,57 @@ TEST(CliFlagsTest, ParsesAndRejects) {
   EXPECT_EQ(CliFlags::Parse(2, pv.data(), {}, {}).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(CliFlagsTest, KebabCaseIsADeprecatedAlias) {
+  CliFlags::Spec spec;
+  spec.value_flags = {"sample_every"};
+  spec.bool_flags = {"no_progress", "help"};
+  auto f = CliFlags::Parse({"--sample-every=4", "--no-progress"}, spec);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(*f->GetInt("sample_every", 8), 4);
+  EXPECT_TRUE(f->Has("no_progress"));
+  ASSERT_EQ(f->warnings().size(), 2u);
+  EXPECT_EQ(f->warnings()[0], "--sample-every is deprecated: use --sample_every");
+  auto snake = CliFlags::Parse({"--sample_every=4"}, spec);
+  ASSERT_TRUE(snake.ok());
+  EXPECT_TRUE(snake->warnings().empty());
+}
+
+TEST(CliFlagsTest, SuggestsTheClosestFlag) {
+  CliFlags::Spec spec;
+  spec.value_flags = {"server", "token_file"};
+  spec.bool_flags = {"help"};
+  auto f = CliFlags::Parse({"--servr=x"}, spec);
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.status().message(), "unknown flag --servr (did you mean '--server'?) (see --help)");
+  auto kebab = CliFlags::Parse({"--token-fil=x"}, spec);
+  EXPECT_EQ(kebab.status().message(),
+            "unknown flag --token-fil (did you mean '--token_file'?) (see --help)");
+  EXPECT_EQ(CliFlags::Parse({"--zzzzzz"}, spec).status().message(),
+            "unknown flag --zzzzzz (see --help)");
+  EXPECT_EQ(ClosestMatch("stauts", {"status", "models", "drop"}), "status");
+  EXPECT_EQ(ClosestMatch("xyz", {"status", "models"}), "");
+  EXPECT_EQ(EditDistance("kitten", "sitting"), 3);
+}
+
+TEST(CliFlagsTest, HelpPositionalAndRest) {
+  CliFlags::Spec spec;
+  spec.value_flags = {"server"};
+  spec.bool_flags = {"help", "json"};
+  spec.positional = true;
+  auto f = CliFlags::Parse({"-h", "a", "--json", "b", "--", "--server"}, spec);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->Has("help"));
+  EXPECT_TRUE(f->Has("json"));
+  EXPECT_EQ(f->positional(), (std::vector<std::string>{"a", "b", "--server"}));
+  spec.positional = false;
+  spec.stop_at_positional = true;
+  auto g = CliFlags::Parse({"--server", "x:1", "status", "--json"}, spec);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->Get("server", ""), "x:1");
+  EXPECT_FALSE(g->Has("json"));
+  EXPECT_EQ(g->rest(), (std::vector<std::string>{"status", "--json"}));
+}
+
 TEST(CliFlagsTest, SyntheticSpec) {
   auto s = ParseSyntheticSpec("arch=kda,layers=2,h_v=4,d_k=64,docs=3");
   ASSERT_TRUE(s.ok()) << s.status();
@@ -71,7 +122,7 @@ TEST(CalibrationCommandsTest, CalibrateWritesALoadableLayoutAndJson) {
   const std::string dir = ::testing::TempDir();
   const std::string out = dir + "/layout.safetensors", json = dir + "/cal.json";
   ASSERT_EQ(RunCmd(RunCalibrateCommand, {"calibrate", kSmall, "--format=damp-sr:8", "--out=" + out,
-                                      "--json=" + json, "--no-progress"}),
+                                      "--json=" + json, "--no_progress"}),
             0);
   const ModelGeometry geo{Arch::kKda, 1, 2, 2, 32, 32, 0.0f};
   const FormatSpec spec{StateFormat::kDampSr, 8};
@@ -91,7 +142,7 @@ TEST(CalibrationCommandsTest, CalibrateWritesALoadableLayoutAndJson) {
 
 TEST(CalibrationCommandsTest, EvaluateJsonHasEverySection) {
   const std::string json = ::testing::TempDir() + "/eval.json";
-  ASSERT_EQ(RunCmd(RunEvaluateCommand, {"evaluate", kSmall, "--heldout-docs=1", "--no-progress",
+  ASSERT_EQ(RunCmd(RunEvaluateCommand, {"evaluate", kSmall, "--heldout_docs=1", "--no_progress",
                                      "--json=" + json}),
             0);
   auto j = ParseJson(ReadAll(json));
@@ -111,7 +162,7 @@ TEST(CalibrationCommandsTest, EvaluateJsonHasEverySection) {
 
 TEST(CalibrationCommandsTest, UsageErrors) {
   EXPECT_EQ(RunCmd(RunCalibrateCommand, {"calibrate", "--bogus"}), 2);
-  EXPECT_EQ(RunCmd(RunCalibrateCommand, {"calibrate", "--no-progress"}), 2);  // no input
+  EXPECT_EQ(RunCmd(RunCalibrateCommand, {"calibrate", "--no_progress"}), 2);  // no input
   EXPECT_EQ(RunCmd(RunCalibrateCommand, {"calibrate", kSmall, "--format=int8"}), 2);
   EXPECT_EQ(RunCmd(RunCalibrateCommand, {"calibrate", kSmall, "--selector=best"}), 2);
   EXPECT_EQ(RunCmd(RunCalibrateCommand, {"calibrate", "--help"}), 0);

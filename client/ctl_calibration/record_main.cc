@@ -32,7 +32,7 @@ absl::Status Record(const CliFlags& f) {
     return absl::InvalidArgumentError("--model, --corpus and --out are required");
   }
   ASSIGN_OR_RETURN(int threads, f.GetInt("threads", 0));
-  ASSIGN_OR_RETURN(int max_docs, f.GetInt("max-docs", 0));
+  ASSIGN_OR_RETURN(int max_docs, f.GetInt("max_docs", 0));
   LanguageModel::Options mo;
   mo.threads = threads;
   ASSIGN_OR_RETURN(auto model, LanguageModel::Load(model_dir, mo));
@@ -55,7 +55,7 @@ absl::Status Record(const CliFlags& f) {
 }  // namespace statecache
 
 int main(int argc, char** argv) {
-  auto f = statecache::CliFlags::Parse(argc, argv, {"model", "corpus", "out", "threads", "max-docs"},
+  auto f = statecache::CliFlags::Parse(argc, argv, {"model", "corpus", "out", "threads", "max_docs"},
                                        {"help"});
   if (!f.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(f.status().message()).c_str());
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   }
   if (f->Has("help")) {
     std::printf("record_trajectories --model=DIR --corpus=FILE.jsonl --out=DIR [--threads=N] "
-                "[--max-docs=N]\n");
+                "[--max_docs=N]\n");
     return 0;
   }
   const absl::Status s = statecache::Record(*f);
