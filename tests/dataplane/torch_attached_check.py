@@ -300,13 +300,13 @@ class NumpyTensors:
 # statecached and the C++ helper.
 
 class Server:
-    def __init__(self, binary, backend, workdir):
+    def __init__(self, binary, backend, workdir, state_bytes=64 << 20, checkpoint_bytes=1 << 20):
         self.sock = os.path.join(workdir, "sc.sock")
         self.target = "unix:" + self.sock
         self.log_path = os.path.join(workdir, "statecached.log")
         args = [binary, "--listen=" + self.target, "--backend=" + backend, "--dataplane",
-                "--metrics_port=-1", f"--state_memory_bytes={64 << 20}",
-                f"--checkpoint_memory_bytes={1 << 20}", "--slot_idle_timeout_ms=0",
+                "--metrics_port=-1", f"--state_memory_bytes={state_bytes}",
+                f"--checkpoint_memory_bytes={checkpoint_bytes}", "--slot_idle_timeout_ms=0",
                 "--report_geometry=gdn:1:1:1:32:32"]
         if backend == "cpu":
             args.append("--shared_pools")

@@ -217,7 +217,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="sc-opschk-", dir="/tmp")
     server, code = None, 0
     try:
-        server = tac.Server(paths["statecached"], args.backend, workdir)
+        server = tac.Server(paths["statecached"], args.backend, workdir, state_bytes=256 << 20,
+                            checkpoint_bytes=16 << 20)
         ops = tac.Ops(paths["ops"], server.target)
         i = 0
         for arch in args.arches.split(","):

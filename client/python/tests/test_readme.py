@@ -12,7 +12,8 @@ import pytest
 from conftest import PKG_ROOT, Server
 
 README = os.path.join(PKG_ROOT, "README.md")
-NOT_RUN = ["needs a CUDA torch worker (tests/dataplane/torch_attached_check.py)"]
+NOT_RUN = ["needs a CUDA torch worker (tests/dataplane/torch_attached_check.py)",
+           "needs a CUDA torch worker (tests/dataplane/torch_ops_check.py)"]
 
 
 def blocks():
