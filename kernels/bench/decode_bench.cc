@@ -369,7 +369,7 @@ int Main(int argc, char** argv) {
           CHECK_CUDA(ci::GraphLaunch(exec, stream));
           CHECK_CUDA(ci::StreamSynchronize(stream));
           std::vector<double> host_us;
-          const double step_us = kLayers * timer.MedianGraphUs(1, flags.reps, [&](int) {
+          const double step_us = timer.MedianUs(1, flags.reps, [&](int) {
             const auto t0 = std::chrono::steady_clock::now();
             CHECK_CUDA(ci::GraphLaunch(exec, stream));
             host_us.push_back(std::chrono::duration<double, std::micro>(

@@ -19,6 +19,38 @@ __device__ __forceinline__ void MinError(int32_t* block, int field, int64_t i) {
 }
 __device__ __forceinline__ uint32_t Bit(int32_t s) { return 1u << (s & 31); }
 
+// The elements of one value check (launchers.h ValueCheck): 16-byte loads
+// when the data is 16-byte aligned, element loads for the tail.
+__device__ void CheckValues(const ValueCheck& c, int32_t* scratch, int64_t first, int64_t stride) {
+  int64_t tail = 0;
+  if ((reinterpret_cast<uintptr_t>(c.data) & 15) == 0) {
+    const int per = c.dtype == 0 ? 4 : 8;
+    const int64_t chunks = c.count / per;
+    const uint4* words = static_cast<const uint4*>(c.data);
+    for (int64_t j = first; j < chunks; j += stride) {
+      const uint4 w4 = __ldg(words + j);
+      const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+      for (int e = 0; e < per; ++e) {
+        float x;
+        if (c.dtype == 0) {
+          x = __uint_as_float(w[e]);
+        } else {
+          const uint16_t b = static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1)));
+          x = c.dtype == 1 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
+        }
+        if (IsBadValue(x, c.mode)) {
+          MinError(scratch, c.field, j * per + e);
+          break;
+        }
+      }
+    }
+    tail = chunks * per;
+  }
+  for (int64_t i = tail + first; i < c.count; i += stride) {
+    if (IsBadValue(LoadCheckedValue(c.dtype, c.data, i), c.mode)) MinError(scratch, c.field, i);
+  }
+}
+
 // The slot value a failure names (ErrorBlockStatus's order of slot fields).
 __device__ int32_t OffendingSlot(const OpValidationParams& p, const int32_t* f) {
   if (f[kErrSlotRange] != kNoError) return p.slots[f[kErrSlotRange]];
@@ -30,8 +62,8 @@ __device__ int32_t OffendingSlot(const OpValidationParams& p, const int32_t* f) 
   return -1;
 }
 
-// grid: (x blocks, 1 + value checks). Row 0 checks slots, row 1 + c checks
-// p.values.check[c]. The last CTA to finish (a counter in the record) runs the
+// grid: (x blocks, rows). Check row 0 checks slots, row 1 + c checks
+// p.values.check[c]; grid row y takes check rows y, y + gridDim.y, ... The last CTA to finish (a counter in the record) runs the
 // epilogue: destination-is-source for copies, scratch -> verdict (+ sticky on
 // a failure), scratch and bitmap reset, counter reset.
 __global__ void __launch_bounds__(kThreads) ValidateOpKernel(const OpValidationParams p) {
@@ -44,31 +76,34 @@ __global__ void __launch_bounds__(kThreads) ValidateOpKernel(const OpValidationP
   const bool copy = p.dst_slots != nullptr;
   const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  if (blockIdx.y == 0) {
-    if (first == 0 && p.fence != nullptr && *p.fence != 0) MinError(scratch, kErrFenced, 0);
-    for (int64_t i = first; i < p.n; i += stride) {
-      const int32_t s = p.slots[i];
-      const int32_t d = copy ? p.dst_slots[i] : 0;
-      if (s == -1 || d == -1) continue;  // padding
-      if (s < 0 || s >= p.num_slots) {
-        MinError(scratch, kErrSlotRange, i);
-        continue;
+  for (int row = blockIdx.y; row <= p.values.n; row += gridDim.y) {
+    if (row == 0) {
+      if (first == 0 && p.fence != nullptr && *p.fence != 0) MinError(scratch, kErrFenced, 0);
+      for (int64_t i = first; i < p.n; i += stride) {
+        const int32_t s = p.slots[i];
+        const int32_t d = copy ? p.dst_slots[i] : 0;
+        if (s == -1 || d == -1) continue;  // padding
+        if (s < 0 || s >= p.num_slots) {
+          MinError(scratch, kErrSlotRange, i);
+          continue;
+        }
+        if (!copy) {
+          if (atomicOr(src_bits + (s >> 5), Bit(s)) & Bit(s)) {
+            MinError(scratch, kErrSlotDuplicate, i);
+          }
+          continue;
+        }
+        if (d < 0 || d >= p.num_slots) {
+          MinError(scratch, kErrDstSlotRange, i);
+          continue;
+        }
+        atomicOr(src_bits + (s >> 5), Bit(s));
+        if (atomicOr(dst_bits + (d >> 5), Bit(d)) & Bit(d)) {
+          MinError(scratch, kErrDstSlotDuplicate, i);
+        }
       }
-      if (!copy) {
-        if (atomicOr(src_bits + (s >> 5), Bit(s)) & Bit(s)) MinError(scratch, kErrSlotDuplicate, i);
-        continue;
-      }
-      if (d < 0 || d >= p.num_slots) {
-        MinError(scratch, kErrDstSlotRange, i);
-        continue;
-      }
-      atomicOr(src_bits + (s >> 5), Bit(s));
-      if (atomicOr(dst_bits + (d >> 5), Bit(d)) & Bit(d)) MinError(scratch, kErrDstSlotDuplicate, i);
-    }
-  } else {
-    const ValueCheck& c = p.values.check[blockIdx.y - 1];
-    for (int64_t i = first; i < c.count; i += stride) {
-      if (IsBadValue(LoadCheckedValue(c.dtype, c.data, i), c.mode)) MinError(scratch, c.field, i);
+    } else {
+      CheckValues(p.values.check[row - 1], scratch, first, stride);
     }
   }
 
@@ -144,7 +179,8 @@ int LaunchValidateOp(const OpValidationParams& p, void* stream) {
   for (int i = 0; i < p.values.n; ++i) {
     most = p.values.check[i].count > most ? p.values.check[i].count : most;
   }
-  const int64_t want = (most + kThreads - 1) / kThreads;
+  // Value rows read 16 bytes (4 to 8 elements) per thread and step.
+  const int64_t want = (most / 4 + kThreads - 1) / kThreads;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(want < 1 ? 1 : want < kMaxBlocksPerRow ? want
                                                                                      : kMaxBlocksPerRow),
