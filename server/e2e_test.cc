@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <cstring>
@@ -692,6 +693,59 @@ TEST_F(E2eTest, ShutdownDrainsAndRefusesNewCalls) {
   EXPECT_FALSE((*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng))).ok());
   auto r = client_->AllocateSlots(kModel, 1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Issue 26 item 1: a lease that expires unused stops counting at its expiry,
+// for GetStats, /metrics and DropModel alike, without any further call on the
+// checkpoint store (a client that took a lease and died).
+TEST(E2eLeaseTest, ExpiredLeaseStopsCountingForStatsMetricsAndDropModel) {
+  SetLoggingEnabled(false);
+  std::atomic<int64_t> now_ms{1'000'000};
+  StateCacheServer::Options options;
+  options.sockets.listen = "127.0.0.1:0";
+  options.memory.backend = "cpu";
+  options.memory.state_memory_bytes = 1 << 20;
+  options.memory.checkpoint_memory_bytes = 1 << 20;
+  options.metrics.port = -1;
+  options.clock = [&now_ms] { return absl::FromUnixMillis(now_ms.load()); };
+  auto server = StateCacheServer::Create(std::move(options));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", (*server)->port())).value();
+  ModelRegistration r;
+  r.model_id = "x";
+  r.geometry = TinyGdn();
+  r.format = "fp32";
+  r.slots = 2;
+  r.checkpoints = 2;
+  ASSERT_TRUE(client->RegisterModel(r).ok());
+  auto slots = client->AllocateSlots("x", 1);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  const std::vector<int32_t> tokens = {1};
+  ASSERT_TRUE(client->Snapshot("x", (*slots)[0], tokens).ok());
+  ASSERT_TRUE(client->ReleaseSlots("x", *slots).ok());
+  auto hit = client->LookupPrefix("x", tokens, absl::Milliseconds(100));
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_TRUE(hit->hit);
+
+  auto stats = client->GetStats("x");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->models_size(), 1);
+  EXPECT_EQ(stats->models(0).stats().leases_active(), 1);
+  EXPECT_EQ(client->DropModel("x").code(), absl::StatusCode::kFailedPrecondition);
+  const std::string before = (*server)->metrics().Scrape();
+  EXPECT_THAT(before, HasSubstr("statecache_leases_active{format=\"fp32\",model=\"x\"} 1"));
+
+  now_ms += 100;  // the lease's expiry
+  stats = client->GetStats("x");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->models(0).stats().leases_active(), 0);
+  EXPECT_EQ(stats->models(0).stats().leases_expired(), 1);
+  EXPECT_EQ(stats->models(0).stats().checkpoints_leased(), 0);
+  const std::string after = (*server)->metrics().Scrape();
+  EXPECT_THAT(after, HasSubstr("statecache_leases_active{format=\"fp32\",model=\"x\"} 0"));
+  EXPECT_THAT(after,
+              HasSubstr("statecache_leases_expired_total{format=\"fp32\",model=\"x\"} 1"));
+  EXPECT_TRUE(client->DropModel("x").ok());
 }
 
 TEST(E2eUnixSocketTest, ServesOnAUnixDomainSocket) {

@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.checkpoint_budget_bytes = checkpoint_bytes;
   ro.default_lease = mem.lease_default;
   ro.max_lease = mem.lease_max;
+  ro.clock = options.clock;
   if (options.dataplane.enabled && options.dataplane.shared_pools &&
       std::string(s->backend_->name()) == "cpu") {
     ro.slot_arena_allocator = SharedArenaAllocator();

@@ -14,6 +14,7 @@
 #define STATECACHE_SERVER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -116,6 +117,9 @@ class StateCacheServer {
     absl::Duration slot_idle_timeout = absl::Minutes(10);
     // Test hook: use this backend instead of creating memory.backend.
     std::unique_ptr<Backend> backend;
+    // Test hook: time source of LookupPrefix leases (thread-safe); absl::Now
+    // when empty.
+    std::function<absl::Time()> clock;
   };
 
   // Creates the backend, budgets, metrics endpoint and starts serving.
