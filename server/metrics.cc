@@ -3,7 +3,9 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
 #include "prometheus/text_serializer.h"
+#include "proto/statecache/v1/statecache.pb.h"
 
 namespace statecache {
 namespace {
@@ -74,10 +76,15 @@ struct Metrics::ModelSeries {
 };
 
 const std::vector<std::string>& Metrics::MethodNames() {
-  static const auto* names = new std::vector<std::string>{
-      "RegisterModel", "ListModels", "DescribeModel", "DropModel", "AllocateSlots",
-      "ReleaseSlots",  "Update",     "UpdateStream",  "Prefill",   "Snapshot",
-      "Restore",       "LookupPrefix", "Export",      "Import",    "GetStats"};
+  static const auto* names = [] {
+    const google::protobuf::ServiceDescriptor* service =
+        v1::RegisterModelRequest::descriptor()->file()->FindServiceByName("StateCache");
+    auto* out = new std::vector<std::string>();
+    for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
+      out->push_back(service->method(i)->name());
+    }
+    return out;
+  }();
   return *names;
 }
 

@@ -72,8 +72,9 @@ class Metrics : public prometheus::Collectable,
  public:
   using StatsSource = std::function<std::vector<ModelStatsSnapshot>()>;
 
-  // The RPC method names of statecache.v1.StateCache (series are created for
-  // each up front so dashboards see zeros before the first call).
+  // The RPC method names of statecache.v1.StateCache, read from the proto's
+  // service descriptor (series are created for each up front so dashboards
+  // see zeros before the first call).
   static const std::vector<std::string>& MethodNames();
 
   explicit Metrics(StatsSource source);
@@ -86,8 +87,9 @@ class Metrics : public prometheus::Collectable,
   // Port the exposer listens on (0 before Start).
   int port() const;
 
-  // A finished RPC (or one UpdateStream message): its method, grpc status
-  // code and wall time.
+  // A finished RPC (or one UpdateStream / SubmitUpdates message): its method
+  // (one of MethodNames(); other names count in statecache_rpcs_total only),
+  // grpc status code and wall time.
   void ObserveRpc(absl::string_view method, int code, double seconds);
   // Slots in one Update / UpdateStream message.
   void ObserveUpdateBatch(int batch);
