@@ -208,7 +208,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                         s->backend_->name(), " (", s->backend_->Describe(), ")",
                         " state_memory_bytes=", state_bytes,
                         " checkpoint_memory_bytes=", checkpoint_bytes,
-                        " metrics_port=", s->metrics_port(),
+                        " metrics_port=",
+                        options.metrics.port < 0 ? "disabled" : absl::StrCat(s->metrics_port()),
                         " max_message_bytes=", options.sockets.max_message_bytes));
   const SecurityOptions& sec = options.security;
   LogEvent("security",
