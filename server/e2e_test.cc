@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "client/cpp/statecache_client.h"
 #include "kernels/backend/backend.h"
 #include "kernels/formats/numeric.h"
@@ -681,8 +682,8 @@ TEST_F(E2eTest, ShutdownDrainsAndRefusesNewCalls) {
   Register(kModel, geo, "fp32", 2, 0);
   auto slots = client_->AllocateSlots(kModel, 1);
   ASSERT_TRUE(slots.ok());
-  // A worker's open stream: shutdown waits for it up to the grace period,
-  // then cancels it; the server stops either way.
+  // A worker's open stream, idle between messages: shutdown cancels it
+  // after the drain; the server stops either way.
   auto stream = client_->OpenUpdateStream();
   ASSERT_TRUE(stream.ok());
   std::mt19937 rng(1);
@@ -746,6 +747,99 @@ TEST(E2eLeaseTest, ExpiredLeaseStopsCountingForStatsMetricsAndDropModel) {
   EXPECT_THAT(after,
               HasSubstr("statecache_leases_expired_total{format=\"fp32\",model=\"x\"} 1"));
   EXPECT_TRUE(client->DropModel("x").ok());
+}
+
+// Issue 26 item 3: every call sent around a shutdown ends OK (it ran) or
+// UNAVAILABLE (it did not run), never CANCELLED; and a stream idle between
+// messages does not hold the shutdown for the grace period.
+TEST_F(E2eTest, ShutdownEndsEveryCallOkOrUnavailableAndIdleStreamsDoNotHoldIt) {
+  const ModelGeometry geo = TinyGdn();
+  constexpr int kClients = 6;
+  Register(kModel, geo, "fp32", kClients + 1, 0);
+  auto idle_slot = client_->AllocateSlots(kModel, 1);
+  ASSERT_TRUE(idle_slot.ok());
+  auto idle = client_->OpenUpdateStream();
+  ASSERT_TRUE(idle.ok());
+  std::mt19937 idle_rng(7);
+  ASSERT_TRUE((*idle)->Update(kModel, Call(0, *idle_slot, MakeInputs(geo, 1, 1, &idle_rng))).ok());
+
+  std::vector<std::unique_ptr<StateCacheClient>> clients;
+  std::vector<std::vector<SlotHandle>> slots;
+  for (int c = 0; c < kClients; ++c) {
+    clients.push_back(Connect());
+    auto s = clients.back()->AllocateSlots(kModel, 1);
+    ASSERT_TRUE(s.ok());
+    slots.push_back(*s);
+  }
+  std::atomic<int> ok_calls{0};
+  std::vector<absl::Status> last(kClients);
+  std::vector<std::thread> threads;
+  absl::Notification go;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(c);
+      const Inputs in = MakeInputs(geo, 1, 1, &rng);  // the call's tensors view it
+      const UpdateCall call = Call(0, slots[c], in);
+      go.WaitForNotification();
+      while (true) {
+        auto o = clients[c]->Update(kModel, call);
+        if (!o.ok()) {
+          last[c] = o.status();
+          return;
+        }
+        ++ok_calls;
+      }
+    });
+  }
+  go.Notify();
+  const absl::Time warm_up = absl::Now() + absl::Seconds(20);
+  while (ok_calls.load() < 4 * kClients && absl::Now() < warm_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_GE(ok_calls.load(), 4 * kClients);
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Seconds(30));
+  const absl::Duration took = absl::Now() - start;
+  for (auto& t : threads) t.join();
+  EXPECT_LT(took, absl::Seconds(5)) << "an idle stream held the shutdown";
+  for (int c = 0; c < kClients; ++c) {
+    EXPECT_EQ(last[c].code(), absl::StatusCode::kUnavailable) << "client " << c << ": " << last[c];
+  }
+  // The idle stream was ended: its next update fails.
+  EXPECT_FALSE((*idle)->Update(kModel, Call(0, *idle_slot, MakeInputs(geo, 1, 1, &idle_rng))).ok());
+}
+
+// A stream's message that reaches the server during the drain does not run:
+// it is answered UNAVAILABLE, or (the drain began before the server waited
+// for it) left unanswered; either way the stream ends UNAVAILABLE. A unary
+// call is refused UNAVAILABLE.
+TEST_F(E2eTest, CallsDuringTheDrainDoNotRunAndEndUnavailable) {
+  const ModelGeometry geo = TinyGdn();
+  Register(kModel, geo, "fp32", 2, 0);
+  auto slots = client_->AllocateSlots(kModel, 1);
+  ASSERT_TRUE(slots.ok());
+  auto model = server_->registry().Find(kModel).value();
+  const int32_t slot_index = model->slots->Acquire(*slots, "slots").value().indices()[0];
+  auto stream = client_->OpenUpdateStream();
+  ASSERT_TRUE(stream.ok());
+  std::mt19937 rng(3);
+  ASSERT_TRUE((*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng))).ok());
+  const std::vector<uint8_t> before(model->slots->view().slot(slot_index),
+                                    model->slots->view().slot(slot_index) +
+                                        model->slots->slot_bytes());
+  server_->service().call_gate().BeginDrain();
+  auto o = (*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng)));
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kUnavailable) << o.status();
+  const absl::Status end = (*stream)->Finish();
+  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
+  EXPECT_THAT(std::string(end.message()), HasSubstr("did not run"));
+  const std::vector<uint8_t> after(model->slots->view().slot(slot_index),
+                                   model->slots->view().slot(slot_index) +
+                                       model->slots->slot_bytes());
+  EXPECT_TRUE(before == after) << "a message sent during the drain wrote its slot";
+  auto unary = client_->AllocateSlots(kModel, 1);
+  EXPECT_EQ(unary.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(unary.status().message()), HasSubstr("AllocateSlots did not run"));
 }
 
 TEST(E2eUnixSocketTest, ServesOnAUnixDomainSocket) {

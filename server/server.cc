@@ -107,6 +107,9 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   if (options.slot_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("slot_idle_timeout: negative");
   }
+  if (options.drain_quiet_period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("drain_quiet_period: negative");
+  }
   std::unique_ptr<StateCacheServer> s(new StateCacheServer());
   if (!options.security.tenants_file.empty()) {
     ASSIGN_OR_RETURN(s->tenants_, TenantDirectory::Load(options.security.tenants_file));
@@ -199,6 +202,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
         absl::StrCat("listen: cannot serve gRPC on '", options.sockets.listen, "'"));
   }
   s->listen_address_ = options.sockets.listen;
+  s->drain_quiet_period_ = options.drain_quiet_period;
   if (auto* health = s->server_->GetHealthCheckService()) {
     health->SetServingStatus(true);
     health->SetServingStatus("statecache.v1.StateCache", true);
@@ -258,10 +262,16 @@ void StateCacheServer::Shutdown(absl::Duration grace) {
   }
   if (server_ == nullptr) return;
   LogEvent("server_draining", absl::StrCat("grace=", absl::FormatDuration(grace)));
+  const absl::Time deadline = absl::Now() + grace;
   if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
-  const auto deadline =
-      std::chrono::system_clock::now() + std::chrono::microseconds(absl::ToInt64Microseconds(grace));
-  server_->Shutdown(deadline);
+  CallGate& gate = service_->call_gate();
+  gate.BeginDrain();
+  const bool quiet = gate.AwaitQuiet(drain_quiet_period_, deadline);
+  const int idle_streams = gate.CancelIdleStreams();
+  LogEvent("server_drained", absl::StrCat("quiet=", quiet ? "yes" : "no", " running=",
+                                          gate.running(), " idle_streams_cancelled=",
+                                          idle_streams));
+  server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
   server_->Wait();
   LogEvent("server_stopped");
 }

@@ -115,6 +115,10 @@ class StateCacheServer {
     // Slot leases: an allocated slot unused (no call on it) for this long is
     // released, so slots of a client that died come back. Zero = never.
     absl::Duration slot_idle_timeout = absl::Minutes(10);
+    // Shutdown: how long no call may arrive before the listener closes
+    // (calls the transport had accepted reach the service meanwhile and get
+    // UNAVAILABLE instead of being cut off).
+    absl::Duration drain_quiet_period = absl::Milliseconds(100);
     // Test hook: use this backend instead of creating memory.backend.
     std::unique_ptr<Backend> backend;
     // Test hook: time source of LookupPrefix leases (thread-safe); absl::Now
@@ -143,8 +147,12 @@ class StateCacheServer {
   // while slot_idle_timeout > 0): releases slots idle since before `cutoff`.
   int64_t ReleaseIdleSlots(absl::Time cutoff);
 
-  // Stops accepting calls, lets in-flight calls finish for up to `grace`,
-  // then cancels the rest. Idempotent; also run by the destructor.
+  // Drains, then stops; within `grace` in all. Health turns NOT_SERVING and
+  // the service refuses every call that arrives (UNAVAILABLE: it did not
+  // run) while running calls finish; once none runs and none arrived for
+  // drain_quiet_period, streams idle between messages are cancelled (all
+  // their messages were answered) and gRPC stops. Calls still running when
+  // `grace` ends are cancelled. Idempotent; also run by the destructor.
   void Shutdown(absl::Duration grace);
 
  private:
@@ -166,6 +174,7 @@ class StateCacheServer {
   bool stop_sweeper_ ABSL_GUARDED_BY(sweeper_mu_) = false;
   std::string listen_address_;
   int port_ = 0;
+  absl::Duration drain_quiet_period_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
