@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "google/protobuf/descriptor.h"
@@ -59,9 +60,10 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
         << name << " has a short help string";
     ++families;
   }
-  // 24 families; statecache_rpcs_total and statecache_kernel_duration_seconds
-  // have no series before the first observation and are not printed.
-  EXPECT_EQ(families, 22);
+  // 30 families; statecache_rpcs_total and statecache_kernel_duration_seconds
+  // have no series before the first observation, nor
+  // statecache_device_memory_free_bytes without a device: not printed.
+  EXPECT_EQ(families, 27);
   const std::string l = "{format=\"damp:16\",model=\"m\"";
   EXPECT_THAT(text, HasSubstr("statecache_slots_used" + l + "} 3"));
   EXPECT_THAT(text, HasSubstr("statecache_slots_capacity" + l + "} 10"));
@@ -123,6 +125,39 @@ TEST_F(MetricsTest, EveryRpcOfTheServiceHasALatencySeries) {
     scraped.insert((*it)[1]);
   }
   EXPECT_EQ(scraped, want);
+}
+
+TEST(MetricsBuildTest, BuildInfoProcessAndDeviceSeries) {
+  Metrics::Options o;
+  o.version = "1.2.3";
+  o.revision = "abc";
+  o.backend = "cuda";
+  o.device_free_bytes = []() -> absl::StatusOr<int64_t> { return int64_t{123456789}; };
+  auto metrics = std::make_shared<Metrics>(o);
+  const std::string text = metrics->Scrape();
+  EXPECT_THAT(text, HasSubstr(
+      "statecache_build_info{backend=\"cuda\",revision=\"abc\",version=\"1.2.3\"} 1"));
+  EXPECT_THAT(text, HasSubstr("statecache_device_memory_free_bytes{backend=\"cuda\"} 123456789"));
+  const ProcessStats p = ReadProcessStats("/proc/self");
+  EXPECT_GT(p.resident_bytes, 1 << 20);
+  EXPECT_GE(p.open_fds, 3);
+  EXPECT_GT(p.cpu_seconds, 0);
+  const double now = static_cast<double>(absl::ToUnixSeconds(absl::Now()));
+  EXPECT_GT(p.start_time_seconds, now - 3600);
+  EXPECT_LE(p.start_time_seconds, now + 1);
+  EXPECT_THAT(text, HasSubstr("# TYPE process_cpu_seconds_total counter"));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("\nprocess_resident_memory_bytes (\\S+)\n")));
+  EXPECT_GT(std::stod(m[1]), 1 << 20);
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("\nprocess_open_fds (\\S+)\n")));
+  EXPECT_GE(std::stod(m[1]), 3);
+}
+
+TEST(MetricsBuildTest, CpuBackendHasNoDeviceSeries) {
+  Metrics::Options o;
+  o.backend = "cpu";
+  auto metrics = std::make_shared<Metrics>(o);
+  EXPECT_THAT(metrics->Scrape(), Not(HasSubstr("statecache_device_memory_free_bytes{")));
 }
 
 TEST_F(MetricsTest, ServesOverHttp) {

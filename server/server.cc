@@ -141,7 +141,15 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   s->registry_ = std::make_unique<ModelRegistry>(s->backend_.get(), ro);
 
   ModelRegistry* registry = s->registry_.get();
-  s->metrics_ = std::make_shared<Metrics>([registry] {
+  Metrics::Options mo;
+  mo.version = options.metrics.version;
+  mo.revision = options.metrics.revision;
+  mo.backend = s->backend_->name();
+  if (mo.backend == "cuda") {
+    Backend* backend = s->backend_.get();
+    mo.device_free_bytes = [backend] { return backend->AvailableBytes(); };
+  }
+  mo.stats = [registry] {
     std::vector<ModelStatsSnapshot> out;
     for (const auto& m : registry->List()) {
       ModelStatsSnapshot snap;
@@ -153,7 +161,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
       out.push_back(std::move(snap));
     }
     return out;
-  });
+  };
+  s->metrics_ = std::make_shared<Metrics>(std::move(mo));
   if (options.metrics.port >= 0) {
     RETURN_IF_ERROR(
         s->metrics_->Start(absl::StrCat(options.metrics.host, ":", options.metrics.port)));

@@ -103,6 +103,9 @@ class StateCacheServer {
     // Prometheus /metrics endpoint; port < 0 disables it, 0 picks a port.
     std::string host = "127.0.0.1";
     int port = 9464;
+    // Labels of statecache_build_info (the binary's //tools/build_info).
+    std::string version = "unknown";
+    std::string revision = "unknown";
   };
   struct Options {
     SocketOptions sockets;

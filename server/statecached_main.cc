@@ -159,6 +159,8 @@ int Main() {
   options.memory.lease_max = absl::Milliseconds(absl::GetFlag(FLAGS_lease_max_ms));
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics.host = absl::GetFlag(FLAGS_metrics_host);
+  options.metrics.version = BuildVersion();
+  options.metrics.revision = BuildRevision();
   options.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
   options.limits.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
   options.limits.max_aux_bytes = absl::GetFlag(FLAGS_max_aux_bytes);
