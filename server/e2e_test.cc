@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "client/cpp/statecache_client.h"
 #include "kernels/backend/backend.h"
 #include "kernels/formats/numeric.h"
@@ -793,8 +795,8 @@ TEST_F(E2eTest, ShutdownDrainsAndRefusesNewCalls) {
   Register(kModel, geo, "fp32", 2, 0);
   auto slots = client_->AllocateSlots(kModel, 1);
   ASSERT_TRUE(slots.ok());
-  // A worker's open stream: shutdown waits for it up to the grace period,
-  // then cancels it; the server stops either way.
+  // A worker's open stream, idle between messages: shutdown cancels it
+  // after the drain; the server stops either way.
   auto stream = client_->OpenUpdateStream();
   ASSERT_TRUE(stream.ok());
   std::mt19937 rng(1);
@@ -805,6 +807,152 @@ TEST_F(E2eTest, ShutdownDrainsAndRefusesNewCalls) {
   EXPECT_FALSE((*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng))).ok());
   auto r = client_->AllocateSlots(kModel, 1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// Issue 26 item 1: a lease that expires unused stops counting at its expiry,
+// for GetStats, /metrics and DropModel alike, without any further call on the
+// checkpoint store (a client that took a lease and died).
+TEST(E2eLeaseTest, ExpiredLeaseStopsCountingForStatsMetricsAndDropModel) {
+  SetLoggingEnabled(false);
+  std::atomic<int64_t> now_ms{1'000'000};
+  StateCacheServer::Options options;
+  options.sockets.listen = "127.0.0.1:0";
+  options.memory.backend = "cpu";
+  options.memory.state_memory_bytes = 1 << 20;
+  options.memory.checkpoint_memory_bytes = 1 << 20;
+  options.metrics.port = -1;
+  options.clock = [&now_ms] { return absl::FromUnixMillis(now_ms.load()); };
+  auto server = StateCacheServer::Create(std::move(options));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", (*server)->port())).value();
+  ModelRegistration r;
+  r.model_id = "x";
+  r.geometry = TinyGdn();
+  r.format = "fp32";
+  r.slots = 2;
+  r.checkpoints = 2;
+  ASSERT_TRUE(client->RegisterModel(r).ok());
+  auto slots = client->AllocateSlots("x", 1);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  const std::vector<int32_t> tokens = {1};
+  ASSERT_TRUE(client->Snapshot("x", (*slots)[0], tokens).ok());
+  ASSERT_TRUE(client->ReleaseSlots("x", *slots).ok());
+  auto hit = client->LookupPrefix("x", tokens, absl::Milliseconds(100));
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_TRUE(hit->hit);
+
+  auto stats = client->GetStats("x");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->models_size(), 1);
+  EXPECT_EQ(stats->models(0).stats().leases_active(), 1);
+  EXPECT_EQ(client->DropModel("x").code(), absl::StatusCode::kFailedPrecondition);
+  const std::string before = (*server)->metrics().Scrape();
+  EXPECT_THAT(before, HasSubstr("statecache_leases_active{format=\"fp32\",model=\"x\"} 1"));
+
+  now_ms += 100;  // the lease's expiry
+  stats = client->GetStats("x");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->models(0).stats().leases_active(), 0);
+  EXPECT_EQ(stats->models(0).stats().leases_expired(), 1);
+  EXPECT_EQ(stats->models(0).stats().checkpoints_leased(), 0);
+  const std::string after = (*server)->metrics().Scrape();
+  EXPECT_THAT(after, HasSubstr("statecache_leases_active{format=\"fp32\",model=\"x\"} 0"));
+  EXPECT_THAT(after,
+              HasSubstr("statecache_leases_expired_total{format=\"fp32\",model=\"x\"} 1"));
+  EXPECT_TRUE(client->DropModel("x").ok());
+}
+
+// Issue 26 item 3: every call sent around a shutdown ends OK (it ran) or
+// UNAVAILABLE (it did not run), never CANCELLED; and a stream idle between
+// messages does not hold the shutdown for the grace period.
+TEST_F(E2eTest, ShutdownEndsEveryCallOkOrUnavailableAndIdleStreamsDoNotHoldIt) {
+  const ModelGeometry geo = TinyGdn();
+  constexpr int kClients = 6;
+  Register(kModel, geo, "fp32", kClients + 1, 0);
+  auto idle_slot = client_->AllocateSlots(kModel, 1);
+  ASSERT_TRUE(idle_slot.ok());
+  auto idle = client_->OpenUpdateStream();
+  ASSERT_TRUE(idle.ok());
+  std::mt19937 idle_rng(7);
+  ASSERT_TRUE((*idle)->Update(kModel, Call(0, *idle_slot, MakeInputs(geo, 1, 1, &idle_rng))).ok());
+
+  std::vector<std::unique_ptr<StateCacheClient>> clients;
+  std::vector<std::vector<SlotHandle>> slots;
+  for (int c = 0; c < kClients; ++c) {
+    clients.push_back(Connect());
+    auto s = clients.back()->AllocateSlots(kModel, 1);
+    ASSERT_TRUE(s.ok());
+    slots.push_back(*s);
+  }
+  std::atomic<int> ok_calls{0};
+  std::vector<absl::Status> last(kClients);
+  std::vector<std::thread> threads;
+  absl::Notification go;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(c);
+      const Inputs in = MakeInputs(geo, 1, 1, &rng);  // the call's tensors view it
+      const UpdateCall call = Call(0, slots[c], in);
+      go.WaitForNotification();
+      while (true) {
+        auto o = clients[c]->Update(kModel, call);
+        if (!o.ok()) {
+          last[c] = o.status();
+          return;
+        }
+        ++ok_calls;
+      }
+    });
+  }
+  go.Notify();
+  const absl::Time warm_up = absl::Now() + absl::Seconds(20);
+  while (ok_calls.load() < 4 * kClients && absl::Now() < warm_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_GE(ok_calls.load(), 4 * kClients);
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Seconds(30));
+  const absl::Duration took = absl::Now() - start;
+  for (auto& t : threads) t.join();
+  EXPECT_LT(took, absl::Seconds(5)) << "an idle stream held the shutdown";
+  for (int c = 0; c < kClients; ++c) {
+    EXPECT_EQ(last[c].code(), absl::StatusCode::kUnavailable) << "client " << c << ": " << last[c];
+  }
+  // The idle stream was ended: its next update fails.
+  EXPECT_FALSE((*idle)->Update(kModel, Call(0, *idle_slot, MakeInputs(geo, 1, 1, &idle_rng))).ok());
+}
+
+// A stream's message that reaches the server during the drain does not run:
+// it is answered UNAVAILABLE, or (the drain began before the server waited
+// for it) left unanswered; either way the stream ends UNAVAILABLE. A unary
+// call is refused UNAVAILABLE.
+TEST_F(E2eTest, CallsDuringTheDrainDoNotRunAndEndUnavailable) {
+  const ModelGeometry geo = TinyGdn();
+  Register(kModel, geo, "fp32", 2, 0);
+  auto slots = client_->AllocateSlots(kModel, 1);
+  ASSERT_TRUE(slots.ok());
+  auto model = server_->registry().Find(kModel).value();
+  const int32_t slot_index = model->slots->Acquire(*slots, "slots").value().indices()[0];
+  auto stream = client_->OpenUpdateStream();
+  ASSERT_TRUE(stream.ok());
+  std::mt19937 rng(3);
+  ASSERT_TRUE((*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng))).ok());
+  const std::vector<uint8_t> before(model->slots->view().slot(slot_index),
+                                    model->slots->view().slot(slot_index) +
+                                        model->slots->slot_bytes());
+  server_->service().call_gate().BeginDrain();
+  auto o = (*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng)));
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kUnavailable) << o.status();
+  const absl::Status end = (*stream)->Finish();
+  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
+  EXPECT_THAT(std::string(end.message()), HasSubstr("did not run"));
+  const std::vector<uint8_t> after(model->slots->view().slot(slot_index),
+                                   model->slots->view().slot(slot_index) +
+                                       model->slots->slot_bytes());
+  EXPECT_TRUE(before == after) << "a message sent during the drain wrote its slot";
+  auto unary = client_->AllocateSlots(kModel, 1);
+  EXPECT_EQ(unary.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(unary.status().message()), HasSubstr("AllocateSlots did not run"));
 }
 
 TEST(E2eUnixSocketTest, ServesOnAUnixDomainSocket) {

@@ -1,9 +1,19 @@
 #include "server/metrics.h"
 
-#include <exception>
+#include <dirent.h>
+#include <unistd.h>
 
+#include <exception>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/descriptor.h"
 #include "prometheus/text_serializer.h"
+#include "proto/statecache/v1/statecache.pb.h"
 
 namespace statecache {
 namespace {
@@ -42,7 +52,63 @@ Histogram::BucketBoundaries LatencyBuckets() {
   return b;
 }
 
+bool ReadSmallFile(const std::string& path, std::string* out) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
 }  // namespace
+
+ProcessStats ReadProcessStats(const std::string& proc_self) {
+  ProcessStats out;
+  const long ticks = sysconf(_SC_CLK_TCK);
+  const long page = sysconf(_SC_PAGESIZE);
+  std::string statm;
+  if (ReadSmallFile(proc_self + "/statm", &statm)) {
+    std::vector<absl::string_view> f = absl::StrSplit(statm, ' ', absl::SkipEmpty());
+    int64_t pages = 0;
+    if (f.size() >= 2 && absl::SimpleAtoi(f[1], &pages) && page > 0) {
+      out.resident_bytes = pages * page;
+    }
+  }
+  std::string stat;
+  if (ReadSmallFile(proc_self + "/stat", &stat) && ticks > 0) {
+    // Fields after the parenthesized command name, which may hold spaces:
+    // f[0] = state (field 3), utime = field 14, stime = 15, starttime = 22.
+    const size_t close = stat.rfind(')');
+    if (close != std::string::npos) {
+      std::vector<absl::string_view> f =
+          absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
+      int64_t utime = 0, stime = 0, start = 0;
+      if (f.size() > 19 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime)) {
+        out.cpu_seconds = static_cast<double>(utime + stime) / ticks;
+      }
+      std::string proc_stat;
+      if (f.size() > 19 && absl::SimpleAtoi(f[19], &start) &&
+          ReadSmallFile(proc_self + "/../stat", &proc_stat)) {
+        for (absl::string_view line : absl::StrSplit(proc_stat, '\n')) {
+          int64_t btime = 0;
+          if (absl::ConsumePrefix(&line, "btime ") && absl::SimpleAtoi(line, &btime)) {
+            out.start_time_seconds = static_cast<double>(btime) + static_cast<double>(start) / ticks;
+          }
+        }
+      }
+    }
+  }
+  if (DIR* dir = opendir((proc_self + "/fd").c_str())) {
+    int64_t n = 0;
+    while (const dirent* e = readdir(dir)) {
+      if (e->d_name[0] != '.') ++n;
+    }
+    closedir(dir);
+    out.open_fds = n - 1;  // the descriptor of this directory listing
+  }
+  return out;
+}
 
 // Series of one model; pointers owned by the families.
 struct Metrics::ModelSeries {
@@ -74,15 +140,22 @@ struct Metrics::ModelSeries {
 };
 
 const std::vector<std::string>& Metrics::MethodNames() {
-  static const auto* names = new std::vector<std::string>{
-      "RegisterModel", "ListModels", "DescribeModel", "DropModel", "AllocateSlots",
-      "ReleaseSlots",  "Update",     "UpdateStream",  "Prefill",   "Snapshot",
-      "Restore",       "LookupPrefix", "Export",      "Import",    "GetStats"};
+  static const auto* names = [] {
+    const google::protobuf::ServiceDescriptor* service =
+        v1::RegisterModelRequest::descriptor()->file()->FindServiceByName("StateCache");
+    auto* out = new std::vector<std::string>();
+    for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
+      out->push_back(service->method(i)->name());
+    }
+    return out;
+  }();
   return *names;
 }
 
-Metrics::Metrics(StatsSource source)
-    : source_(std::move(source)),
+Metrics::Metrics(StatsSource source) : Metrics(Options{std::move(source)}) {}
+
+Metrics::Metrics(Options options)
+    : options_(std::move(options)),
       registry_(std::make_shared<prometheus::Registry>()),
       state_bytes_(G(*registry_, "statecache_state_bytes",
                      "Bytes of allocated (live) slots by storage tier: hi_rows = high-precision "
@@ -133,7 +206,20 @@ Metrics::Metrics(StatsSource source)
                       "Slots per Update / UpdateStream message")),
       kernel_duration_(H(*registry_, "statecache_kernel_duration_seconds",
                          "Backend time per operation (decode_update, prefill, pack_states, "
-                         "unpack_states, copy_slots)")) {
+                         "unpack_states, copy_slots)")),
+      build_info_(G(*registry_, "statecache_build_info",
+                    "Always 1; labels: project version, git revision and state backend of "
+                    "this statecached")),
+      device_free_(G(*registry_, "statecache_device_memory_free_bytes",
+                     "Free memory of the GPU the CUDA backend runs on, at scrape time (no "
+                     "series on the CPU backend)")),
+      resident_bytes_(G(*registry_, "process_resident_memory_bytes",
+                        "Resident set size of the statecached process in bytes")),
+      open_fds_(G(*registry_, "process_open_fds", "Open file descriptors of the process")),
+      start_time_(G(*registry_, "process_start_time_seconds",
+                    "Start time of the process since the Unix epoch in seconds")),
+      cpu_seconds_(C(*registry_, "process_cpu_seconds_total",
+                     "User and system CPU time of the process in seconds")) {
   const Histogram::BucketBoundaries latency = LatencyBuckets();
   for (const std::string& m : MethodNames()) {
     rpc_series_[m] = &rpc_duration_.Add({{"method", m}}, latency);
@@ -141,6 +227,18 @@ Metrics::Metrics(StatsSource source)
   Histogram::BucketBoundaries batch;
   for (double x = 1; x <= 4096; x *= 2) batch.push_back(x);
   update_batch_series_ = &update_batch_.Add({}, batch);
+  build_info_
+      .Add({{"version", options_.version},
+            {"revision", options_.revision},
+            {"backend", options_.backend}})
+      .Set(1);
+  if (options_.device_free_bytes) {
+    device_free_series_ = &device_free_.Add({{"backend", options_.backend}});
+  }
+  resident_bytes_series_ = &resident_bytes_.Add({});
+  open_fds_series_ = &open_fds_.Add({});
+  start_time_series_ = &start_time_.Add({});
+  cpu_seconds_series_ = &cpu_seconds_.Add({});
 }
 
 Metrics::~Metrics() = default;
@@ -271,7 +369,8 @@ void Metrics::RemoveSeries(ModelSeries& m) const {
 }
 
 void Metrics::Refresh() const {
-  const std::vector<ModelStatsSnapshot> snapshots = source_ ? source_() : std::vector<ModelStatsSnapshot>{};
+  const std::vector<ModelStatsSnapshot> snapshots =
+      options_.stats ? options_.stats() : std::vector<ModelStatsSnapshot>{};
   absl::MutexLock lock(&mu_);
   absl::flat_hash_map<std::string, bool> seen;
   for (const ModelStatsSnapshot& s : snapshots) {
@@ -319,8 +418,27 @@ void Metrics::Refresh() const {
   }
 }
 
+void Metrics::RefreshProcess() const {
+  if (device_free_series_ != nullptr) {
+    absl::StatusOr<int64_t> free_bytes = options_.device_free_bytes();
+    if (free_bytes.ok()) device_free_series_->Set(static_cast<double>(*free_bytes));
+  }
+  const ProcessStats p = ReadProcessStats(options_.proc_self);
+  if (p.resident_bytes >= 0) resident_bytes_series_->Set(static_cast<double>(p.resident_bytes));
+  if (p.open_fds >= 0) open_fds_series_->Set(static_cast<double>(p.open_fds));
+  if (p.start_time_seconds >= 0) start_time_series_->Set(p.start_time_seconds);
+  if (p.cpu_seconds >= 0) {
+    absl::MutexLock lock(&mu_);
+    if (p.cpu_seconds > cpu_seconds_last_) {
+      cpu_seconds_series_->Increment(p.cpu_seconds - cpu_seconds_last_);
+      cpu_seconds_last_ = p.cpu_seconds;
+    }
+  }
+}
+
 std::vector<prometheus::MetricFamily> Metrics::Collect() const {
   Refresh();
+  RefreshProcess();
   return registry_->Collect();
 }
 

@@ -24,6 +24,11 @@
 //   statecache_rpcs_total{method,code}                 counter
 //   statecache_update_batch_size                       histogram
 //   statecache_kernel_duration_seconds{op}             histogram
+//   statecache_build_info{version,revision,backend}    gauge (always 1)
+//   statecache_device_memory_free_bytes{backend}       gauge (CUDA backend only)
+//   process_resident_memory_bytes, process_open_fds,
+//   process_start_time_seconds                         gauges (from /proc/self)
+//   process_cpu_seconds_total                          counter (user + system)
 //
 // Thread-safe. Register with an Exposer via Start(), or read the text format
 // with Scrape() (tests).
@@ -42,6 +47,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/collectable.h"
@@ -67,15 +73,40 @@ struct ModelStatsSnapshot {
   CheckpointStats checkpoints;  // all zero when the model has no checkpoint memory
 };
 
+// The process series, read from procfs `proc_self` ("/proc/self"); a
+// field that cannot be read is -1.
+struct ProcessStats {
+  int64_t resident_bytes = -1;
+  int64_t open_fds = -1;
+  double cpu_seconds = -1;         // user + system
+  double start_time_seconds = -1;  // since the Unix epoch
+};
+ProcessStats ReadProcessStats(const std::string& proc_self);
+
 class Metrics : public prometheus::Collectable,
                 public std::enable_shared_from_this<Metrics> {
  public:
   using StatsSource = std::function<std::vector<ModelStatsSnapshot>()>;
 
-  // The RPC method names of statecache.v1.StateCache (series are created for
-  // each up front so dashboards see zeros before the first call).
+  // The RPC method names of statecache.v1.StateCache, read from the proto's
+  // service descriptor (series are created for each up front so dashboards
+  // see zeros before the first call).
   static const std::vector<std::string>& MethodNames();
 
+  struct Options {
+    StatsSource stats;
+    // Labels of statecache_build_info.
+    std::string version = "unknown";
+    std::string revision = "unknown";
+    std::string backend = "unknown";
+    // Free device memory at scrape time (statecache_device_memory_free_bytes);
+    // empty = no series (the CPU backend: host memory is process_*).
+    std::function<absl::StatusOr<int64_t>()> device_free_bytes;
+    // procfs directory of the process (tests point it elsewhere).
+    std::string proc_self = "/proc/self";
+  };
+
+  explicit Metrics(Options options);
   explicit Metrics(StatsSource source);
   ~Metrics() override;
 
@@ -86,8 +117,9 @@ class Metrics : public prometheus::Collectable,
   // Port the exposer listens on (0 before Start).
   int port() const;
 
-  // A finished RPC (or one UpdateStream message): its method, grpc status
-  // code and wall time.
+  // A finished RPC (or one UpdateStream / SubmitUpdates message): its method
+  // (one of MethodNames(); other names count in statecache_rpcs_total only),
+  // grpc status code and wall time.
   void ObserveRpc(absl::string_view method, int code, double seconds);
   // Slots in one Update / UpdateStream message.
   void ObserveUpdateBatch(int batch);
@@ -106,7 +138,9 @@ class Metrics : public prometheus::Collectable,
   ModelSeries& SeriesFor(const ModelStatsSnapshot& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveSeries(ModelSeries& series) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const StatsSource source_;
+  void RefreshProcess() const;
+
+  const Options options_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 
@@ -136,6 +170,18 @@ class Metrics : public prometheus::Collectable,
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Histogram>& update_batch_;
   prometheus::Family<prometheus::Histogram>& kernel_duration_;
+  // Build, device and process families.
+  prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Family<prometheus::Gauge>& device_free_;
+  prometheus::Family<prometheus::Gauge>& resident_bytes_;
+  prometheus::Family<prometheus::Gauge>& open_fds_;
+  prometheus::Family<prometheus::Gauge>& start_time_;
+  prometheus::Family<prometheus::Counter>& cpu_seconds_;
+  prometheus::Gauge* device_free_series_ = nullptr;
+  prometheus::Gauge* resident_bytes_series_ = nullptr;
+  prometheus::Gauge* open_fds_series_ = nullptr;
+  prometheus::Gauge* start_time_series_ = nullptr;
+  prometheus::Counter* cpu_seconds_series_ = nullptr;
 
   prometheus::Histogram* update_batch_series_ = nullptr;
   absl::flat_hash_map<std::string, prometheus::Histogram*> rpc_series_;  // fixed after ctor
@@ -145,6 +191,7 @@ class Metrics : public prometheus::Collectable,
       ABSL_GUARDED_BY(mu_);
   mutable absl::flat_hash_map<std::string, prometheus::Histogram*> kernel_series_
       ABSL_GUARDED_BY(mu_);
+  mutable double cpu_seconds_last_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace statecache

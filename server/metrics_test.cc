@@ -1,11 +1,15 @@
 #include "server/metrics.h"
 
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "google/protobuf/descriptor.h"
+#include "proto/statecache/v1/statecache.pb.h"
 
 namespace statecache {
 namespace {
@@ -56,9 +60,10 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
         << name << " has a short help string";
     ++families;
   }
-  // 24 families; statecache_rpcs_total and statecache_kernel_duration_seconds
-  // have no series before the first observation and are not printed.
-  EXPECT_EQ(families, 22);
+  // 30 families; statecache_rpcs_total and statecache_kernel_duration_seconds
+  // have no series before the first observation, nor
+  // statecache_device_memory_free_bytes without a device: not printed.
+  EXPECT_EQ(families, 27);
   const std::string l = "{format=\"damp:16\",model=\"m\"";
   EXPECT_THAT(text, HasSubstr("statecache_slots_used" + l + "} 3"));
   EXPECT_THAT(text, HasSubstr("statecache_slots_capacity" + l + "} 10"));
@@ -99,6 +104,60 @@ TEST_F(MetricsTest, RpcBatchAndKernelObservations) {
   EXPECT_THAT(text, HasSubstr("statecache_rpcs_total{code=\"INVALID_ARGUMENT\",method=\"Update\"} 1"));
   EXPECT_THAT(text, HasSubstr("statecache_update_batch_size_count 1"));
   EXPECT_THAT(text, HasSubstr("statecache_kernel_duration_seconds_count{op=\"decode_update\"} 1"));
+}
+
+// Every RPC of the proto's service has a latency series from the start, and
+// nothing else does (issue 26 item 4: 8 of 23 RPCs had none).
+TEST_F(MetricsTest, EveryRpcOfTheServiceHasALatencySeries) {
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          "statecache.v1.StateCache");
+  ASSERT_NE(service, nullptr);
+  std::set<std::string> want;
+  for (int i = 0; i < service->method_count(); ++i) want.insert(service->method(i)->name());
+  ASSERT_GE(want.size(), 23u);
+  for (const std::string& m : want) metrics_->ObserveRpc(m, 0, 0.001);
+  const std::string text = metrics_->Scrape();
+  std::set<std::string> scraped;
+  std::regex count_re("statecache_rpc_duration_seconds_count\\{method=\"([A-Za-z]+)\"\\} 1\n");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), count_re);
+       it != std::sregex_iterator(); ++it) {
+    scraped.insert((*it)[1]);
+  }
+  EXPECT_EQ(scraped, want);
+}
+
+TEST(MetricsBuildTest, BuildInfoProcessAndDeviceSeries) {
+  Metrics::Options o;
+  o.version = "1.2.3";
+  o.revision = "abc";
+  o.backend = "cuda";
+  o.device_free_bytes = []() -> absl::StatusOr<int64_t> { return int64_t{123456789}; };
+  auto metrics = std::make_shared<Metrics>(o);
+  const std::string text = metrics->Scrape();
+  EXPECT_THAT(text, HasSubstr(
+      "statecache_build_info{backend=\"cuda\",revision=\"abc\",version=\"1.2.3\"} 1"));
+  EXPECT_THAT(text, HasSubstr("statecache_device_memory_free_bytes{backend=\"cuda\"} 123456789"));
+  const ProcessStats p = ReadProcessStats("/proc/self");
+  EXPECT_GT(p.resident_bytes, 1 << 20);
+  EXPECT_GE(p.open_fds, 3);
+  EXPECT_GT(p.cpu_seconds, 0);
+  const double now = static_cast<double>(absl::ToUnixSeconds(absl::Now()));
+  EXPECT_GT(p.start_time_seconds, now - 3600);
+  EXPECT_LE(p.start_time_seconds, now + 1);
+  EXPECT_THAT(text, HasSubstr("# TYPE process_cpu_seconds_total counter"));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("\nprocess_resident_memory_bytes (\\S+)\n")));
+  EXPECT_GT(std::stod(m[1]), 1 << 20);
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("\nprocess_open_fds (\\S+)\n")));
+  EXPECT_GE(std::stod(m[1]), 3);
+}
+
+TEST(MetricsBuildTest, CpuBackendHasNoDeviceSeries) {
+  Metrics::Options o;
+  o.backend = "cpu";
+  auto metrics = std::make_shared<Metrics>(o);
+  EXPECT_THAT(metrics->Scrape(), Not(HasSubstr("statecache_device_memory_free_bytes{")));
 }
 
 TEST_F(MetricsTest, ServesOverHttp) {

@@ -109,6 +109,7 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
     co.capacity = checkpoints;
     co.default_lease = options_.default_lease;
     co.max_lease = options_.max_lease;
+    co.clock = options_.clock;
     ASSIGN_OR_RETURN(model->checkpoints, CheckpointStore::Create(backend_, model->layout, co));
   }
   model->state_bytes = slots * slot_bytes;

@@ -76,6 +76,9 @@ class ModelRegistry {
     int64_t checkpoint_budget_bytes = 0;
     absl::Duration default_lease = absl::Seconds(30);
     absl::Duration max_lease = absl::Minutes(10);
+    // Time source of the checkpoint leases (tests inject a fake clock);
+    // absl::Now when empty.
+    std::function<absl::Time()> clock;
     // Allocator of slot arenas (issue 10: shared memory that attached
     // workers can map); null = backend->Allocate.
     std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t bytes)>
@@ -99,7 +102,7 @@ class ModelRegistry {
   }
 
   // Removes a model. Without `force`: kFailedPrecondition while it has
-  // allocated slots or active leases.
+  // allocated slots or active (unexpired, unconsumed) leases.
   absl::Status Drop(absl::string_view tenant, absl::string_view id, bool force)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Drop(absl::string_view id, bool force) ABSL_LOCKS_EXCLUDED(mu_) {

@@ -107,6 +107,9 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   if (options.slot_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("slot_idle_timeout: negative");
   }
+  if (options.drain_quiet_period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("drain_quiet_period: negative");
+  }
   std::unique_ptr<StateCacheServer> s(new StateCacheServer());
   if (!options.security.tenants_file.empty()) {
     ASSIGN_OR_RETURN(s->tenants_, TenantDirectory::Load(options.security.tenants_file));
@@ -130,6 +133,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.checkpoint_budget_bytes = checkpoint_bytes;
   ro.default_lease = mem.lease_default;
   ro.max_lease = mem.lease_max;
+  ro.clock = options.clock;
   if (options.dataplane.enabled && options.dataplane.shared_pools &&
       std::string(s->backend_->name()) == "cpu") {
     ro.slot_arena_allocator = SharedArenaAllocator();
@@ -137,7 +141,15 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   s->registry_ = std::make_unique<ModelRegistry>(s->backend_.get(), ro);
 
   ModelRegistry* registry = s->registry_.get();
-  s->metrics_ = std::make_shared<Metrics>([registry] {
+  Metrics::Options mo;
+  mo.version = options.metrics.version;
+  mo.revision = options.metrics.revision;
+  mo.backend = s->backend_->name();
+  if (mo.backend == "cuda") {
+    Backend* backend = s->backend_.get();
+    mo.device_free_bytes = [backend] { return backend->AvailableBytes(); };
+  }
+  mo.stats = [registry] {
     std::vector<ModelStatsSnapshot> out;
     for (const auto& m : registry->List()) {
       ModelStatsSnapshot snap;
@@ -149,7 +161,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
       out.push_back(std::move(snap));
     }
     return out;
-  });
+  };
+  s->metrics_ = std::make_shared<Metrics>(std::move(mo));
   if (options.metrics.port >= 0) {
     RETURN_IF_ERROR(
         s->metrics_->Start(absl::StrCat(options.metrics.host, ":", options.metrics.port)));
@@ -198,6 +211,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
         absl::StrCat("listen: cannot serve gRPC on '", options.sockets.listen, "'"));
   }
   s->listen_address_ = options.sockets.listen;
+  s->drain_quiet_period_ = options.drain_quiet_period;
   if (auto* health = s->server_->GetHealthCheckService()) {
     health->SetServingStatus(true);
     health->SetServingStatus("statecache.v1.StateCache", true);
@@ -207,7 +221,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                         s->backend_->name(), " (", s->backend_->Describe(), ")",
                         " state_memory_bytes=", state_bytes,
                         " checkpoint_memory_bytes=", checkpoint_bytes,
-                        " metrics_port=", s->metrics_port(),
+                        " metrics_port=",
+                        options.metrics.port < 0 ? "disabled" : absl::StrCat(s->metrics_port()),
                         " max_message_bytes=", options.sockets.max_message_bytes));
   const SecurityOptions& sec = options.security;
   LogEvent("security",
@@ -256,10 +271,16 @@ void StateCacheServer::Shutdown(absl::Duration grace) {
   }
   if (server_ == nullptr) return;
   LogEvent("server_draining", absl::StrCat("grace=", absl::FormatDuration(grace)));
+  const absl::Time deadline = absl::Now() + grace;
   if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
-  const auto deadline =
-      std::chrono::system_clock::now() + std::chrono::microseconds(absl::ToInt64Microseconds(grace));
-  server_->Shutdown(deadline);
+  CallGate& gate = service_->call_gate();
+  gate.BeginDrain();
+  const bool quiet = gate.AwaitQuiet(drain_quiet_period_, deadline);
+  const int idle_streams = gate.CancelIdleStreams();
+  LogEvent("server_drained", absl::StrCat("quiet=", quiet ? "yes" : "no", " running=",
+                                          gate.running(), " idle_streams_cancelled=",
+                                          idle_streams));
+  server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
   server_->Wait();
   LogEvent("server_stopped");
 }

@@ -14,6 +14,7 @@
 #define STATECACHE_SERVER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -102,6 +103,9 @@ class StateCacheServer {
     // Prometheus /metrics endpoint; port < 0 disables it, 0 picks a port.
     std::string host = "127.0.0.1";
     int port = 9464;
+    // Labels of statecache_build_info (the binary's //tools/build_info).
+    std::string version = "unknown";
+    std::string revision = "unknown";
   };
   struct Options {
     SocketOptions sockets;
@@ -114,8 +118,15 @@ class StateCacheServer {
     // Slot leases: an allocated slot unused (no call on it) for this long is
     // released, so slots of a client that died come back. Zero = never.
     absl::Duration slot_idle_timeout = absl::Minutes(10);
+    // Shutdown: how long no call may arrive before the listener closes
+    // (calls the transport had accepted reach the service meanwhile and get
+    // UNAVAILABLE instead of being cut off).
+    absl::Duration drain_quiet_period = absl::Milliseconds(100);
     // Test hook: use this backend instead of creating memory.backend.
     std::unique_ptr<Backend> backend;
+    // Test hook: time source of LookupPrefix leases (thread-safe); absl::Now
+    // when empty.
+    std::function<absl::Time()> clock;
   };
 
   // Creates the backend, budgets, metrics endpoint and starts serving.
@@ -139,8 +150,12 @@ class StateCacheServer {
   // while slot_idle_timeout > 0): releases slots idle since before `cutoff`.
   int64_t ReleaseIdleSlots(absl::Time cutoff);
 
-  // Stops accepting calls, lets in-flight calls finish for up to `grace`,
-  // then cancels the rest. Idempotent; also run by the destructor.
+  // Drains, then stops; within `grace` in all. Health turns NOT_SERVING and
+  // the service refuses every call that arrives (UNAVAILABLE: it did not
+  // run) while running calls finish; once none runs and none arrived for
+  // drain_quiet_period, streams idle between messages are cancelled (all
+  // their messages were answered) and gRPC stops. Calls still running when
+  // `grace` ends are cancelled. Idempotent; also run by the destructor.
   void Shutdown(absl::Duration grace);
 
  private:
@@ -162,6 +177,7 @@ class StateCacheServer {
   bool stop_sweeper_ ABSL_GUARDED_BY(sweeper_mu_) = false;
   std::string listen_address_;
   int port_ = 0;
+  absl::Duration drain_quiet_period_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };

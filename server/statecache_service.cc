@@ -287,6 +287,19 @@ absl::Status NoDataPlane() {
   return absl::FailedPreconditionError("session_id: this server has no data plane");
 }
 
+// What a call that arrives during the drain before a shutdown gets: it did
+// not run, so retrying it elsewhere is safe.
+absl::Status ShuttingDown(absl::string_view method) {
+  return absl::UnavailableError(absl::StrCat(
+      "server: shutting down; ", method, " did not run (nothing was written)"));
+}
+
+// How a stream ends when the drain stops it between messages.
+absl::Status StreamShutDown() {
+  return absl::UnavailableError(
+      "server: shutting down; the stream's messages without a response did not run");
+}
+
 }  // namespace
 
 absl::Status StateCacheService::CheckNotAttached(
@@ -332,7 +345,9 @@ template <typename F>
 grpc::Status StateCacheService::Run(const grpc::ServerContext* ctx, const char* method,
                                     F&& handler) {
   const absl::Time start = absl::Now();
+  CallGate::Ticket ticket(&gate_);
   const absl::Status status = [&]() -> absl::Status {
+    if (!ticket.admitted()) return ShuttingDown(method);
     ASSIGN_OR_RETURN(Tenant * caller, Authenticate(ctx));
     RETURN_IF_ERROR(caller->Admit(start));
     return handler(*caller);
@@ -782,16 +797,24 @@ grpc::Status StateCacheService::Update(grpc::ServerContext* ctx, const v1::Updat
 grpc::Status StateCacheService::UpdateStream(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::UpdateResponse, v1::UpdateRequest>* stream) {
-  absl::StatusOr<Tenant*> caller = Authenticate(ctx);
+  CallGate::Ticket ticket(&gate_, [ctx] { ctx->TryCancel(); });
+  absl::StatusOr<Tenant*> caller =
+      ticket.admitted() ? Authenticate(ctx) : ShuttingDown("UpdateStream");
   if (!caller.ok()) {
     if (metrics_) metrics_->ObserveRpc("UpdateStream", static_cast<int>(caller.status().code()), 0);
     return ToGrpcStatus(caller.status());
   }
   v1::UpdateRequest req;
-  while (stream->Read(&req)) {
+  while (true) {
+    bool got = false;
+    const bool open = ticket.Idle([&] { return stream->Read(&req); }, &got);
+    if (!got) {
+      // End of the client's messages, or a drain that began between two.
+      return open ? grpc::Status::OK : ToGrpcStatus(StreamShutDown());
+    }
     const absl::Time start = absl::Now();
     v1::UpdateResponse resp;
-    absl::Status status = (*caller)->Admit(start);
+    absl::Status status = open ? (*caller)->Admit(start) : ShuttingDown("UpdateStream");
     if (status.ok()) status = DoUpdate(**caller, req, &resp);
     if (!status.ok()) {
       resp.Clear();
@@ -803,6 +826,7 @@ grpc::Status StateCacheService::UpdateStream(
       metrics_->ObserveRpc("UpdateStream", static_cast<int>(status.code()), Seconds(start));
     }
     if (!stream->Write(resp)) break;  // client went away
+    if (!open) return ToGrpcStatus(StreamShutDown());
     if (ctx->IsCancelled()) break;
   }
   return grpc::Status::OK;
@@ -811,22 +835,39 @@ grpc::Status StateCacheService::UpdateStream(
 grpc::Status StateCacheService::SubmitUpdates(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<v1::SubmitUpdatesResponse, v1::SubmitUpdatesRequest>* stream) {
-  absl::StatusOr<Tenant*> caller = Authenticate(ctx);
+  CallGate::Ticket ticket(&gate_, [ctx] { ctx->TryCancel(); });
+  absl::StatusOr<Tenant*> caller =
+      ticket.admitted() ? Authenticate(ctx) : ShuttingDown("SubmitUpdates");
   if (!caller.ok()) {
     if (metrics_) metrics_->ObserveRpc("SubmitUpdates", static_cast<int>(caller.status().code()), 0);
     return ToGrpcStatus(caller.status());
   }
   if (dataplane_ == nullptr) return ToGrpcStatus(NoDataPlane());
+  // A drain ends the stream like a half-close (submissions read before it
+  // complete and are answered; one read after it is dropped unanswered, not
+  // run), then the stream ends UNAVAILABLE.
+  bool drained = false;
   DataPlane::StreamIo io;
-  io.read = [&](v1::SubmitUpdatesRequest* r) { return !ctx->IsCancelled() && stream->Read(r); };
+  io.read = [&](v1::SubmitUpdatesRequest* r) {
+    if (ctx->IsCancelled()) return false;
+    bool got = false;
+    if (!ticket.Idle([&] { return stream->Read(r); }, &got)) {
+      drained = true;
+      return false;
+    }
+    return got;
+  };
   io.write = [&](const v1::SubmitUpdatesResponse& r) { return stream->Write(r); };
   io.admit = [&] { return (*caller)->Admit(absl::Now()); };
   io.done = [&](absl::StatusCode code, double seconds) {
     if (metrics_) metrics_->ObserveRpc("SubmitUpdates", static_cast<int>(code), seconds);
   };
   io.cancelled = [ctx] { return ctx->IsCancelled(); };
-  return ToGrpcStatus(dataplane_->SubmitUpdates((*caller)->name(), io, ComputeLimitsOf(limits_),
-                                                KernelObserverOf(metrics_.get())));
+  absl::Status status = dataplane_->SubmitUpdates((*caller)->name(), io,
+                                                  ComputeLimitsOf(limits_),
+                                                  KernelObserverOf(metrics_.get()));
+  if (status.ok() && drained) status = StreamShutDown();
+  return ToGrpcStatus(status);
 }
 
 absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillRequest& req,

@@ -28,6 +28,7 @@
 #include "kernels/backend/backend.h"
 #include "proto/statecache/v1/statecache.grpc.pb.h"
 #include "server/auth/tenants.h"
+#include "server/call_gate.h"
 #include "server/dataplane/data_plane.h"
 #include "server/metrics.h"
 #include "server/model_registry.h"
@@ -133,6 +134,13 @@ class StateCacheService final : public v1::StateCache::Service {
   DataPlane* dataplane() const { return dataplane_; }
   // The tenant of the unauthenticated mode.
   Tenant& default_tenant() { return default_tenant_; }
+  // Admission of calls (StateCacheServer::Shutdown drains through it). Once
+  // draining, every RPC and stream message that arrives fails kUnavailable
+  // before it runs; a stream waiting for its next message ends kUnavailable
+  // when the drain begins before its next message, or is cancelled by
+  // CallGate::CancelIdleStreams() (every message it had sent before was
+  // answered).
+  CallGate& call_gate() { return gate_; }
 
   // The absl-level handlers (also used by tests without gRPC), on behalf of
   // `caller` (default_tenant() when authentication is off).
@@ -187,6 +195,7 @@ class StateCacheService final : public v1::StateCache::Service {
   absl::Status CheckNotAttached(const Model& m, const v1::SlotHandle& slot,
                                 absl::string_view field) const;
   Tenant default_tenant_;
+  CallGate gate_;
 };
 
 }  // namespace statecache

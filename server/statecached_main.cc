@@ -19,12 +19,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "server/log.h"
 #include "server/server.h"
+#include "tools/build_info/build_info.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address: host:port (port 0 picks a free port), [::]:port for all "
@@ -157,6 +159,8 @@ int Main() {
   options.memory.lease_max = absl::Milliseconds(absl::GetFlag(FLAGS_lease_max_ms));
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics.host = absl::GetFlag(FLAGS_metrics_host);
+  options.metrics.version = BuildVersion();
+  options.metrics.revision = BuildRevision();
   options.limits.max_batch = absl::GetFlag(FLAGS_max_batch);
   options.limits.max_prefill_tokens = absl::GetFlag(FLAGS_max_prefill_tokens);
   options.limits.max_aux_bytes = absl::GetFlag(FLAGS_max_aux_bytes);
@@ -213,6 +217,9 @@ int main(int argc, char** argv) {
       "(GDN / KDA) in compressed formats (DAMP etc.).\n"
       "Usage: statecached [--listen=127.0.0.1:50051] [--backend=auto|cuda|cpu] "
       "[--state_memory_bytes=N] [--checkpoint_memory_bytes=N] [--metrics_port=9464] ...");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] { return statecache::VersionString("statecached"); };
+  absl::SetFlagsUsageConfig(usage_config);
   absl::ParseCommandLine(argc, argv);
   return statecache::Main();
 }

@@ -292,8 +292,9 @@ bool CheckpointStore::Contains(const PrefixKey& key) const {
   return index_.contains(key);
 }
 
-CheckpointStats CheckpointStore::stats() const {
+CheckpointStats CheckpointStore::stats() {
   absl::MutexLock lock(&mu_);
+  SweepExpiredLocked(Now());
   CheckpointStats s = counters_;
   s.capacity = view_.num_slots;
   s.capacity_bytes = view_.num_slots * view_.slot_bytes();

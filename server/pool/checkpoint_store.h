@@ -18,7 +18,9 @@
 // store's lock.
 //
 // Leases pin an entry until Restore consumes them or they expire (clock from
-// Options; no background thread: expired leases are swept on every call).
+// Options; no background thread: every call, stats() included, first collects
+// the leases expired by then, so an expired lease never counts as active in
+// stats, metrics or DropModel and its entry becomes evictable at expiry).
 //
 // Thread-safe. Slots passed in must be held exclusively by the caller
 // (SlotPool::Acquire).
@@ -164,7 +166,9 @@ class CheckpointStore {
   // True when `key` is indexed.
   bool Contains(const PrefixKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  CheckpointStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Current use and counters, after collecting the leases expired by now
+  // (counted in leases_expired, no longer in leases_active / leased).
+  CheckpointStats stats() ABSL_LOCKS_EXCLUDED(mu_);
   int64_t capacity() const { return view_.num_slots; }
 
   // For tests: free + held == capacity, every entry's refcount equals

@@ -97,6 +97,24 @@ TEST_F(CheckpointStoreTest, SnapshotRestoreIsACopyWithAux) {
   EXPECT_EQ(s.capacity_bytes, 3 * layout_.slot_bytes());
 }
 
+TEST_F(CheckpointStoreTest, StatsCollectLeasesAtTheirExpiry) {
+  Put(Key(3), 3);
+  auto lease = store_->Lookup({Key(3)}, absl::Seconds(5)).value();
+  ASSERT_TRUE(lease.hit);
+  Put(Key(3), 33);  // the leased entry is now held by its lease only
+  CheckpointStats s = store_->stats();
+  EXPECT_EQ(s.leases_active, 1);
+  EXPECT_EQ(s.leased, 1);
+  EXPECT_EQ(s.checkpoints, 2);
+  now_ += absl::Seconds(5);  // expiry: stats alone collects the lease
+  s = store_->stats();
+  EXPECT_EQ(s.leases_active, 0);
+  EXPECT_EQ(s.leased, 0);
+  EXPECT_EQ(s.leases_expired, 1);
+  EXPECT_EQ(s.checkpoints, 1);  // the replaced entry was freed with its lease
+  EXPECT_EQ(store_->stats().leases_expired, 1);  // counted once
+}
+
 TEST_F(CheckpointStoreTest, RestoreUnknownKeyIsNotFound) {
   auto r = store_->Restore(Key(3), 0, pool_->view(), b_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
