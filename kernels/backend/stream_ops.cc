@@ -1,6 +1,8 @@
 #include "kernels/backend/stream_ops.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/backend/batch_validation.h"
+#include "kernels/common/status_macros.h"
 
 namespace statecache {
 
@@ -43,6 +45,25 @@ absl::Status CheckTokenPointers(int batch, int tokens, const int32_t* slots, DTy
   if (v == nullptr) return absl::InvalidArgumentError("v: null");
   if (g == nullptr) return absl::InvalidArgumentError("g: null");
   if (beta == nullptr) return absl::InvalidArgumentError("beta: null");
+  return absl::OkStatus();
+}
+
+absl::Status CheckPackArgs(const PreparedModel& model, const PoolView& pool, const int32_t* slots,
+                           int n, const void* states) {
+  RETURN_IF_ERROR(ValidatePoolAndLayer(model.layout(), pool, 0));
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
+  if (n > 0 && slots == nullptr) return absl::InvalidArgumentError("slots: null");
+  if (n > 0 && states == nullptr) return absl::InvalidArgumentError("states: null");
+  return absl::OkStatus();
+}
+
+absl::Status CheckCopyArgs(const PoolView& pool, const int32_t* src_slots,
+                           const int32_t* dst_slots, int n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
+  if (n == 0) return absl::OkStatus();
+  if (src_slots == nullptr) return absl::InvalidArgumentError("src_slots: null");
+  if (dst_slots == nullptr) return absl::InvalidArgumentError("dst_slots: null");
+  if (pool.base == nullptr) return absl::InvalidArgumentError("pool: base is null");
   return absl::OkStatus();
 }
 

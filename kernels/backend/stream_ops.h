@@ -118,6 +118,12 @@ absl::Status CheckTokenPointers(int batch, int tokens, const int32_t* slots, DTy
                                 const void* q, const void* k, const void* v, const float* g,
                                 const float* beta);
 absl::Status CheckRecordSize(const StreamOps& ops, const OpRecord& record, int64_t num_slots);
+// Pack / unpack: the pool matches the model, n >= 0, slots and states set.
+absl::Status CheckPackArgs(const PreparedModel& model, const PoolView& pool, const int32_t* slots,
+                           int n, const void* states);
+// Copy: n >= 0; slot lists and the pool base set when n > 0.
+absl::Status CheckCopyArgs(const PoolView& pool, const int32_t* src_slots,
+                           const int32_t* dst_slots, int n);
 
 }  // namespace statecache
 

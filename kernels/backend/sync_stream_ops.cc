@@ -132,10 +132,7 @@ absl::Status SyncStreamOps::EnqueuePack(const PreparedModel& model, const PoolVi
                                         const int32_t* slots, int n, const float* states,
                                         const OpRecord& record, void* /*stream*/) {
   RETURN_IF_ERROR(CheckRecordSize(*this, record, pool.num_slots));
-  RETURN_IF_ERROR(ValidatePoolAndLayer(model.layout(), pool, 0));
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
-  if (n > 0 && slots == nullptr) return absl::InvalidArgumentError("slots: null");
-  if (n > 0 && states == nullptr) return absl::InvalidArgumentError("states: null");
+  RETURN_IF_ERROR(CheckPackArgs(model, pool, slots, n, states));
   return Record(record, StreamOp::kPack, -1, UnlessFenced(pool, [&] {
                   return backend_.PackStates(model, pool, slots, n, states);
                 }));
@@ -145,10 +142,7 @@ absl::Status SyncStreamOps::EnqueueUnpack(const PreparedModel& model, const Pool
                                           const int32_t* slots, int n, float* states,
                                           const OpRecord& record, void* /*stream*/) {
   RETURN_IF_ERROR(CheckRecordSize(*this, record, pool.num_slots));
-  RETURN_IF_ERROR(ValidatePoolAndLayer(model.layout(), pool, 0));
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
-  if (n > 0 && slots == nullptr) return absl::InvalidArgumentError("slots: null");
-  if (n > 0 && states == nullptr) return absl::InvalidArgumentError("states: null");
+  RETURN_IF_ERROR(CheckPackArgs(model, pool, slots, n, states));
   return Record(record, StreamOp::kUnpack, -1, UnlessFenced(pool, [&] {
                   return backend_.UnpackStates(model, pool, slots, n, states);
                 }));
@@ -158,11 +152,8 @@ absl::Status SyncStreamOps::EnqueueCopySlots(const PoolView& pool, const int32_t
                                              const int32_t* dst_slots, int n,
                                              const OpRecord& record, void* /*stream*/) {
   RETURN_IF_ERROR(CheckRecordSize(*this, record, pool.num_slots));
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
+  RETURN_IF_ERROR(CheckCopyArgs(pool, src_slots, dst_slots, n));
   if (n == 0) return absl::OkStatus();
-  if (src_slots == nullptr) return absl::InvalidArgumentError("src_slots: null");
-  if (dst_slots == nullptr) return absl::InvalidArgumentError("dst_slots: null");
-  if (pool.base == nullptr) return absl::InvalidArgumentError("pool: base is null");
   absl::Status st =
       UnlessFenced(pool, [&] { return ValidateCopyPairs(pool, src_slots, dst_slots, n); });
   for (int i = 0; st.ok() && i < n; ++i) {

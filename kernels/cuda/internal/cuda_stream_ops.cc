@@ -29,15 +29,6 @@ OpValidationParams ValidationOf(const OpRecord& record, StreamOp op, int layer,
   return v;
 }
 
-absl::Status CheckPackArgs(const PreparedModel& model, const PoolView& pool, const int32_t* slots,
-                           int n, const void* states) {
-  RETURN_IF_ERROR(ValidatePoolAndLayer(model.layout(), pool, 0));
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
-  if (n > 0 && slots == nullptr) return absl::InvalidArgumentError("slots: null");
-  if (n > 0 && states == nullptr) return absl::InvalidArgumentError("states: null");
-  return absl::OkStatus();
-}
-
 // The pack / unpack kernel of `m` (STEPQuant or the uniform formats) behind
 // the record's verdict.
 absl::Status LaunchPackOrUnpack(const CudaPreparedModel& m, const PoolView& pool,
@@ -145,11 +136,8 @@ absl::Status CudaStreamOps::EnqueueCopySlots(const PoolView& pool, const int32_t
                                              const int32_t* dst_slots, int n,
                                              const OpRecord& record, void* stream) {
   RETURN_IF_ERROR(CheckRecordSize(*this, record, pool.num_slots));
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
+  RETURN_IF_ERROR(CheckCopyArgs(pool, src_slots, dst_slots, n));
   if (n == 0) return absl::OkStatus();
-  if (src_slots == nullptr) return absl::InvalidArgumentError("src_slots: null");
-  if (dst_slots == nullptr) return absl::InvalidArgumentError("dst_slots: null");
-  if (pool.base == nullptr) return absl::InvalidArgumentError("pool: base is null");
   OpValidationParams v = ValidationOf(record, StreamOp::kCopySlots, -1, pool, src_slots, n);
   v.dst_slots = dst_slots;
   RETURN_IF_ERROR(CudaStatus(LaunchValidateOp(v, stream), "validation kernel"));
