@@ -221,8 +221,14 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                         s->backend_->name(), " (", s->backend_->Describe(), ")",
                         " state_memory_bytes=", state_bytes,
                         " checkpoint_memory_bytes=", checkpoint_bytes,
-                        " metrics_port=",
-                        options.metrics.port < 0 ? "disabled" : absl::StrCat(s->metrics_port()),
+                        // metrics_port stays numeric (log readers parse it);
+                        // metrics= says what it means.
+                        " metrics_port=", options.metrics.port < 0 ? -1 : s->metrics_port(),
+                        " metrics=",
+                        options.metrics.port < 0
+                            ? std::string("disabled")
+                            : absl::StrCat("http://", options.metrics.host, ":",
+                                           s->metrics_port(), "/metrics"),
                         " max_message_bytes=", options.sockets.max_message_bytes));
   const SecurityOptions& sec = options.security;
   LogEvent("security",

@@ -47,10 +47,10 @@ kill -TERM "$pid"
 wait "$pid"
 rm -f "$sock"
 line="$(grep server_started "$log")"
-if [[ "$line" != *" metrics_port=disabled "* ]]; then
+if [[ "$line" != *" metrics_port=-1 metrics=disabled "* ]]; then
   echo "FAIL: --metrics_port=-1 start-up line: $line"
   fail=1
 else
-  echo "ok: --metrics_port=-1 -> metrics_port=disabled"
+  echo "ok: --metrics_port=-1 -> metrics_port=-1 metrics=disabled"
 fi
 exit $fail
