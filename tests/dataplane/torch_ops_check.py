@@ -141,6 +141,30 @@ def check_format(fmt, arch, idx, args, paths, server, ops, torch, sc, sct):
     report(f"{tag} failed replay wrote nothing", torch.equal(sb.view(torch.int32),
                                                              sb2.view(torch.int32)))
 
+    # pack, copy_slots and prefill, twin against twin.
+    states = torch.randn(sa.shape, generator=gen).mul_(0.3).to(dev)
+    sct.pack(pool, ia, states, record=rec)
+    sct.copy_slots(pool, ia, ib, record=rec)
+    pool.check(rec)
+    ua, ub = sct.unpack(pool, ia, record=rec), sct.unpack(pool, ib, record=rec)
+    report(f"{tag} pack then copy_slots: B equals A", torch.equal(ua.view(torch.int32),
+                                                                 ub.view(torch.int32)))
+    t = 3
+    xs = [x.unsqueeze(1).repeat_interleave(t, 1).contiguous() for x in inputs(torch, geo, b, dev,
+                                                                              gen)]
+    pa = sct.prefill(pool, 1, ia, *xs, record=rec)
+    pb = sct.prefill(pool, 1, ib, *xs, record=rec)
+    pool.check(rec)
+    ua, ub = sct.unpack(pool, ia, record=rec), sct.unpack(pool, ib, record=rec)
+    report(f"{tag} prefill of {t} tokens: o and states equal on twins",
+           pa.shape == (b, t, geo.h_v, geo.d_v) and torch.equal(pa, pb) and
+           torch.equal(ua.view(torch.int32), ub.view(torch.int32)))
+    dup = ib.clone()
+    dup[1] = dup[0]
+    sct.copy_slots(pool, ia, dup, record=rec)
+    expect(f"{tag} copy to a repeated destination -> InvalidArgument", sc.InvalidArgument,
+           "copy_slots: dst_slots[1]", lambda: pool.check(rec))
+
     # bf16 output and argument errors.
     xs = inputs(torch, geo, b, dev, gen)
     o32 = sct.decode(pool, 0, ia, *xs, record=rec)

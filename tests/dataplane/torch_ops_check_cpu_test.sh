@@ -21,6 +21,8 @@ grep -q '^RESULT torch_ops_check: PASS' <<<"$out" || rc=1
 # Every check line is there (a check that silently did not run fails).
 for name in "eager == eager ops, o bytes" "padding row of o is zero" \
             "states of A and B byte-identical" "NaN q in a replay -> InvalidArgument" \
+            "pack then copy_slots: B equals A" "prefill of 3 tokens: o and states equal on twins" \
+            "copy to a repeated destination -> InvalidArgument" \
             "failed replay wrote nothing" "out_dtype=bfloat16 is o rounded" \
             "g float64 -> InvalidArgument g" "non-contiguous v -> InvalidArgument v" \
             "op after detach -> FailedPrecondition"; do
