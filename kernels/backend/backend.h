@@ -6,7 +6,8 @@
 // (snapshot / restore) and zeroing. Every pointer passed to a backend call
 // points into that backend's memory space (use Allocate + CopyIn / CopyOut to
 // stage host data). Calls are synchronous: when a call returns, its outputs
-// are written (DecodeQueue, below, is the optional asynchronous decode path). A backend is thread-safe; concurrent calls must not touch the
+// are written (DecodeQueue, below, is the optional asynchronous decode path;
+// stream_ops() the engines' stream-ordered, graph-capturable entry points). A backend is thread-safe; concurrent calls must not touch the
 // same slots (the pool above guarantees that).
 //
 // Every compute call is a "binding" in the FlashInfer sense: it checks shapes,

@@ -9,7 +9,8 @@
 // [0, 2], as batch_validation.h does on the CPU) and reads back one small
 // error block; on any error it returns kInvalidArgument naming the field and
 // index, and nothing is written. Calls are synchronous and serialized by an
-// internal mutex (thread-safe). NewDecodeQueue gives the asynchronous decode
+// internal mutex (thread-safe). stream_ops() (internal/cuda_stream_ops.h)
+// takes no lock and never waits: its calls run on the caller's stream. NewDecodeQueue gives the asynchronous decode
 // path (backend.h DecodeQueue): its own non-blocking stream, validation
 // block and slot bitmap; validation + kernel + a pinned read-back of the
 // block are enqueued without a host wait and a completion thread (waiting on

@@ -142,6 +142,14 @@ PoolParams PoolOf(const PoolView& pool);
 // call's validation kernels (they write neither slots nor the pool, and they
 // started after every earlier write), which the callers with
 // `abort_if_error` launch right before.
+// The fused decode / prefill kernel on `stream`; it exits without writing
+// when an entry of `abort_if_error` (the validation block written earlier on
+// the same stream; nullptr = the unchecked benchmark hook) is set.
+// early_heads (RecurrenceParams): the kernel stages its first heads before
+// waiting for the previous kernel of the stream; always safe after this
+// call's validation kernels (they write neither slots nor the pool, and they
+// started after every earlier write), which the callers with
+// `abort_if_error` launch right before.
 absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& pool, int layer,
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
