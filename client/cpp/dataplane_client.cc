@@ -490,7 +490,7 @@ absl::StatusOr<std::unique_ptr<AttachedSession>> AttachedSession::Attach(
     RETURN_IF_ERROR(FromGrpcStatus(session->client().stub().AttachSlots(&ctx, req, &resp)));
   }
   const int64_t now = MonotonicNanos();
-  a->expires_at_ns_ = now + resp.lease_ms() * 1000000;
+  a->expires_at_ns_.store(now + resp.lease_ms() * 1000000);
   a->renew_at_ns_ = now + resp.lease_ms() * 500000;
   for (int i = 0; i < resp.slot_indices_size(); ++i) {
     a->index_[slots[i].id] = {slots[i].generation, resp.slot_indices(i)};
@@ -546,7 +546,6 @@ absl::StatusOr<std::unique_ptr<AttachedSession>> AttachedSession::Attach(
   ASSIGN_OR_RETURN(a->fence_, a->backend_->Allocate(16));  // zero: open
   a->engine_view_ = a->view_;
   a->engine_view_.fence = reinterpret_cast<const int32_t*>(a->fence_->data());
-  a->engine_expires_ns_.store(a->expires_at_ns_);
   return a;
 }
 
@@ -599,15 +598,13 @@ absl::Status AttachedSession::Detach() {
 
 absl::Status AttachedSession::CheckLeaseSlow(int64_t now) {
   if (detached_) return absl::FailedPreconditionError("slots: the session is detached");
-  if (now >= expires_at_ns_) {
+  if (now >= expires_at_ns_.load()) {
     detached_ = true;
     renew_at_ns_ = 0;
     return absl::FailedPreconditionError("slots: the attach lease expired");
   }
-  RETURN_IF_ERROR(session_->Renew());
-  const int64_t lease_ns = absl::ToInt64Nanoseconds(session_->lease());
-  renew_at_ns_ = now + lease_ns / 2;
-  expires_at_ns_ = now + lease_ns;
+  RETURN_IF_ERROR(Renew());
+  renew_at_ns_ = now + absl::ToInt64Nanoseconds(session_->lease()) / 2;
   return absl::OkStatus();
 }
 
@@ -659,7 +656,7 @@ absl::Status AttachedSession::CheckAttached() const {
   if (fenced_.load()) {
     return absl::FailedPreconditionError("slots: the session is detached (the pool is fenced)");
   }
-  if (MonotonicNanos() >= engine_expires_ns_.load()) {
+  if (MonotonicNanos() >= expires_at_ns_.load()) {
     return absl::FailedPreconditionError(
         "slots: the attach lease expired (renew it off the hot path: Renew / RenewInBackground)");
   }
@@ -671,10 +668,10 @@ absl::Status AttachedSession::Renew() {
   const int64_t now = MonotonicNanos();
   absl::Status st = session_->Renew();
   if (!st.ok()) {
-    if (MonotonicNanos() >= engine_expires_ns_.load()) SetFence().IgnoreError();
+    if (MonotonicNanos() >= expires_at_ns_.load()) SetFence().IgnoreError();
     return st;
   }
-  engine_expires_ns_.store(now + absl::ToInt64Nanoseconds(session_->lease()));
+  expires_at_ns_.store(now + absl::ToInt64Nanoseconds(session_->lease()));
   return absl::OkStatus();
 }
 

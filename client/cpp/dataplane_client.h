@@ -322,20 +322,20 @@ class AttachedSession {
   std::unique_ptr<BackendBuffer> slot_buffer_;
   std::vector<SlotHandle> staged_handles_;  // handles whose indices are in slot_buffer_
   // Monotonic deadlines (steady clock, ns). DecodeUpdate compares the clock
-  // with renew_at_ns_ only; it is zero once detached, so that the slow path
-  // runs and refuses the call.
+  // with renew_at_ns_ only (its thread's); it is zero once detached, so that
+  // the slow path runs and refuses the call. expires_at_ns_ is the lease end
+  // Renew sets (any thread) and CheckAttached / the slow path read.
   int64_t renew_at_ns_ = 0;
-  int64_t expires_at_ns_ = 0;
+  std::atomic<int64_t> expires_at_ns_{0};
   bool detached_ = false;
   void* order_event_ = nullptr;    // CUDA, OrderAfter
   void* backend_stream_ = nullptr;  // CUDA, OrderAfter
 
   // Engine path: the fence word (backend memory, int32), the view carrying
-  // it, the lease end for CheckAttached and the renewal thread.
+  // it and the renewal thread.
   absl::Status SetFence();
   std::unique_ptr<BackendBuffer> fence_;
   PoolView engine_view_;
-  std::atomic<int64_t> engine_expires_ns_{0};
   std::atomic<bool> fenced_{false};
   absl::Mutex renew_mu_;
   absl::CondVar renew_cv_;
