@@ -87,13 +87,7 @@ int sc_decode_update(ScAttached* a, int layer, const uint64_t* slot_ids,
     if (!s.ok()) return Fail(s, err, err_len);
   }
   statecache::DecodeInputs in;
-  in.dtype = static_cast<statecache::DType>(dtype);
-  in.q = q;
-  in.k = k;
-  in.v = v;
-  in.g = g;
-  in.beta = beta;
-  in.o = o;
+  statecache::native::SetTokenInputs(dtype, q, k, v, g, beta, o, &in);
   absl::Status s = a->attached->DecodeUpdate(layer, a->slots, in);
   return s.ok() ? 0 : Fail(s, err, err_len);
 }

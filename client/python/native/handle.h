@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "client/cpp/dataplane_client.h"
 #include "client/cpp/statecache_client.h"
+#include "kernels/backend/backend.h"
 
 struct ScAttached {
   std::unique_ptr<statecache::StateCacheClient> client;
@@ -34,6 +35,19 @@ inline int Fail(const absl::Status& s, char* err, int err_len) {
     err[n] = '\0';
   }
   return static_cast<int>(s.code());
+}
+
+// A DecodeInputs / PrefillInputs's token tensors from the ABI's pointers.
+template <typename Inputs>
+void SetTokenInputs(int dtype, const void* q, const void* k, const void* v, const float* g,
+                    const float* beta, float* o, Inputs* in) {
+  in->dtype = static_cast<DType>(dtype);
+  in->q = q;
+  in->k = k;
+  in->v = v;
+  in->g = g;
+  in->beta = beta;
+  in->o = o;
 }
 
 }  // namespace native

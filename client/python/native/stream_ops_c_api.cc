@@ -90,13 +90,7 @@ int sc_op_decode(ScAttached* a, int layer, const int32_t* slots, int n, int dtyp
   statecache::DecodeInputs in;
   in.batch = n;
   in.slots = slots;
-  in.dtype = static_cast<statecache::DType>(dtype);
-  in.q = q;
-  in.k = k;
-  in.v = v;
-  in.g = g;
-  in.beta = beta;
-  in.o = o;
+  statecache::native::SetTokenInputs(dtype, q, k, v, g, beta, o, &in);
   return Done(ops->EnqueueDecode(a->attached->prepared(), a->attached->engine_pool(), layer, in,
                                  OpRecord{record, record_bytes}, Stream(stream)),
               err, err_len);
@@ -112,13 +106,7 @@ int sc_op_prefill(ScAttached* a, int layer, const int32_t* slots, int n, int tok
   in.batch = n;
   in.tokens = tokens;
   in.slots = slots;
-  in.dtype = static_cast<statecache::DType>(dtype);
-  in.q = q;
-  in.k = k;
-  in.v = v;
-  in.g = g;
-  in.beta = beta;
-  in.o = o;
+  statecache::native::SetTokenInputs(dtype, q, k, v, g, beta, o, &in);
   return Done(ops->EnqueuePrefill(a->attached->prepared(), a->attached->engine_pool(), layer, in,
                                   OpRecord{record, record_bytes}, Stream(stream)),
               err, err_len);

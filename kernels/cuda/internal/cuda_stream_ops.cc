@@ -57,6 +57,20 @@ absl::Status LaunchPackOrUnpack(const CudaPreparedModel& m, const PoolView& pool
                     pack ? "pack kernel" : "unpack kernel");
 }
 
+// Decode (tokens = 1) or prefill after the host checks: the validation
+// kernel, then the fused recurrence behind its verdict.
+absl::Status EnqueueTokenOp(StreamOp op, const CudaPreparedModel& m, const PoolView& pool,
+                            int layer, int batch, int tokens, const int32_t* slots, DType dtype,
+                            const void* q, const void* k, const void* v, const float* g,
+                            const float* beta, float* o, const OpRecord& record, void* stream) {
+  if (batch == 0) return absl::OkStatus();
+  OpValidationParams p = ValidationOf(record, op, layer, pool, slots, batch);
+  p.values = TokenValueChecks(m.layout(), batch, tokens, dtype, q, k, v, g, beta);
+  RETURN_IF_ERROR(CudaStatus(LaunchValidateOp(p, stream), "validation kernel"));
+  return EnqueueRecurrenceOn(m, pool, layer, batch, tokens, slots, dtype, q, k, v, g, beta, o,
+                             Verdict(record), true, stream);
+}
+
 }  // namespace
 
 int64_t CudaStreamOps::RecordBytes(int64_t num_slots) const { return CudaRecordBytes(num_slots); }
@@ -78,12 +92,8 @@ absl::Status CudaStreamOps::EnqueueDecode(const PreparedModel& model, const Pool
   RETURN_IF_ERROR(
       CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v, in.g, in.beta));
   if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
-  if (in.batch == 0) return absl::OkStatus();
-  OpValidationParams v = ValidationOf(record, StreamOp::kDecode, layer, pool, in.slots, in.batch);
-  v.values = TokenValueChecks(m->layout(), in.batch, 1, in.dtype, in.q, in.k, in.v, in.g, in.beta);
-  RETURN_IF_ERROR(CudaStatus(LaunchValidateOp(v, stream), "validation kernel"));
-  return EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
-                             in.g, in.beta, in.o, Verdict(record), true, stream);
+  return EnqueueTokenOp(StreamOp::kDecode, *m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q,
+                        in.k, in.v, in.g, in.beta, in.o, record, stream);
 }
 
 absl::Status CudaStreamOps::EnqueuePrefill(const PreparedModel& model, const PoolView& pool,
@@ -94,13 +104,8 @@ absl::Status CudaStreamOps::EnqueuePrefill(const PreparedModel& model, const Poo
   RETURN_IF_ERROR(ValidatePoolAndLayer(m->layout(), pool, layer));
   RETURN_IF_ERROR(CheckTokenPointers(in.batch, in.tokens, in.slots, in.dtype, in.q, in.k, in.v,
                                      in.g, in.beta));
-  if (in.batch == 0) return absl::OkStatus();
-  OpValidationParams v = ValidationOf(record, StreamOp::kPrefill, layer, pool, in.slots, in.batch);
-  v.values = TokenValueChecks(m->layout(), in.batch, in.tokens, in.dtype, in.q, in.k, in.v, in.g,
-                              in.beta);
-  RETURN_IF_ERROR(CudaStatus(LaunchValidateOp(v, stream), "validation kernel"));
-  return EnqueueRecurrenceOn(*m, pool, layer, in.batch, in.tokens, in.slots, in.dtype, in.q, in.k,
-                             in.v, in.g, in.beta, in.o, Verdict(record), true, stream);
+  return EnqueueTokenOp(StreamOp::kPrefill, *m, pool, layer, in.batch, in.tokens, in.slots,
+                        in.dtype, in.q, in.k, in.v, in.g, in.beta, in.o, record, stream);
 }
 
 absl::Status CudaStreamOps::EnqueuePack(const PreparedModel& model, const PoolView& pool,
