@@ -22,7 +22,8 @@
 // and inputs: OP lines time EnqueueDecode (validation kernel + kernel, one
 // record) in the same graph replay (ratio = OP / RESULT); OPSTEP lines a
 // 30-call step of it in one graph, with the host time of the graph launch;
-// OPCOPY / OPPACK / OPUNPACK the copy, pack and unpack ops with their bytes.
+// OPCOPY / OPPACK / OPUNPACK / OPPREFILL the copy, pack, unpack and
+// prefill (16 tokens) ops with their bytes.
 //
 // Output: one table row per (arch, format, B): microseconds per launch, bytes
 // moved (state read + write, plus q/k/v/g/beta/o), effective bandwidth, % of
@@ -409,6 +410,42 @@ int Main(int argc, char** argv) {
           std::printf("OPPACK format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, pk, pbytes);
           std::printf("OPUNPACK format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, uk,
                       pbytes);
+          // Prefill of a chunk of kPrefillTokens tokens per item (bf16
+          // inputs, o written): the layer's packed heads read + written
+          // once, plus the inputs and o.
+          constexpr int kPrefillTokens = 16;
+          const int64_t rows = int64_t{batch} * kPrefillTokens;
+          auto pq = Upload(be, bf16(rows * geo.h_qk * geo.d_k, inv));
+          auto pk2 = Upload(be, bf16(rows * geo.h_qk * geo.d_k, inv));
+          auto pv = Upload(be, bf16(rows * geo.h_v * geo.d_v, 1.0f));
+          std::vector<float> pg(rows * geo.h_v * geo.GateWidth()), pb(rows * geo.h_v);
+          for (float& x : pg) x = -0.3f * uni(rng);
+          for (float& x : pb) x = 0.2f + 0.6f * uni(rng);
+          auto d_pg = Upload(be, pg);
+          auto d_pb = Upload(be, pb);
+          auto d_po = be.Allocate(rows * geo.h_v * geo.d_v * 4).value();
+          PrefillInputs pin;
+          pin.batch = batch;
+          pin.tokens = kPrefillTokens;
+          pin.dtype = DType::kBf16;
+          pin.q = pq->data();
+          pin.k = pk2->data();
+          pin.v = pv->data();
+          pin.g = reinterpret_cast<float*>(d_pg->data());
+          pin.beta = reinterpret_cast<float*>(d_pb->data());
+          pin.o = reinterpret_cast<float*>(d_po->data());
+          const double pf = timer.MedianGraphUs(4, flags.reps, [&](int i) {
+            PrefillInputs it = pin;
+            it.slots = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{i % sets} * batch;
+            CHECK_OK(ops.EnqueuePrefill(*model, pool, 0, it, rec, stream));
+          });
+          CHECK_OK(ops.CheckRecord(rec, stream, true));
+          const double fbytes =
+              2.0 * batch * geo.h_v * layout.head_layout().head_bytes +
+              rows * (2.0 * 2 * geo.h_qk * geo.d_k + 2.0 * geo.h_v * geo.d_v +
+                      4.0 * geo.h_v * geo.GateWidth() + 4.0 * geo.h_v + 4.0 * geo.h_v * geo.d_v);
+          std::printf("OPPREFILL format=%s B=%d T=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch,
+                      kPrefillTokens, pf, fbytes);
         }
         const double state_bytes = 2.0 * batch * slot_bytes;
         const double io_bytes = batch * (2.0 * 2 * geo.h_qk * geo.d_k + 2.0 * geo.h_v * geo.d_v +

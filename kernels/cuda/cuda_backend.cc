@@ -297,7 +297,10 @@ class CudaBackend : public Backend {
     ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
     std::lock_guard<std::mutex> lock(mu_);
     return EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
-                               in.g, in.beta, in.o, nullptr, early_heads, stream_);
+                               in.g, in.beta, in.o, nullptr,
+                               early_heads ? ci::RecurrenceStart::kEarlyHeads
+                                           : ci::RecurrenceStart::kWaitFirst,
+                               stream_);
   }
   absl::Status EnqueueCopyUnchecked(const PoolView& src, const int32_t* src_slots,
                                     const PoolView& dst, const int32_t* dst_slots, int n) {
@@ -371,7 +374,10 @@ class CudaBackend : public Backend {
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error) {
     return EnqueueRecurrenceOn(m, pool, layer, batch, tokens, slots, dtype, q, k, v, g, beta, o,
-                               abort_if_error, abort_if_error != nullptr, stream_);
+                               abort_if_error,
+                               abort_if_error != nullptr ? ci::RecurrenceStart::kEarlyHeads
+                                                         : ci::RecurrenceStart::kWaitFirst,
+                               stream_);
   }
 
   absl::Status PackOrUnpack(const PreparedModel& model, const PoolView& pool,
@@ -543,7 +549,8 @@ class CudaDecodeQueue : public DecodeQueue {
     }
     if (st.ok()) {
       st = EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
-                               in.g, in.beta, in.o, errors_, true, stream_);
+                               in.g, in.beta, in.o, errors_, ci::RecurrenceStart::kEarlyHeads,
+                               stream_);
     }
     if (st.ok()) {
       st = CudaStatus(ci::CopyDeviceToHostAsync(host_errors_ + entry * ci::kNumValidationFields,

@@ -10,7 +10,8 @@
 #       capture + replay with new inputs and indices, errors, torch.compile,
 #       fence after detach);
 #   (d) decode_bench: the op in a CUDA graph beside the raw kernel (OP /
-#       OPSTEP / OPCOPY / OPPACK / OPUNPACK lines), Qwen3.6 head geometry.
+#       OPSTEP / OPCOPY / OPPACK / OPUNPACK / OPPREFILL lines), Qwen3.6 head
+#       geometry.
 # Logs and summary.txt go to $OUT (or /tmp/sc_out).
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
@@ -33,4 +34,4 @@ summary "torch_ops_check exit=$?  $(grep -E '^RESULT' "$OUT/torch_ops_check.log"
 timeout ${BENCH_S:-200} $U/decode_bench ${BENCH_ARGS:---batches=1,8,32,64,128,256,512 --formats=damp,int8-hadamard,bf16,fp32 --reps=5} \
   > "$OUT/decode_bench.log" 2>&1
 summary "decode_bench exit=$?"
-grep -E '^(OP|OPSTEP|OPCOPY|OPPACK|OPUNPACK|RESULT|COPY_BW) ' "$OUT/decode_bench.log" >> "$OUT/summary.txt"
+grep -E '^(OP|OPSTEP|OPCOPY|OPPACK|OPUNPACK|OPPREFILL|RESULT|COPY_BW) ' "$OUT/decode_bench.log" >> "$OUT/summary.txt"

@@ -286,6 +286,57 @@ TEST_P(StreamOpsContract, BadDecodeInputsWriteNothingAndAreRecorded) {
   }
 }
 
+// A failing decode of many items per CTA (1,200 heads, every 7th entry
+// padding; on CUDA more items than the persistent kernels' CTAs hold in
+// their stages, so copies are in flight when the verdict arrives, and for
+// KDA the producers' gate copies too), the bad value in the last item:
+// nothing is written to the pool or o, and the next call runs normally.
+TEST_P(StreamOpsContract, BadDecodeOfManyItemsWritesNothing) {
+  for (Arch arch : {Arch::kGdn, Arch::kKda}) {
+    SCOPED_TRACE(arch == Arch::kGdn ? "gdn" : "kda");
+    ModelGeometry g = Geo(arch);
+    g.layers = 1;
+    const StateLayout layout =
+        StateLayout::Identity(g, ParseFormatSpec(GetParam()).value()).value();
+    constexpr int kPool = 320, kBatch = 300;
+    TestPool b = MakeTestPool(B(), layout, kPool);
+    std::vector<int32_t> slots(kBatch);
+    for (int i = 0; i < kBatch; ++i) slots[i] = i % 7 == 3 ? -1 : (i * 13) % kPool;
+    Record r = MakeRecord(B(), kPool);
+    StreamOps& ops = B().stream_ops();
+    TokenBatch t = RandomTokenBatch(g, kBatch, 31);
+    t.beta[t.beta.size() - 1] = -1.0f;
+    StagedInputs in = StageInputs(B(), t, slots, g);
+    const size_t on = size_t{kBatch} * g.h_v * g.d_v;
+    std::vector<float> sentinel(on, 7.0f);
+    ASSERT_TRUE(B().CopyIn(in.o->data(), sentinel.data(), on * 4).ok());
+    const std::vector<uint8_t> before = b.Bytes();
+    ASSERT_TRUE(ops.EnqueueDecode(*b.model, b.view, 0, in.Decode(kBatch), r.rec, nullptr).ok());
+    const absl::Status s = ops.CheckRecord(r.rec, nullptr, /*reset=*/true);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("beta[", t.beta.size() - 1, "]")));
+    EXPECT_TRUE(b.Bytes() == before) << "the pool was written";
+    EXPECT_EQ(Fetch<float>(B(), *in.o, on), sentinel) << "o was written";
+    // The same batch, valid: runs, writes o (padding rows zero) and the pool.
+    t.beta[t.beta.size() - 1] = 0.5f;
+    StagedInputs ok = StageInputs(B(), t, slots, g);
+    ASSERT_TRUE(B().CopyIn(ok.o->data(), sentinel.data(), on * 4).ok());
+    ASSERT_TRUE(ops.EnqueueDecode(*b.model, b.view, 0, ok.Decode(kBatch), r.rec, nullptr).ok());
+    EXPECT_TRUE(ops.CheckRecord(r.rec, nullptr, true).ok());
+    EXPECT_FALSE(b.Bytes() == before) << "the valid call wrote nothing";
+    const std::vector<float> o = Fetch<float>(B(), *ok.o, on);
+    for (int i = 0; i < kBatch; ++i) {
+      const float x = o[size_t{i} * g.h_v * g.d_v];
+      if (slots[i] < 0) {
+        EXPECT_EQ(x, 0.0f) << "padding row " << i;
+      } else {
+        EXPECT_NE(x, 7.0f) << "row " << i << " not written";
+      }
+    }
+  }
+}
+
 TEST_P(StreamOpsContract, BadPackAndCopyAreRecordedAndCounted) {
   const StateLayout layout = Layout(Arch::kGdn);
   const ModelGeometry g = layout.geometry();

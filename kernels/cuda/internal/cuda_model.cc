@@ -26,7 +26,7 @@ absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& poo
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error,
-                                 bool early_heads, void* stream) {
+                                 RecurrenceStart start, void* stream) {
   // The token inputs have the same names in both kernels' parameters.
   const auto set_inputs = [&](auto& kp) {
     kp.layer = layer;
@@ -52,7 +52,8 @@ absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& poo
   p.maps = m.Maps(layer);
   p.pool = PoolOf(pool);
   set_inputs(p);
-  p.early_heads = early_heads;
+  p.early_heads = start == RecurrenceStart::kEarlyHeads;
+  p.defer_writes = start == RecurrenceStart::kDeferWrites && abort_if_error != nullptr;
   return CudaStatus(LaunchRecurrence(p, stream), "recurrence kernel");
 }
 

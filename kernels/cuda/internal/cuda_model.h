@@ -134,27 +134,27 @@ absl::StatusOr<const CudaPreparedModel*> AsCudaModel(const PreparedModel& model)
 
 PoolParams PoolOf(const PoolView& pool);
 
+// How the fused kernel starts relative to the previous kernel of its
+// stream (RecurrenceParams, grid_dependency.cuh).
+enum class RecurrenceStart {
+  kWaitFirst,    // waits before any global access
+  kEarlyHeads,   // early_heads: that kernel writes neither slots nor the pool
+                 // (this call's validation kernels, or disjoint benchmark steps)
+  kDeferWrites,  // defer_writes: that kernel is this call's StreamOps
+                 // validation kernel (LaunchValidateOp), abort_if_error its
+                 // verdict
+};
+
 // The fused decode / prefill kernel on `stream`; it exits without writing
 // when an entry of `abort_if_error` (the validation block written earlier on
-// the same stream; nullptr = the unchecked benchmark hook) is set.
-// early_heads (RecurrenceParams): the kernel stages its first heads before
-// waiting for the previous kernel of the stream; always safe after this
-// call's validation kernels (they write neither slots nor the pool, and they
-// started after every earlier write), which the callers with
-// `abort_if_error` launch right before.
-// The fused decode / prefill kernel on `stream`; it exits without writing
-// when an entry of `abort_if_error` (the validation block written earlier on
-// the same stream; nullptr = the unchecked benchmark hook) is set.
-// early_heads (RecurrenceParams): the kernel stages its first heads before
-// waiting for the previous kernel of the stream; always safe after this
-// call's validation kernels (they write neither slots nor the pool, and they
-// started after every earlier write), which the callers with
-// `abort_if_error` launch right before.
+// the same stream; nullptr = the unchecked benchmark hook) is set. `start`:
+// what the previous kernel of the stream guarantees (RecurrenceStart; the
+// STEPQuant kernels always wait first).
 absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& pool, int layer,
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error,
-                                 bool early_heads, void* stream);
+                                 RecurrenceStart start, void* stream);
 
 // The value checks of a decode / prefill batch of `batch` x `tokens` rows:
 // finite q, k, v (dtype), g finite and <= 0, beta finite and in [0, 2].

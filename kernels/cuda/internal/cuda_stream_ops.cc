@@ -68,7 +68,7 @@ absl::Status EnqueueTokenOp(StreamOp op, const CudaPreparedModel& m, const PoolV
   p.values = TokenValueChecks(m.layout(), batch, tokens, dtype, q, k, v, g, beta);
   RETURN_IF_ERROR(CudaStatus(LaunchValidateOp(p, stream), "validation kernel"));
   return EnqueueRecurrenceOn(m, pool, layer, batch, tokens, slots, dtype, q, k, v, g, beta, o,
-                             Verdict(record), true, stream);
+                             Verdict(record), RecurrenceStart::kDeferWrites, stream);
 }
 
 }  // namespace

@@ -2,8 +2,11 @@
 // is two kernels on the caller's stream: the validation kernel
 // (op_validation.h: slots and values into the record) and the op's kernel
 // (fused recurrence, pack / unpack, copy), which reads the record's verdict
-// after the grid dependency wait and writes nothing when it is set. No host
-// wait, allocation or host-to-device copy; capturable in CUDA graphs.
+// after the grid dependency wait and writes nothing when it is set. The
+// persistent decode kernels overlap the validation kernel: they load and
+// compute while it runs and wait for it only before their first write
+// (RecurrenceParams::defer_writes, grid_dependency.cuh). No host wait,
+// allocation or host-to-device copy; capturable in CUDA graphs.
 // Thread-safe (no mutable state); the record orders calls that share it.
 #ifndef STATECACHE_KERNELS_CUDA_INTERNAL_CUDA_STREAM_OPS_H_
 #define STATECACHE_KERNELS_CUDA_INTERNAL_CUDA_STREAM_OPS_H_

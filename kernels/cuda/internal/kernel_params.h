@@ -64,6 +64,14 @@ struct RecurrenceParams {
   // The fixed-shape pipelined kernel then stages its first items' heads
   // before waiting for it.
   bool early_heads = false;
+  // The previous kernel of the stream is this call's validation kernel
+  // (op_validation.h: it waited for every earlier kernel before letting this
+  // one launch, and writes only its record, whose verdict is
+  // abort_if_error): the persistent decode kernels then read every input,
+  // slot and head without waiting, and each thread waits for it and reads
+  // the verdict only before its first global write (grid_dependency.cuh).
+  // Needs abort_if_error; early_heads is then moot.
+  bool defer_writes = false;
 };
 
 // Pack / unpack of natural-order FP32 states [n][layers][h_v][d_k][d_v].

@@ -12,36 +12,63 @@ namespace cuda_internal {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxBlocksPerRow = 512;
+// 16-byte loads in flight per thread and pass of CheckValues; the launch
+// gives a check one pass per thread where the grid stays under
+// kMaxBlocks (the decode checks up to B = 512 bf16 / 256 fp32).
+constexpr int kChunksPerThread = 8;
+constexpr int kMaxBlocks = 1024;
+
+// The grid: row r (0 = the slot checks, 1 + c = values.check[c]) takes
+// blocks [first_block[r], first_block[r + 1]).
+struct ValidateGrid {
+  int first_block[kMaxValueChecks + 2];
+};
 
 __device__ __forceinline__ void MinError(int32_t* block, int field, int64_t i) {
   atomicMin(block + field, static_cast<int32_t>(i < kNoError - 1 ? i : kNoError - 1));
 }
 __device__ __forceinline__ uint32_t Bit(int32_t s) { return 1u << (s & 31); }
 
+// One 16-byte chunk (chunk index j) of a value check.
+__device__ __forceinline__ void CheckChunk(const ValueCheck& c, int32_t* scratch, int64_t j,
+                                           const uint4& w4) {
+  const int per = c.dtype == 0 ? 4 : 8;
+  const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+  for (int e = 0; e < per; ++e) {
+    float x;
+    if (c.dtype == 0) {
+      x = __uint_as_float(w[e]);
+    } else {
+      const uint16_t b = static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1)));
+      x = c.dtype == 1 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
+    }
+    if (IsBadValue(x, c.mode)) {
+      MinError(scratch, c.field, j * per + e);
+      break;
+    }
+  }
+}
+
 // The elements of one value check (launchers.h ValueCheck): 16-byte loads
-// when the data is 16-byte aligned, element loads for the tail.
+// when the data is 16-byte aligned (kChunksPerThread issued before any is
+// checked, so a pass costs one memory latency), element loads for the tail.
 __device__ void CheckValues(const ValueCheck& c, int32_t* scratch, int64_t first, int64_t stride) {
   int64_t tail = 0;
   if ((reinterpret_cast<uintptr_t>(c.data) & 15) == 0) {
     const int per = c.dtype == 0 ? 4 : 8;
     const int64_t chunks = c.count / per;
     const uint4* words = static_cast<const uint4*>(c.data);
-    for (int64_t j = first; j < chunks; j += stride) {
-      const uint4 w4 = __ldg(words + j);
-      const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-      for (int e = 0; e < per; ++e) {
-        float x;
-        if (c.dtype == 0) {
-          x = __uint_as_float(w[e]);
-        } else {
-          const uint16_t b = static_cast<uint16_t>(w[e >> 1] >> (16 * (e & 1)));
-          x = c.dtype == 1 ? Bf16BitsToFloat(b) : HalfBitsToFloat(b);
-        }
-        if (IsBadValue(x, c.mode)) {
-          MinError(scratch, c.field, j * per + e);
-          break;
-        }
+    for (int64_t j0 = first; j0 < chunks; j0 += stride * kChunksPerThread) {
+      uint4 w[kChunksPerThread];
+#pragma unroll
+      for (int u = 0; u < kChunksPerThread; ++u) {
+        const int64_t j = j0 + u * stride;
+        if (j < chunks) w[u] = __ldg(words + j);
+      }
+#pragma unroll
+      for (int u = 0; u < kChunksPerThread; ++u) {
+        const int64_t j = j0 + u * stride;
+        if (j < chunks) CheckChunk(c, scratch, j, w[u]);
       }
     }
     tail = chunks * per;
@@ -62,21 +89,29 @@ __device__ int32_t OffendingSlot(const OpValidationParams& p, const int32_t* f) 
   return -1;
 }
 
-// grid: (x blocks, rows). Check row 0 checks slots, row 1 + c checks
-// p.values.check[c]; grid row y takes check rows y, y + gridDim.y, ... The last CTA to finish (a counter in the record) runs the
-// epilogue: destination-is-source for copies, scratch -> verdict (+ sticky on
-// a failure), scratch and bitmap reset, counter reset.
-__global__ void __launch_bounds__(kThreads) ValidateOpKernel(const OpValidationParams p) {
+// 1D grid in rows (ValidateGrid): row 0 checks slots, row 1 + c checks
+// p.values.check[c]. The last CTA to finish (a counter in the record) runs
+// the epilogue: destination-is-source for copies, scratch -> verdict (+
+// sticky on a failure), scratch and bitmap reset, counter reset.
+// Launched as a programmatic dependent; it waits for the previous kernel
+// before anything else and only then allows the op kernel to launch, which
+// is what RecurrenceParams::defer_writes relies on (grid_dependency.cuh).
+__global__ void __launch_bounds__(kThreads) ValidateOpKernel(const OpValidationParams p,
+                                                             const ValidateGrid grid) {
   WaitForPrecedingGrids();  // inputs and the record are written by earlier kernels
-  AllowDependentLaunch();   // the op kernel waits for this grid before reading the verdict
+  AllowDependentLaunch();   // only after the wait (defer_writes)
   int32_t* rec = p.record;
   int32_t* scratch = rec + kRecordScratchWord;
   uint32_t* src_bits = reinterpret_cast<uint32_t*>(rec + kRecordBitmapWord);
   uint32_t* dst_bits = src_bits + RecordBitmapWords(rec[kRecordCapacity]);
   const bool copy = p.dst_slots != nullptr;
-  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int row = blockIdx.y; row <= p.values.n; row += gridDim.y) {
+  int row = 0;
+  while (static_cast<int>(blockIdx.x) >= grid.first_block[row + 1]) ++row;
+  const int row_blocks = grid.first_block[row + 1] - grid.first_block[row];
+  const int64_t first =
+      int64_t{static_cast<int>(blockIdx.x) - grid.first_block[row]} * blockDim.x + threadIdx.x;
+  const int64_t stride = int64_t{row_blocks} * blockDim.x;
+  {
     if (row == 0) {
       if (first == 0 && p.fence != nullptr && *p.fence != 0) MinError(scratch, kErrFenced, 0);
       for (int64_t i = first; i < p.n; i += stride) {
@@ -111,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) ValidateOpKernel(const OpValidationP
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned total = gridDim.x * gridDim.y;
+    const unsigned total = gridDim.x;
     last = atomicAdd(reinterpret_cast<unsigned*>(rec + kRecordCtaCounter), 1u) == total - 1;
   }
   __syncthreads();
@@ -175,16 +210,36 @@ __global__ void InitRecordKernel(int32_t* rec, int64_t capacity) {
 }  // namespace
 
 int LaunchValidateOp(const OpValidationParams& p, void* stream) {
-  int64_t most = p.n;
-  for (int i = 0; i < p.values.n; ++i) {
-    most = p.values.check[i].count > most ? p.values.check[i].count : most;
+  // Blocks per row: row 0 one slot per thread (its atomics' results are
+  // waited on one by one), a value row its 16-byte chunks (4 or 8 values)
+  // over kChunksPerThread per thread; at least 1. When the sum exceeds
+  // kMaxBlocks every row is scaled down (the rows loop).
+  int64_t want[kMaxValueChecks + 1];
+  int64_t total = 0;
+  for (int r = 0; r <= p.values.n; ++r) {
+    if (r == 0) {
+      want[r] = (p.n + kThreads - 1) / kThreads;
+    } else {
+      const ValueCheck& c = p.values.check[r - 1];
+      const int per = c.dtype == 0 ? 4 : 8;
+      const int64_t per_block = int64_t{kThreads} * kChunksPerThread;
+      want[r] = ((c.count + per - 1) / per + per_block - 1) / per_block;
+    }
+    if (want[r] < 1) want[r] = 1;
+    total += want[r];
   }
-  // Value rows read 16 bytes (4 to 8 elements) per thread and step.
-  const int64_t want = (most / 4 + kThreads - 1) / kThreads;
+  ValidateGrid grid;
+  grid.first_block[0] = 0;
+  for (int r = 0; r <= p.values.n; ++r) {
+    int64_t b = want[r];
+    if (total > kMaxBlocks) b = b * kMaxBlocks / total > 1 ? b * kMaxBlocks / total : 1;
+    grid.first_block[r + 1] = grid.first_block[r] + static_cast<int>(b);
+  }
+  for (int r = p.values.n + 2; r < kMaxValueChecks + 2; ++r) {
+    grid.first_block[r] = grid.first_block[p.values.n + 1];
+  }
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(want < 1 ? 1 : want < kMaxBlocksPerRow ? want
-                                                                                     : kMaxBlocksPerRow),
-                        static_cast<unsigned>(1 + p.values.n));
+  config.gridDim = dim3(static_cast<unsigned>(grid.first_block[p.values.n + 1]));
   config.blockDim = dim3(kThreads);
   config.stream = static_cast<cudaStream_t>(stream);
   cudaLaunchAttribute attr[1];
@@ -192,7 +247,7 @@ int LaunchValidateOp(const OpValidationParams& p, void* stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, ValidateOpKernel, p);
+  return cudaLaunchKernelEx(&config, ValidateOpKernel, p, grid);
 }
 
 int LaunchInitRecord(int32_t* record, int64_t capacity, void* stream) {

@@ -577,9 +577,12 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   // only for launches whose items all fit the first stages (small batches:
   // B = 1 and 8 gain 13-20% on the H200; from B = 64 on it gained nothing
   // and cost GDN up to 1-2%).
-  const bool early = kFixed && p.early_heads && sl.tma_rows > 0 &&
+  // defer: p.defer_writes; every thread waits before its first write
+  // (verdict_failed, in the item loop), everything before it only reads.
+  const bool defer = p.defer_writes;
+  const bool early = !defer && kFixed && p.early_heads && sl.tma_rows > 0 &&
                      p.batch * p.geo.h_v <= sl.stages * static_cast<int>(gridDim.x);
-  if (!early) WaitForPrecedingGrids();  // before any global access (grid_dependency.cuh)
+  if (!early && !defer) WaitForPrecedingGrids();  // before any global access (grid_dependency.cuh)
   AllowDependentLaunch();
   const HeadGeometry geo = EffectiveGeometry<F, kFixed>(p.geo);
   const PackedHeadLayout& l = geo.layout;
@@ -588,7 +591,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
   constexpr ValueTransform kVt = ValueTransformOf(F);
   const int items = p.batch * geo.h_v;
   const int stride = gridDim.x;
-  if (!early && ValidationFailed(p)) return;
+  if (!early && !defer && ValidationFailed(p)) return;
   float* scratch = reinterpret_cast<float*>(smem_raw);
   // Stages start 1024-byte aligned (the swizzle pattern's period): the
   // dynamic shared memory is declared 1024-aligned and scratch_bytes is a
@@ -755,6 +758,30 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     if (producer_decays) fetch_gates(j);
   }
 
+  // defer: true until this thread waited for the validation kernel. Every
+  // thread calls verdict_failed in its first pass (n = 0: every CTA has an
+  // item), before that pass's first global write and before any refill, so
+  // a failed call is known uniformly (one verdict) while the only copies in
+  // flight are the prologue's: stages 1 .. stages - 1 (thread 0, phase 0 of
+  // full[]) and the producers' cp.async of scalars and gates; drain() lets
+  // them land before the CTA exits.
+  bool pending = defer;
+  const auto verdict_failed = [&]() -> bool {
+    if (!pending) return false;
+    pending = false;
+    WaitForPrecedingGrids();
+    return ValidationFailed(p);
+  };
+  const auto drain = [&] {
+    CpAsyncWaitAll();
+    if (threadIdx.x == 0) {
+#pragma unroll 1
+      for (int s = 1; s < sl.stages && blockIdx.x + s * stride < items; ++s) {
+        MbarrierWait(&full[s], 0);
+      }
+    }
+  };
+
   // The item's value head, kept incrementally (a runtime modulo per use
   // costs ~20 instructions).
   const int h_step = stride % geo.h_v;
@@ -794,6 +821,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
     float* o = p.o + int64_t{item} * geo.d_v;
     if (slot < 0) {
+      if (verdict_failed()) {
+        drain();
+        return;
+      }
       if (m.row_warp == 0) o[m.jc] = 0.0f;
       release();
       refill();
@@ -828,6 +859,10 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     // kWredSynced: GatherRowsPaired and release() synced the warp since the
     // previous item's reads of sc.wred (TokenStep, StoreItemTile).
     const float os = TokenStep<true, true, false, true>(s, kk, qs, a, vp, beta, m, t, geo.d_v, sc);
+    if (verdict_failed()) {  // after the item's compute: it overlaps the validation
+      drain();
+      return;
+    }
     refill();
     if (m.row_warp == t.row_warps - 1) {  // o' -> o (see vp)
       // damp-sr: the stage is released by now; its maps are per-layer
@@ -881,7 +916,10 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];     // stage staged (producer + copies)
   __shared__ __align__(8) uint64_t written[kMaxStages];  // tile written back by every compute warp
-  WaitForPrecedingGrids();  // before any global access (grid_dependency.cuh)
+  // defer (p.defer_writes): every thread waits before its first global
+  // write (verdict_failed below); everything before it only reads.
+  const bool defer = p.defer_writes;
+  if (!defer) WaitForPrecedingGrids();  // before any global access (grid_dependency.cuh)
   AllowDependentLaunch();
   const HeadGeometry geo = EffectiveGeometry<F, true>(p.geo);
   const int dv = geo.d_v / kParts;
@@ -891,7 +929,22 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
   const StageLayout sl = FixedStageLayout<F, true, kDtype>(sl_in);
   const int items = p.batch * geo.h_v * kParts;
   const int stride = gridDim.x;
-  if (ValidationFailed(p)) return;
+  if (!defer && ValidationFailed(p)) return;
+  // defer: true until this thread waited for the validation kernel and read
+  // its verdict (one verdict: every thread reaches the same decision). The
+  // compute warps call it in their first pass before writing o (and mark
+  // the stage written either way, so the producer proceeds); the producer
+  // calls it before its first store (pass j = stages, after the first
+  // item's written barrier) and on a failure lets the stages it filled
+  // (phase 0 of full[0 .. min(count, stages) - 1]: nothing refilled yet)
+  // land before it exits.
+  bool pending = defer;
+  const auto verdict_failed = [&]() -> bool {
+    if (!pending) return false;
+    pending = false;
+    WaitForPrecedingGrids();
+    return ValidationFailed(p);
+  };
   float* scratch = reinterpret_cast<float*>(smem_raw);
   uint8_t* stage_base = smem_raw + sl.scratch_bytes;  // 1024-aligned (StagedScratchBytes)
   if (threadIdx.x == 0) {
@@ -925,6 +978,11 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
       uint8_t* stage = stage_base + st * sl.bytes;
       if (j >= sl.stages) {
         MbarrierWait(&written[st], parity ^ 1u);
+        if (verdict_failed()) {
+#pragma unroll 1
+          for (int s = 0; s < sl.stages && s < count; ++s) MbarrierWait(&full[s], 0);
+          return;
+        }
         const int32_t slot = *reinterpret_cast<const int32_t*>(stage + sl.header);
         if (slot >= 0) {
           const int old = blockIdx.x + (j - sl.stages) * stride;
@@ -972,6 +1030,10 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
     const int head_item = item / kParts;
     float* o = p.o + int64_t{head_item} * geo.d_v + (item % kParts) * dv;
     if (slot < 0) {
+      if (verdict_failed()) {
+        mark_written();
+        return;
+      }
       if (m.row_warp == 0) o[m.jc] = 0.0f;
       mark_written();
       continue;
@@ -993,6 +1055,10 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedCtasPerSm)
     const StepScratch sc = MakeScratch(scratch, t, dv, m, n & 1);
     const float os = TokenStep<true, true, true>(s, kk, qs, a, vp, beta, m, t, dv, sc);
     StoreTileStaged<F>(ls, SmemAddr(head_s), m, s);
+    if (verdict_failed()) {  // after the item's compute: it overlaps the validation
+      mark_written();
+      return;
+    }
     if (m.row_warp == t.row_warps - 1) o[m.jc] = os;
     mark_written();
   }
