@@ -10,8 +10,11 @@
 #       capture + replay with new inputs and indices, errors, torch.compile,
 #       fence after detach);
 #   (d) decode_bench: the op in a CUDA graph beside the raw kernel (OP /
-#       OPSTEP / OPCOPY / OPPACK / OPUNPACK / OPPREFILL lines), Qwen3.6 head
-#       geometry.
+#       OPSTEP / OPCOPY / OPPACK / OPUNPACK / OPPREFILL lines), Qwen3.6
+#       head geometry;
+#   (e) when .whl/ holds the fla-core wheel (carry ".whl" as well):
+#       kernels/bench/fla_bench.py in the same call, so FLA's kernels sit
+#       beside the op (FLA_ARGS selects batches / variants).
 # Logs and summary.txt go to $OUT (or /tmp/sc_out).
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
@@ -35,3 +38,11 @@ timeout ${BENCH_S:-200} $U/decode_bench ${BENCH_ARGS:---batches=1,8,32,64,128,25
   > "$OUT/decode_bench.log" 2>&1
 summary "decode_bench exit=$?"
 grep -E '^(OP|OPSTEP|OPCOPY|OPPACK|OPUNPACK|OPPREFILL|RESULT|COPY_BW) ' "$OUT/decode_bench.log" >> "$OUT/summary.txt"
+if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/sc_fla .whl/fla_core-*.whl > "$OUT/fla_install.log" 2>&1
+  PYTHONPATH=/tmp/sc_fla PYTHONUNBUFFERED=1 timeout ${FLA_S:-200} python3 kernels/bench/fla_bench.py \
+    ${FLA_ARGS:-} > "$OUT/fla.log" 2>&1
+  summary "fla_bench exit=$?"
+  grep -E '^RESULT ' "$OUT/fla.log" | sed 's/^RESULT /FLA /' >> "$OUT/summary.txt"
+fi
