@@ -22,9 +22,13 @@ the current stream.
             # ordered after torch.cuda.current_stream() (or stream=...).
             a.decode_update(layer, q, k, v, g, beta, o)
 
-The library: $STATECACHE_DATAPLANE_LIB, else statecache/_native/ next to this
-file, else Bazel's bazel-bin/client/python/ of this checkout (build it with
-`bazel build //client/python:libstatecache_dataplane.so`).
+The library (find_library): an explicit `library=` path, else
+$STATECACHE_DATAPLANE_LIB, else statecache/_native/ next to this file (where
+`pip install ./client/python` bundles it, see README "Install"), else Bazel's
+bazel-bin/client/python/ of this checkout (`bazel build
+//client/python:libstatecache_dataplane.so`). It links Debian's gRPC++,
+protobuf and absl shared libraries and the CUDA runtime statically: it loads
+on machines without a GPU or CUDA driver (CPU backend).
 """
 from __future__ import annotations
 
@@ -41,7 +45,9 @@ _ERR_LEN = 1024
 
 
 def find_library(path: Optional[str] = None) -> str:
-    """Path of libstatecache_dataplane.so (FileNotFoundError when missing)."""
+    """Path of libstatecache_dataplane.so: `path`, $STATECACHE_DATAPLANE_LIB,
+    statecache/_native/, Bazel's output (first that exists). FileNotFoundError
+    naming what was looked at and how to get the library when none exists."""
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
     candidates = [path, os.environ.get("STATECACHE_DATAPLANE_LIB"),
@@ -53,9 +59,18 @@ def find_library(path: Optional[str] = None) -> str:
     for c in candidates:
         if c and os.path.isfile(c):
             return c
+    note = ""
+    try:
+        with open(os.path.join(here, "_native", "NOT_BUILT")) as f:
+            note = f" This installation has no bundled library ({f.read().strip()})."
+    except OSError:
+        pass
     raise FileNotFoundError(
-        f"{_LIB_NAME} not found: set STATECACHE_DATAPLANE_LIB or run "
-        "`bazel build //client/python:libstatecache_dataplane.so`")
+        f"{_LIB_NAME} not found (looked at: {', '.join(c for c in candidates if c)}).{note} "
+        "Reinstall from the repository with bazel on PATH (`pip install ./client/python` "
+        "builds and bundles it), or with STATECACHE_PREBUILT_DATAPLANE_LIB=/path/to/"
+        f"{_LIB_NAME} to bundle a prebuilt one; or set STATECACHE_DATAPLANE_LIB (or pass "
+        "library=) to a built one.")
 
 
 _loaded = {}
@@ -65,7 +80,11 @@ def _load(path: str) -> ctypes.CDLL:
     lib = _loaded.get(path)
     if lib is not None:
         return lib
-    lib = ctypes.CDLL(path)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:  # a shared library it links is missing
+        raise OSError(f"cannot load {path}: {e} (it needs Debian 12's libgrpc++1.51, "
+                      "libprotobuf32 and libabsl20220623: README, \"Install\")") from e
     p, u64p, u32p = ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
     lib.sc_attach.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, u64p, u32p,
                               ctypes.c_int, ctypes.c_int64, ctypes.POINTER(p), ctypes.c_char_p,

@@ -58,7 +58,8 @@ def _dtype_code(dtype) -> int:
 
 def is_torch(x: Any) -> bool:
     """True for a torch.Tensor (without importing torch)."""
-    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+    # __module__ is None for some classes (protobuf 7's message classes).
+    return (type(x).__module__ or "").startswith("torch") and hasattr(x, "detach")
 
 
 def _torch_to_numpy(x) -> Tuple[np.ndarray, int]:

@@ -100,3 +100,11 @@ def test_ml_dtypes_bfloat16_array():
     assert t.dtype == st.BF16 and list(t.shape) == [2, 2]
     np.testing.assert_array_equal(st.to_numpy(t, bf16_as="uint16"), st.bf16_bits(x))
     np.testing.assert_array_equal(st.to_numpy(t), x)
+
+
+def test_is_torch_of_messages_and_arrays():
+    # A response Tensor message (its class's __module__ is None on protobuf 7)
+    # is not a torch tensor: to_torch(message) goes on to decode it.
+    assert not st.is_torch(sc.to_tensor(np.zeros(2, np.float32)))
+    assert not st.is_torch(np.zeros(2, np.float32))
+    assert not st.is_torch(None)

@@ -1,12 +1,14 @@
 """Smoke call of an installed statecache (tests/compat/install_test.sh):
-python smoke.py STATECACHED PINS.txt. Checks that the runtime versions are
-the pinned ones, that statecache imports from site-packages (not the
+python smoke.py STATECACHED PINS.txt NATIVE. Checks that the runtime versions
+are the pinned ones, that statecache imports from site-packages (not the
 source tree), and that a register / update / snapshot / lookup round trip
-against a real statecached works, sync and asyncio."""
+against a real statecached works, sync and asyncio. NATIVE "bundled": the
+wheel's statecache/_native/libstatecache_dataplane.so is what find_library
+picks and an attached decode_update (numpy, CPU backend) returns the
+closed-form o, equal to the server-side update's; "absent:WHY": the wheel
+has no library and AttachedSession says WHY and how to get one."""
 import asyncio
-import os
 import re
-import subprocess
 import sys
 
 import google.protobuf
@@ -15,42 +17,32 @@ import numpy as np
 
 import statecache as sc
 import statecache.aio as sca
+from statecache.attached import AttachedSession
+
+import installed
 
 
-def main(binary, pins_file):
+def main(binary, pins_file, native):
     pins = dict(re.findall(r"^([a-z-]+)==(\S+)", open(pins_file).read(), re.M))
     assert google.protobuf.__version__ == pins["protobuf"], google.protobuf.__version__
     assert grpc.__version__ == pins["grpcio"], grpc.__version__
     assert "site-packages" in sc.__file__, sc.__file__
     assert sc.prefix.NATIVE, "the wheel's C prefix chain did not load"
-    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", "--metrics_port=-1",
-                             "--backend=cpu", f"--state_memory_bytes={16 << 20}",
-                             f"--checkpoint_memory_bytes={4 << 20}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if native.startswith("absent:"):
+        installed.assert_no_library(native[len("absent:"):])
+    else:
+        assert native == "bundled", native
+        installed.bundled_library()
+    proc, target = installed.start_statecached(binary)
     try:
-        port = None
-        for line in proc.stderr:
-            m = re.search(r"server_started .* port=(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        assert port, "statecached did not start"
-        target = f"127.0.0.1:{port}"
-        geom = sc.Geometry("gdn", layers=1, h_qk=1, h_v=2, d_k=128, d_v=128)
-        rng = np.random.default_rng(0)
-        q = rng.standard_normal((1, 1, 128)).astype(np.float32)
-        q /= np.linalg.norm(q)
-        v = rng.standard_normal((1, 2, 128)).astype(np.float32)
-        g = np.full((1, 2), -0.1, np.float32)
-        beta = np.full((1, 2), 0.5, np.float32)
+        q, v, g, beta, want = installed.step_inputs()
         with sc.Client(target, timeout=30) as c:
             c.wait_ready(10)
             assert c.health()
-            c.register_model("m", geom, "fp32", slots=2, checkpoints=2)
-            [slot] = c.allocate_slots("m", 1)
+            c.register_model("m", installed.GEOM, "fp32", slots=4, checkpoints=2)
+            [slot, mine] = c.allocate_slots("m", 2)
             o = c.update("m", 0, [slot], q, q, v, g, beta).o
-            # S = beta k (v)^T from zero: o = S^T q / sqrt(d_k) = 0.5 v (q.q) / sqrt(128)
-            np.testing.assert_allclose(o, 0.5 * v / np.sqrt(128), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
             key = c.snapshot("m", slot, tokens=[1, 2, 3]).key
             assert key == sc.prefix_hash([1, 2, 3])
             try:
@@ -58,6 +50,11 @@ def main(binary, pins_file):
                 raise AssertionError("describe_model('nope') did not fail")
             except sc.NotFound:
                 pass
+            if native == "bundled":  # the same step in this process, on `mine`
+                o_att = np.zeros_like(o)
+                with AttachedSession(target, "m", [mine]) as a:
+                    a.decode_update(0, q, q, v, g, beta, o_att)
+                np.testing.assert_array_equal(o_att, o)
 
         async def aio():
             async with sca.Client(target, timeout=30) as c:
@@ -66,11 +63,10 @@ def main(binary, pins_file):
 
         asyncio.run(aio())
     finally:
-        proc.terminate()
-        proc.wait(15)
+        installed.stop(proc)
     print(f"smoke ok: protobuf {google.protobuf.__version__}, grpcio {grpc.__version__}, "
-          f"numpy {np.__version__}")
+          f"numpy {np.__version__}, library {native}")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
