@@ -395,7 +395,9 @@ class StatecacheCache(DynamicCache):
         rows = self._rows(input_ids, "input_ids")
         c, mid = self.states.client, self.states.model_id
         held = self.get_seq_length()
-        hits = [c.lookup_prefix(mid, tokens=row[:held]) for row in rows] if held > 0 else []
+        # at least the last token is fed again: generate needs its logits
+        hits = [c.lookup_prefix(mid, tokens=row[:min(held, len(row) - 1)]) for row in rows] \
+            if held > 0 else []
         lengths = {h.key.num_tokens for h in hits if h.hit}
         restored = lengths.pop() if hits and all(h.hit for h in hits) and len(lengths) == 1 \
             else 0
