@@ -5,7 +5,7 @@ collected by default (transformers and torch are not in the CI venv): run by
 //client/python:transformers_check_test in the torch venv, where it fails
 (never skips) without them:
 
-    bash client/python/tests/run_torch_pytest.sh tests/transformers_check.py
+    bash client/python/run_torch_pytest.sh tests/transformers_check.py
 
 - fp32 states: greedy generate token for token equal to stock transformers
   (both prefill paths, a left-padded batch, Qwen3-Next, Qwen3.5 dense and

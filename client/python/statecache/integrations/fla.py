@@ -122,6 +122,15 @@ def activate(arch: str, q, k, v, g, beta, kw):
     return q, k, v, g, beta
 
 
+def _check_layer_inputs(module, args, kwargs):
+    """Forward pre-hook of FLA's GDN / KDA layers: checks a StatecacheFLACache's
+    batch before the layer runs (other caches: nothing)."""
+    cache = kwargs.get("past_key_values")
+    if isinstance(cache, StatecacheFLACache):
+        cache._check_activations(kwargs.get("hidden_states", args[0] if args else None))
+    return None
+
+
 def _wrap(original, arch: str):
     def kernel(q, k, v, g=None, beta=None, *args, initial_state=None, **kw):
         if args:
@@ -184,7 +193,26 @@ class StatecacheFLACache(_FLACache):
                 w.device.type == "cuda" and w.device != self._batch.device):
             self._batch.release()
             raise InvalidArgument(f"model: on {w.device}; the slots are on {self._batch.device}")
+        for m in _linear_layers(model):
+            if not getattr(m, "_statecache_hooked", False):
+                m.register_forward_pre_hook(_check_layer_inputs, with_kwargs=True)
+                m._statecache_hooked = True
         self._fresh_layers()
+
+    def _check_activations(self, h) -> None:
+        """Before an FLA layer touches its conv windows: attached, the batch
+        and device the slots were made for (varlen batches: attention_mask rows)."""
+        if not self._batch.attached:
+            raise FailedPrecondition("StatecacheFLACache: the slots are detached (end_turn); "
+                                     "call begin_turn(input_ids) first")
+        if isinstance(h, torch.Tensor):
+            if h.shape[0] != self._n:
+                raise InvalidArgument(f"input_ids: {h.shape[0]} sequences; this "
+                                      f"StatecacheFLACache holds {self._n} slots "
+                                      f"(batch_size={self._n})")
+            if h.device != self._batch.device:
+                raise InvalidArgument(f"hidden_states: on {h.device}; the slots are on "
+                                      f"{self._batch.device}")
 
     @property
     def batch_size(self) -> int:
@@ -315,13 +343,17 @@ class StatecacheFLACache(_FLACache):
         return keys
 
     def begin_turn(self, input_ids) -> int:
-        """LookupPrefix of every row (no attention KV bounds it here), Restore
+        """LookupPrefix of every row (no attention KV bounds it here, so a new
+        cache, e.g. in another process, restores as well), Restore
         of the hits into new slots with their conv windows; every row must hit
         at the same length, else zero states. Returns the restored length;
         generate then consumes input_ids after it."""
-        if self._batch.attached:
-            raise FailedPrecondition("begin_turn: the slots are attached (call end_turn first)")
         rows = self._rows(input_ids, "input_ids")
+        if self._batch.attached:
+            if self.get_seq_length() != 0:
+                raise FailedPrecondition("begin_turn: the slots are attached (call end_turn "
+                                         "first)")
+            self._batch.release()  # a new cache (another process): its fresh slots go back
         c, mid = self.states.client, self.states.model_id
         hits = [c.lookup_prefix(mid, tokens=row[:-1]) for row in rows]
         lengths = {h.key.num_tokens for h in hits if h.hit}

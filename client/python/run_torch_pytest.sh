@@ -3,10 +3,10 @@
 # in the torch venv of .ci/setup_extra.sh (~/.cache/statecache-venv-torch, or
 # $STATECACHE_TORCH_VENV; client/python/requirements-torch.txt). Used by
 # //client/python:transformers_check_test, and by hand:
-#   bash client/python/tests/run_torch_pytest.sh tests/transformers_check.py [-k ...]
+#   bash client/python/run_torch_pytest.sh tests/transformers_check.py [-k ...]
 # Fails (never skips) when the venv or transformers is missing.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 home_dir=$(getent passwd "$(id -u)" | cut -d: -f6)
 venv=${STATECACHE_TORCH_VENV:-$home_dir/.cache/statecache-venv-torch}
 if [ ! -x "$venv/bin/python" ]; then
