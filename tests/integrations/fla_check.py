@@ -135,9 +135,8 @@ def eval_model(torch, sc, scf, c, name, model, args):
             states, res = scf.calibrate(c, model, [torch.tensor(d) for _, d in cal], mid, fmt,
                                         slots=len(held) + 2, checkpoints=4,
                                         domains=[dom for dom, _ in cal])
-            perm = res.layout_file and __import__(
-                "statecache.integrations._slots", fromlist=["x"]).layout_key_perm(
-                res.layout_file)
+            from statecache.integrations._slots import layout_key_perm
+            perm = layout_key_perm(res.layout_file)
             ident = torch.arange(perm.shape[-1], dtype=perm.dtype).expand_as(perm)
             H.info(f"{name} {fmt}: calibrated in the runtime on {res.tokens} tokens "
                    f"({res.samples} samples, {time.time() - t0:.1f} s); "
