@@ -1,7 +1,9 @@
 """Every ```python block of client/python/README.md, run as printed (in a
 child interpreter, in order, with STATECACHE_SERVER naming a fresh
 statecached). A block marked `<!-- not run: why -->` on the line before is
-not run; the expected set of those is pinned here so none is dropped silently."""
+not run; one marked `<!-- run by: FILE -->` is run as printed by that test
+(in another venv: tests/transformers_check.py needs torch + transformers).
+The expected sets of both are pinned here so none is dropped silently."""
 import os
 import re
 import subprocess
@@ -14,18 +16,21 @@ from conftest import PKG_ROOT, Server
 README = os.path.join(PKG_ROOT, "README.md")
 NOT_RUN = ["needs a CUDA torch worker (tests/dataplane/torch_attached_check.py)",
            "needs a CUDA torch worker (tests/dataplane/torch_ops_check.py)"]
+RUN_BY = ["tests/transformers_check.py"]
 
 
 def blocks():
     text = open(README).read()
     out = []
-    for m in re.finditer(r"(?:<!-- not run: (.*?) -->\n)?```python\n(.*?)```", text, re.S):
-        out.append((m.group(1), m.group(2)))
+    for m in re.finditer(r"(?:<!-- (not run|run by): (.*?) -->\n)?```python\n(.*?)```", text,
+                         re.S):
+        out.append((m.group(1) and (m.group(1), m.group(2)), m.group(3)))
     return out
 
 
 def test_not_run_blocks_are_the_expected_ones():
-    assert [why for why, _ in blocks() if why] == NOT_RUN
+    assert [why[1] for why, _ in blocks() if why and why[0] == "not run"] == NOT_RUN
+    assert [why[1] for why, _ in blocks() if why and why[0] == "run by"] == RUN_BY
     assert len([1 for why, _ in blocks() if not why]) >= 4
 
 
