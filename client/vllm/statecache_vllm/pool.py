@@ -36,6 +36,9 @@ from statecache_vllm.config import PluginConfig
 from statecache_vllm.layout import RankGeometry, head_bytes
 
 _PR_SET_PDEATHSIG = 1
+# statecached's limit of slots per AllocateSlots call (StateCacheService
+# Limits::max_allocate).
+_ALLOCATE_CHUNK = 4096
 # Checkpoint memory a spawned server keeps (the plugin takes no checkpoints).
 _SPAWN_CHECKPOINT_BYTES = 1 << 20
 
@@ -187,7 +190,9 @@ class PoolManager:
                 raise PoolError(f"format: statecached packs a {geometry.d_k}x{geometry.d_v} "
                                 f"'{cfg.format.text}' head in {info.head_bytes.total} bytes, the "
                                 f"plugin sized vLLM's page for {hb} (statecache_vllm.layout)")
-            handles = client.allocate_slots(model_id, shape.slots)
+            while len(handles) < shape.slots:
+                handles += client.allocate_slots(
+                    model_id, min(_ALLOCATE_CHUNK, shape.slots - len(handles)))
             pool = sct.EnginePool(target, model_id, handles, token=cfg.token or None,
                                   lease_ms=cfg.lease_ms, library=cfg.library or None)
             if pool.device.type != device.type:

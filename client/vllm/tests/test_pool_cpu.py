@@ -179,6 +179,20 @@ def test_record_check_every_and_errors(paths):
         pm.close()
 
 
+def test_more_blocks_than_one_allocate_call(paths):
+    """num_blocks above statecached's 4096 slots per AllocateSlots call."""
+    geo = rank_geometry(1, 1, 32, 32, 1)
+    cfg = parse({"format": "fp16", "statecached": paths["statecached"]})
+    pm = PoolManager.open(cfg, geometry=geo, layers=1, num_blocks=5000, tp_size=1, rank=0,
+                          device=CPU, environ={})
+    try:
+        t = pm.table.tolist()
+        assert len(pm.handles) == 4999 and t[0] == -1 and len(set(t[1:])) == 4999
+        assert pm.shape.pool_bytes == 4999 * 2048
+    finally:
+        pm.close()
+
+
 def test_open_errors_name_the_step(paths):
     cfg = parse({"target": "unix:/nonexistent/sc.sock", "format": "fp32"})
     with pytest.raises(PoolError, match="statecache pool for vllm-gdn.tp1.r0 at "
