@@ -11,8 +11,9 @@ tensor and the device error record (torch + statecache; no vLLM import).
     pm.check()                            # raises the first failed op
     pm.close()
 
-Ownership: the slots are allocated for the engine's life and released
-(detached, then released) by close(); a spawned statecached is a child
+Ownership: the model and its slots belong to the manager for its life;
+close() detaches, releases the slots and drops the model (so a later open()
+of the same id registers it afresh); a spawned statecached is a child
 process ended by close() (and by the kernel when this process dies: it gets
 SIGTERM through PR_SET_PDEATHSIG).
 """
@@ -173,6 +174,7 @@ class PoolManager:
         else:
             target = cfg.rank_target(rank)
         client = None
+        registered = False
         handles: List[sc.SlotHandle] = []
         try:
             client = sc.Client(target, token=cfg.token or None, timeout=120)
@@ -186,6 +188,7 @@ class PoolManager:
                     pass
             info = client.register_model(model_id, geo, cfg.format.text, slots=shape.slots,
                                          checkpoints=1, layout_file=cfg.layout_file or None)
+            registered = True
             if info.head_bytes.total != hb:
                 raise PoolError(f"format: statecached packs a {geometry.d_k}x{geometry.d_v} "
                                 f"'{cfg.format.text}' head in {info.head_bytes.total} bytes, the "
@@ -203,7 +206,8 @@ class PoolManager:
             record = pool.new_record()
         except Exception as e:
             if client is not None:
-                _release(client, model_id, handles)
+                if registered:
+                    _release(client, model_id, handles)
                 client.close()
             if server is not None:
                 server.stop()
@@ -253,9 +257,11 @@ class PoolManager:
 
 
 def _release(client: "sc.Client", model_id: str, handles: Sequence["sc.SlotHandle"]) -> None:
-    if not handles:
-        return
+    """Releases the slots and drops the model the manager registered (best
+    effort: a server that is gone frees them itself)."""
     try:
-        client.release_slots(model_id, handles)
+        if handles:
+            client.release_slots(model_id, handles)
+        client.drop_model(model_id, force=True)
     except sc.StateCacheError:
-        pass  # the server may be gone; its lease sweeper frees them
+        pass

@@ -149,15 +149,20 @@ class StatecacheGDNAttention(QwenGatedDeltaNetAttention):
 # ---- the pool of this process ------------------------------------------------
 
 class _Registry:
-    """This process's pool and the KV-cache groups of the plugin's builders."""
+    """This process's pool and the KV-cache groups of the plugin's builders.
+
+    vLLM may bind KV caches more than once (0.26 profiles CUDA graph memory on
+    a minimal KV cache first, then discards it and its graphs): the pool is
+    opened for a binding (num_blocks and the state tensors' addresses) and
+    reopened, the old one closed, when the binding changes."""
 
     def __init__(self):
         self.pm: Optional[PoolManager] = None
-        self.groups: List[List[str]] = []
+        self.binding = None
+        self.first_layer = ""
+        self.groups: Dict[tuple, None] = {}
 
     def open(self, vllm_config, device: torch.device) -> PoolManager:
-        if self.pm is not None:
-            return self.pm
         ctx = vllm_config.compilation_config.static_forward_context
         layers = sorted(((name, l) for name, l in ctx.items()
                          if isinstance(l, StatecacheGDNAttention) and l._sc_cfg is not None),
@@ -169,18 +174,28 @@ class _Registry:
         want = placeholder_shape(cfg.format, geo)
         ptrs, num_blocks = [], None
         for name, l in layers:
-            ssm = l.kv_cache[1] if isinstance(l.kv_cache, (list, tuple)) else None
-            if ssm is None or ssm.dtype != torch.uint8 or tuple(ssm.shape[1:]) != want:
-                raise PoolError(f"{name}: vLLM bound a temporal state of "
-                                f"{None if ssm is None else (ssm.dtype, tuple(ssm.shape))}, "
-                                f"the plugin declared uint8 [num_blocks, {want[0]}]")
+            kv = getattr(l, "kv_cache", None)
+            ssm = kv[1] if isinstance(kv, (list, tuple)) and len(kv) > 1 else None
+            if not isinstance(ssm, torch.Tensor) or ssm.dtype != torch.uint8 or \
+                    tuple(ssm.shape[1:]) != want:
+                got = (ssm.dtype, tuple(ssm.shape)) if isinstance(ssm, torch.Tensor) else ssm
+                raise PoolError(f"{name}: vLLM bound a temporal state of {got}, the plugin "
+                                f"declared uint8 [num_blocks, {want[0]}]")
             if num_blocks is None:
                 num_blocks = ssm.shape[0]
             elif ssm.shape[0] != num_blocks:
                 raise PoolError(f"{name}: {ssm.shape[0]} blocks, {layers[0][0]} has {num_blocks}")
             ptrs.append((name, ssm.data_ptr()))
+        binding = (num_blocks, tuple(ptrs))
+        if self.pm is not None and binding == self.binding:
+            return self.pm
+        if self.pm is not None:
+            logger.info("statecache: KV cache re-bound (%d -> %d blocks): reopening the pool",
+                        self.binding[0], num_blocks)
+            self.pm.close()
+            self.pm = None
         index, n_pos = slotmap.position_layers(ptrs)
-        slotmap.check_same_group_positions(self.groups, index)
+        slotmap.check_same_group_positions(list(self.groups), index)
         pm = PoolManager.open(cfg, geometry=geo, layers=n_pos, num_blocks=num_blocks,
                               tp_size=first.tp_size, rank=first.tp_rank, device=device,
                               environ=edge.environ())
@@ -191,7 +206,7 @@ class _Registry:
                     pm.model_id, cfg.format.text, pm.shape.slots, n_pos, geo.h_v,
                     pm.shape.slot_bytes, pm.shape.pool_bytes / 2**20, len(layers), n_pos)
         atexit.register(_close_quietly, pm)
-        self.pm = pm
+        self.pm, self.binding, self.first_layer = pm, binding, layers[0][0]
         return pm
 
 
@@ -209,8 +224,8 @@ class StatecacheGDNMetadataBuilder(GDNAttentionMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._sc_device = torch.device(device)
-        self._sc_primary = not _REGISTRY.groups
-        _REGISTRY.groups.append(list(layer_names))
+        self._sc_layer_names = list(layer_names)
+        _REGISTRY.groups[tuple(layer_names)] = None
         rows = max(vllm_config.scheduler_config.max_num_seqs, self.decode_cudagraph_max_bs)
         self._sc_slots = torch.full((rows,), slotmap.PAD, dtype=torch.int32, device=device)
         self._sc_fresh = torch.zeros((rows,), dtype=torch.bool, device=device)
@@ -221,7 +236,7 @@ class StatecacheGDNMetadataBuilder(GDNAttentionMetadataBuilder):
         md = super().build(common_prefix_len, common_attn_metadata, num_accepted_tokens,
                            num_decode_draft_tokens_cpu, fast_build)
         pm = _REGISTRY.open(self.vllm_config, self._sc_device)
-        if self._sc_primary:
+        if _REGISTRY.first_layer in self._sc_layer_names:   # one check per step
             pm.step(self._sc_capturing or (self._sc_device.type == "cuda" and
                                            torch.cuda.is_current_stream_capturing()))
         idx = md.non_spec_state_indices_tensor

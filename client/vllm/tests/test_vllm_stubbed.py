@@ -317,3 +317,29 @@ def test_pool_refuses_a_stock_sized_state(plugin, paths):
     builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
     with pytest.raises(plugin.gdn.PoolError, match="the plugin declared uint8"):
         builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
+
+
+def test_pool_reopens_when_vllm_rebinds_the_kv_cache(plugin, paths):
+    """vLLM 0.26 binds a minimal KV cache to profile CUDA graph memory, then the
+    real one: the pool follows the binding."""
+    cfg = vllm_config({"format": "fp32", "statecached": paths["statecached"]})
+    name = "model.layers.0.linear_attn"
+    layer = plugin.gdn.StatecacheGDNAttention(HF, cfg, name)
+    cfg.compilation_config.static_forward_context[name] = layer
+    packed = layer.get_state_shape()[1][0]
+
+    def bind(num_blocks):
+        layer.kv_cache = [torch.zeros(num_blocks, 3, CONV_DIM),
+                          torch.zeros(num_blocks, packed, dtype=torch.uint8)]
+        builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
+        builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
+        return plugin.gdn._REGISTRY.pm
+
+    first = bind(3)
+    assert first.shape.slots == 2
+    second = bind(6)
+    assert second is not first and second.shape.slots == 5 and first._closed
+    assert first.server.proc.poll() is not None and layer._sc_pm is second
+    builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
+    builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
+    assert plugin.gdn._REGISTRY.pm is second   # same binding: same pool
