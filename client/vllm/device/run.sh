@@ -8,7 +8,8 @@
 #   tiny     install, then the tiny Qwen3-Next three times (stock fp32 states,
 #            plugin fp32, plugin damp:16): greedy tokens compared
 #   bench    install, then Qwen3.6-35B-A3B geometry: TPOT at B = 1..256 and KV
-#            sizing, plugin damp:16 then stock fp32
+#            sizing, plugin damp:16 then stock fp32 (bench_plugin / bench_stock:
+#            one of the two; the comparison uses whatever runs are there)
 #   all      tiny then bench
 # Every engine runs in its own process with a time limit; the whole phase
 # stops starting engines once DEADLINE_S (default 560) has passed since the
@@ -113,9 +114,15 @@ for name in ("tiny_plugin_fp32", "tiny_plugin_damp16"):
 EOF
 }
 
-bench() {
-  engine bench_plugin_damp16 330 bench --mode plugin --format damp:16 --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" ${BENCH_ARGS:-}
-  engine bench_stock_fp32 330 bench --mode stock --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" ${BENCH_ARGS:-}
+bench_plugin() {
+  engine bench_plugin_damp16 540 bench --mode plugin --format damp:16 \
+    --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" ${BENCH_ARGS:-}
+}
+bench_stock() {
+  engine bench_stock_fp32 540 bench --mode stock --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" \
+    ${BENCH_ARGS:-}
+}
+bench_compare() {
   python3 - "$ROOT" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
 import json, os, re, sys
 root = sys.argv[1]
@@ -150,8 +157,10 @@ import_check || { summary "import: FAIL"; exit 1; }
 case "$PHASE" in
   install) ;;
   tiny) tiny ;;
-  bench) bench ;;
-  all) tiny; bench ;;
+  bench) bench_plugin; bench_stock; bench_compare ;;
+  bench_plugin) bench_plugin; bench_compare ;;
+  bench_stock) bench_stock; bench_compare ;;
+  all) tiny; bench_plugin; bench_stock; bench_compare ;;
   *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 log "done"
