@@ -142,6 +142,16 @@ for b in (s or p or {"tpot_ms": {}})["tpot_ms"]:
 cs, cp = conc("bench_stock_fp32"), conc("bench_plugin_damp16")
 print(f"BENCH concurrency (320-token requests, same kv_cache_memory_bytes): stock {cs}x, "
       f"plugin {cp}x, ratio {cp / cs:.2f}" if cs and cp else f"BENCH concurrency: stock {cs} plugin {cp}")
+pool = None
+lp = os.path.join(root, "bench_plugin_damp16.log")
+if os.path.exists(lp):
+    m = re.findall(r"statecache: model \S+, format \S+, .*?, ([0-9.]+) MiB pool", open(lp).read())
+    pool = float(m[-1]) * 2**20 if m else None
+if pool and cs and cp and p:
+    kv = p["kv_cache_memory_bytes"]
+    print(f"BENCH statecache pool {pool / 2**30:.2f} GiB beside vLLM's {kv / 2**30:.0f} GiB "
+          f"(the duplicate stand-in, README): at equal total state memory the plugin holds "
+          f"{cp / (1 + pool / kv) / cs:.2f}x the sequences")
 for name, r in (("stock", s), ("plugin", p)):
     if r:
         print(f"BENCH kv {name}: blocks {r['num_gpu_blocks']} block_size {r['block_size']} "

@@ -44,7 +44,8 @@ from statecache_vllm.config import ConfigError, PluginConfig
 from statecache_vllm.layout import placeholder_shape, rank_geometry
 from statecache_vllm.pool import PoolError, PoolManager
 
-logger = init_logger(__name__)
+# Under "vllm": vLLM configures that logger tree (INFO, its format); others stay silent.
+logger = init_logger("vllm.statecache_vllm")
 
 
 def check_supported(cfg: PluginConfig, vllm_config) -> None:
