@@ -1,0 +1,267 @@
+"""One rank's statecache pool: the server (attached to, or started), the
+registered model, num_blocks - 1 attached slots, the block -> pool index
+tensor and the device error record (torch + statecache; no vLLM import).
+
+    pm = PoolManager.open(cfg, geometry=geo, layers=3, num_blocks=1024,
+                          tp_size=1, rank=0, device=torch.device("cuda", 0),
+                          environ=os.environ)
+    slots = pm.lookup(block_ids)          # int32 pool indices, -1 = padding
+    ... statecache_vllm.step.decode(pm.pool, layer, slots, ...,
+                                    record=pm.record)
+    pm.check()                            # raises the first failed op
+    pm.close()
+
+Ownership: the model and its slots belong to the manager for its life;
+close() detaches, releases the slots and drops the model (so a later open()
+of the same id registers it afresh); a spawned statecached is a child
+process ended by close() (and by the kernel when this process dies: it gets
+SIGTERM through PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import List, Mapping, Optional, Sequence
+
+import torch
+
+import statecache as sc
+import statecache.torch as sct
+from statecache_vllm import slots as slotmap
+from statecache_vllm.config import PluginConfig
+from statecache_vllm.layout import RankGeometry, head_bytes
+
+_PR_SET_PDEATHSIG = 1
+# statecached's limit of slots per AllocateSlots call (StateCacheService
+# Limits::max_allocate).
+_ALLOCATE_CHUNK = 4096
+# Checkpoint memory a spawned server keeps (the plugin takes no checkpoints).
+_SPAWN_CHECKPOINT_BYTES = 1 << 20
+
+
+class PoolError(RuntimeError):
+    """The pool could not be set up; the message says which step and why."""
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """What the pool holds: `layers` states of `geometry` per slot, `slots`
+    slots of `slot_bytes` each."""
+    geometry: RankGeometry
+    layers: int
+    slots: int
+    head_bytes: int
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.layers * self.geometry.h_v * self.head_bytes
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.slots * self.slot_bytes
+
+
+def _physical_device(device: torch.device, environ: Mapping[str, str]) -> Optional[str]:
+    """CUDA_VISIBLE_DEVICES entry of `device` for a spawned server (None: CPU)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "")
+    names = [v.strip() for v in visible.split(",") if v.strip()] if visible else []
+    return names[index] if index < len(names) else str(index)
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class SpawnedServer:
+    """statecached as a child on a unix socket in a private temp folder."""
+
+    def __init__(self, binary: str, *, backend: str, state_bytes: int,
+                 physical_device: Optional[str], extra_args: Sequence[str],
+                 environ: Mapping[str, str], timeout_s: float = 60.0):
+        self.dir = tempfile.mkdtemp(prefix="statecache-vllm-")
+        self.sock = os.path.join(self.dir, "sc.sock")
+        self.target = "unix:" + self.sock
+        self.log_path = os.path.join(self.dir, "statecached.log")
+        args = [binary, f"--listen={self.target}", f"--backend={backend}", "--dataplane",
+                "--metrics_port=-1", f"--state_memory_bytes={state_bytes}",
+                f"--checkpoint_memory_bytes={_SPAWN_CHECKPOINT_BYTES}",
+                "--slot_idle_timeout_ms=0"]
+        if backend == "cpu":
+            args.append("--shared_pools")
+        args += list(extra_args)
+        env = dict(environ)
+        if physical_device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = physical_device
+        self._log = open(self.log_path, "w")
+        try:
+            self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                         env=env, preexec_fn=_die_with_parent)
+        except OSError as e:
+            self._log.close()
+            raise PoolError(f"statecached: cannot start {binary!r}: {e}") from None
+        deadline = time.time() + timeout_s
+        while not os.path.exists(self.sock):
+            if self.proc.poll() is not None or time.time() > deadline:
+                tail = self.tail()
+                self.stop()
+                raise PoolError(f"statecached: did not start ({' '.join(args)}):\n{tail}")
+            time.sleep(0.05)
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            with open(self.log_path) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class PoolManager:
+    """A rank's pool (see the module comment). Build with open()."""
+
+    def __init__(self, *, shape: PoolShape, model_id: str, client: "sc.Client",
+                 handles: List["sc.SlotHandle"], pool: "sct.EnginePool", table: torch.Tensor,
+                 record: torch.Tensor, server: Optional[SpawnedServer], check_every: int):
+        self.shape = shape
+        self.model_id = model_id
+        self.client = client
+        self.handles = handles
+        self.pool = pool
+        self.table = table      # int32 [num_blocks] on the pool's device; [0] = -1
+        self.record = record    # uint8, the pool's device; one stream (vLLM's compute stream)
+        self.server = server
+        self.check_every = check_every
+        self._steps = 0
+        self._closed = False
+
+    @classmethod
+    def open(cls, cfg: PluginConfig, *, geometry: RankGeometry, layers: int, num_blocks: int,
+             tp_size: int, rank: int, device: torch.device,
+             environ: Mapping[str, str]) -> "PoolManager":
+        """Attaches to cfg.target (or starts statecached), registers
+        "<model_id>.tp<T>.r<R>" with `layers` GDN layers of `geometry`,
+        allocates and attaches num_blocks - 1 slots. PoolError naming the
+        step on any failure (nothing is left allocated)."""
+        hb = head_bytes(cfg.format, geometry.d_k, geometry.d_v)
+        shape = PoolShape(geometry, layers, slotmap.slots_needed(num_blocks), hb)
+        model_id = cfg.rank_model_id(tp_size, rank)
+        server = None
+        if cfg.spawn:
+            server = SpawnedServer(
+                cfg.statecached, backend="cuda" if device.type == "cuda" else "cpu",
+                state_bytes=shape.pool_bytes + (64 << 20),
+                physical_device=_physical_device(device, environ), extra_args=cfg.spawn_args,
+                environ=environ)
+            target = server.target
+        else:
+            target = cfg.rank_target(rank)
+        client = None
+        registered = False
+        handles: List[sc.SlotHandle] = []
+        try:
+            client = sc.Client(target, token=cfg.token or None, timeout=120)
+            client.wait_ready(timeout=10)
+            geo = sc.Geometry("gdn", layers=layers, h_qk=geometry.h_qk, h_v=geometry.h_v,
+                              d_k=geometry.d_k, d_v=geometry.d_v)
+            if cfg.drop_existing:
+                try:
+                    client.drop_model(model_id, force=True)
+                except sc.NotFound:
+                    pass
+            info = client.register_model(model_id, geo, cfg.format.text, slots=shape.slots,
+                                         checkpoints=1, layout_file=cfg.layout_file or None)
+            registered = True
+            if info.head_bytes.total != hb:
+                raise PoolError(f"format: statecached packs a {geometry.d_k}x{geometry.d_v} "
+                                f"'{cfg.format.text}' head in {info.head_bytes.total} bytes, the "
+                                f"plugin sized vLLM's page for {hb} (statecache_vllm.layout)")
+            while len(handles) < shape.slots:
+                handles += client.allocate_slots(
+                    model_id, min(_ALLOCATE_CHUNK, shape.slots - len(handles)))
+            pool = sct.EnginePool(target, model_id, handles, token=cfg.token or None,
+                                  lease_ms=cfg.lease_ms, library=cfg.library or None)
+            if pool.device.type != device.type:
+                raise PoolError(f"backend: statecached runs on {pool.device.type}, vLLM's "
+                                f"layers on {device.type}")
+            table = torch.full((num_blocks,), slotmap.PAD, dtype=torch.int32, device=pool.device)
+            table[1:] = pool.slot_indices(handles)
+            record = pool.new_record()
+        except Exception as e:
+            if client is not None:
+                if registered:
+                    _release(client, model_id, handles)
+                client.close()
+            if server is not None:
+                server.stop()
+            if isinstance(e, PoolError):
+                raise
+            raise PoolError(f"statecache pool for {model_id} at {target}: "
+                            f"{type(e).__name__}: {e}") from e
+        return cls(shape=shape, model_id=model_id, client=client, handles=handles, pool=pool,
+                   table=table, record=record, server=server, check_every=cfg.check_every)
+
+    def lookup(self, block_ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Pool indices (int32) of vLLM block ids (any int dtype, on the pool's
+        device): the null block and negative ids give -1. A device gather
+        (graph-capturable); `out` (int32, same length) receives it in place."""
+        idx = block_ids.to(torch.int64).clamp(min=0)
+        if out is None:
+            return self.table.index_select(0, idx)
+        return torch.index_select(self.table, 0, idx, out=out)
+
+    def step(self, capturing: bool) -> None:
+        """Called once per vLLM step (host): every check_every steps, waits
+        for the stream and raises the first failed op (InvalidArgument naming
+        op, layer, field). Never while a CUDA graph is being captured."""
+        if capturing:
+            return
+        self._steps += 1
+        if self._steps % self.check_every == 0:
+            self.check()
+
+    def check(self) -> None:
+        self.pool.check(self.record)
+
+    def close(self) -> None:
+        """Detaches (the fence stops every later op or graph replay), releases
+        the slots, stops a spawned server (once; later calls do nothing).
+        Destroy captured graphs first."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.pool.close()
+        finally:
+            _release(self.client, self.model_id, self.handles)
+            self.client.close()
+            if self.server is not None:
+                self.server.stop()
+
+
+def _release(client: "sc.Client", model_id: str, handles: Sequence["sc.SlotHandle"]) -> None:
+    """Releases the slots and drops the model the manager registered (best
+    effort: a server that is gone frees them itself)."""
+    try:
+        if handles:
+            client.release_slots(model_id, handles)
+        client.drop_model(model_id, force=True)
+    except sc.StateCacheError:
+        pass
