@@ -111,7 +111,7 @@ def main():
         for fmt in args.formats.split(","):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # damp without a layout: identity maps
-                states = sch.register_model(c, f"q36-{fmt}", model, fmt, slots=max(batches),
+                states = sch.register_model(c, f"q36-{fmt.replace(':', '-')}", model, fmt, slots=max(batches),
                                             checkpoints=1)
             slot = c.describe_model(states.model_id).slot_bytes
             for b in batches:

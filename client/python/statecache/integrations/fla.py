@@ -93,6 +93,11 @@ class SlotState:
     def __init__(self, cache, index):
         self.cache, self.index = cache, index
 
+    @property
+    def device(self):
+        """The slots' device (FLA's cache layers read `state.device`)."""
+        return self.cache._device()
+
     def __repr__(self) -> str:
         return f"SlotState(layer={self.index})"
 
