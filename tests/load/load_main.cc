@@ -129,6 +129,7 @@ int Main() {
     m.target = o.target;
     m.client = o.client;
     m.spec = o.spec;
+    m.spec.checkpoints = 1;  // the mixed workload takes no snapshots
     m.unary_clients = absl::GetFlag(FLAGS_unary_clients);
     m.stream_clients = absl::GetFlag(FLAGS_stream_clients);
     m.steps = absl::GetFlag(FLAGS_steps);
