@@ -5,9 +5,11 @@
 // On a backend whose memory is host memory (Backend::host_memory(), the CPU
 // backend) the arrays are read and o written in place when each is aligned
 // to its element type (no staging copy: the request's bytes go straight to
-// the kernel, o straight into the response); otherwise the inputs are copied
-// into one StagingCache buffer (one CopyIn when they are small, one per
-// array otherwise) and o is copied out of it.
+// the kernel, o straight into the response); otherwise the inputs go to one
+// StagingCache buffer: up to 1 MiB packed into one host block and run with
+// one Backend::DecodeUpdateStaged (CUDA: one stream, one host wait for copy
+// in, update and copy out), larger ones copied in array by array, o copied
+// out after.
 //
 //   HostUpdate u{.batch = b, .slots = access.indices().data(), ...};
 //   RETURN_IF_ERROR(RunHostUpdate(*backend, staging, *m->prepared, view, layer, u, &seconds));
@@ -44,7 +46,8 @@ HostUpdateRow RowBytesOf(const ModelGeometry& g, DType dtype);
 // Runs `u` on `backend` (see above). The DecodeUpdate's status is returned
 // unchanged (kInvalidArgument naming the field: nothing was written);
 // staging errors (kResourceExhausted) before it. *kernel_seconds: the wall
-// time of the DecodeUpdate call alone.
+// time of the backend's update call (with its copies when
+// DecodeUpdateStaged does them).
 absl::Status RunHostUpdate(Backend& backend, StagingCache& staging, const PreparedModel& model,
                            const PoolView& pool, int layer, const HostUpdate& u,
                            double* kernel_seconds);

@@ -176,6 +176,26 @@ class Backend {
   virtual absl::Status DecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
                                     const DecodeInputs& in) = 0;
 
+  // DecodeUpdate with its staging copies in one call (the server's Update of
+  // host tensors): `in_bytes` of `host_in` are copied to backend memory at
+  // `staged` (where in's input pointers and slots point), the update runs,
+  // then `o_bytes` of in.o are copied to `host_o`. Errors as DecodeUpdate
+  // (nothing written to the pool; host_o's contents are then unspecified).
+  // The CUDA backend does it on one stream with one host wait; this default
+  // runs CopyIn, DecodeUpdate and CopyOut.
+  virtual absl::Status DecodeUpdateStaged(const PreparedModel& model, const PoolView& pool,
+                                          int layer, const DecodeInputs& in, void* staged,
+                                          const void* host_in, int64_t in_bytes, void* host_o,
+                                          int64_t o_bytes) {
+    if (in_bytes > 0) {
+      absl::Status st = CopyIn(staged, host_in, in_bytes);
+      if (!st.ok()) return st;
+    }
+    absl::Status st = DecodeUpdate(model, pool, layer, in);
+    if (!st.ok() || o_bytes == 0) return st;
+    return CopyOut(host_o, in.o, o_bytes);
+  }
+
   virtual absl::Status Prefill(const PreparedModel& model, const PoolView& pool, int layer,
                                const PrefillInputs& in) = 0;
 

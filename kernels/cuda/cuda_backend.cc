@@ -154,8 +154,17 @@ class CallContext {
   // first error into a status.
   absl::Status FinishValidation(const int32_t* slots, const int32_t* dst_slots, int64_t num_slots,
                                 int64_t dst_num_slots) {
-    RETURN_IF_ERROR(CudaStatus(
-        ci::CopyDeviceToHostAsync(host_errors_, errors_, kErrorBytes, stream_), "read errors"));
+    RETURN_IF_ERROR(EnqueueErrorReadback());
+    return Verdict(slots, dst_slots, num_slots, dst_num_slots);
+  }
+  // FinishValidation in two steps (work may go between them): the error
+  // block's copy into pinned memory, then the wait and the status.
+  absl::Status EnqueueErrorReadback() {
+    return CudaStatus(ci::CopyDeviceToHostAsync(host_errors_, errors_, kErrorBytes, stream_),
+                      "read errors");
+  }
+  absl::Status Verdict(const int32_t* slots, const int32_t* dst_slots, int64_t num_slots,
+                       int64_t dst_num_slots) {
     RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "validation"));
     int32_t e[ci::kNumValidationFields];
     std::memcpy(e, host_errors_, sizeof(e));
@@ -298,23 +307,18 @@ class CudaBackend : public Backend {
 
   absl::Status DecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
                             const DecodeInputs& in) override {
-    ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
-    const StateLayout& layout = m->layout();
-    RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
-    RETURN_IF_ERROR(CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v, in.g,
-                                       in.beta));
-    if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
-    if (in.batch == 0) return absl::OkStatus();
-    ASSIGN_OR_RETURN(Lease c, Acquire());
-    // Validation and the kernel go back to back; the kernel reads the error
-    // block first and writes nothing if validation failed, so one read-back
-    // at the end reports the error.
-    RETURN_IF_ERROR(ValidateOnDevice(*c, layout, pool, in.batch, 1, in.slots, in.dtype, in.q,
-                                     in.k, in.v, in.g, in.beta));
-    RETURN_IF_ERROR(EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q,
-                                        in.k, in.v, in.g, in.beta, in.o, c->errors(), true,
-                                        c->stream()));
-    return c->FinishValidation(in.slots, nullptr, pool.num_slots, 0);
+    return Decode(model, pool, layer, in, nullptr, nullptr, 0, nullptr, 0);
+  }
+
+  absl::Status DecodeUpdateStaged(const PreparedModel& model, const PoolView& pool, int layer,
+                                  const DecodeInputs& in, void* staged, const void* host_in,
+                                  int64_t in_bytes, void* host_o, int64_t o_bytes) override {
+    if (in_bytes < 0 || o_bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+    if (in_bytes > 0 && (staged == nullptr || host_in == nullptr)) {
+      return absl::InvalidArgumentError("copy: null pointer");
+    }
+    if (o_bytes > 0 && host_o == nullptr) return absl::InvalidArgumentError("copy: null pointer");
+    return Decode(model, pool, layer, in, staged, host_in, in_bytes, host_o, o_bytes);
   }
 
   absl::Status Prefill(const PreparedModel& model, const PoolView& pool, int layer,
@@ -476,6 +480,39 @@ class CudaBackend : public Backend {
   void GiveBack(std::unique_ptr<CallContext> ctx) {
     std::lock_guard<std::mutex> lock(contexts_mu_);
     free_contexts_.push_back(std::move(ctx));
+  }
+
+  // DecodeUpdate on one context: the optional copy in, validation, the
+  // kernel (it writes nothing if validation failed, so one read-back at the
+  // end reports the error), the optional copy of o out, one host wait.
+  absl::Status Decode(const PreparedModel& model, const PoolView& pool, int layer,
+                      const DecodeInputs& in, void* staged, const void* host_in,
+                      int64_t in_bytes, void* host_o, int64_t o_bytes) {
+    ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
+    const StateLayout& layout = m->layout();
+    RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
+    RETURN_IF_ERROR(CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v, in.g,
+                                       in.beta));
+    if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
+    if (in.batch == 0) return absl::OkStatus();
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    if (in_bytes > 0) {
+      RETURN_IF_ERROR(CudaStatus(ci::CopyHostToDeviceAsync(staged, host_in, in_bytes, c->stream()),
+                                 "copy in"));
+    }
+    RETURN_IF_ERROR(ValidateOnDevice(*c, layout, pool, in.batch, 1, in.slots, in.dtype, in.q,
+                                     in.k, in.v, in.g, in.beta));
+    RETURN_IF_ERROR(EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q,
+                                        in.k, in.v, in.g, in.beta, in.o, c->errors(), true,
+                                        c->stream()));
+    RETURN_IF_ERROR(c->EnqueueErrorReadback());
+    if (o_bytes > 0) {
+      // Behind the kernel on the same stream (returns once done: pageable
+      // memory); o is only meaningful when the verdict is OK.
+      RETURN_IF_ERROR(
+          CudaStatus(ci::CopyDeviceToHostAsync(host_o, in.o, o_bytes, c->stream()), "copy out"));
+    }
+    return c->Verdict(in.slots, nullptr, pool.num_slots, 0);
   }
 
   absl::Status ValidateOnDevice(CallContext& c, const StateLayout& layout, const PoolView& pool,

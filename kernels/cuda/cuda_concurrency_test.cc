@@ -227,5 +227,59 @@ TEST_F(CudaConcurrencyTest, ThroughputOfOneVsManyThreads) {
   EXPECT_LT(many, one) << "16 threads were not faster than 1";
 }
 
+
+TEST_F(CudaConcurrencyTest, StagedDecodeEqualsCopiesAndDecode) {
+  // DecodeUpdateStaged (copy in + update + copy out, one wait) against
+  // CopyIn + DecodeUpdate + CopyOut: same pool bytes and o; a bad beta is
+  // the binding's error and writes nothing.
+  std::unique_ptr<BackendBuffer> a, b;
+  const PoolView p1 = NewPool(&a), p2 = NewPool(&b);
+  const int64_t in_floats = 2 * kGeo.h_qk * kGeo.d_k + kGeo.h_v * kGeo.d_v + 2 * kGeo.h_v;
+  for (int step = 0; step < 4; ++step) {
+    std::mt19937 rng(step);
+    std::vector<float> host = Unit(rng, 1, static_cast<int>(in_floats));
+    // q, k, v from the unit row (finite, small); g <= 0 and beta in (0, 1).
+    for (int h = 0; h < kGeo.h_v; ++h) {
+      host[in_floats - 2 * kGeo.h_v + h] = -0.1f * (h + 1);
+      host[in_floats - kGeo.h_v + h] = 0.2f * (h + 1);
+    }
+    int32_t slot = 5;
+    std::vector<uint8_t> packed(4096 + in_floats * 4);
+    std::memcpy(packed.data(), &slot, 4);
+    std::memcpy(packed.data() + 256, host.data(), in_floats * 4);
+    std::unique_ptr<BackendBuffer> staged = be_->Allocate(packed.size() + 4096).value();
+    uint8_t* base = staged->data();
+    DecodeInputs d;
+    d.batch = 1;
+    d.slots = reinterpret_cast<const int32_t*>(base);
+    d.q = base + 256;
+    d.k = base + 256 + kGeo.h_qk * kGeo.d_k * 4;
+    d.v = base + 256 + 2 * kGeo.h_qk * kGeo.d_k * 4;
+    d.g = reinterpret_cast<const float*>(base + 256 + (in_floats - 2 * kGeo.h_v) * 4);
+    d.beta = reinterpret_cast<const float*>(base + 256 + (in_floats - kGeo.h_v) * 4);
+    d.o = reinterpret_cast<float*>(base + packed.size());
+    const int64_t o_bytes = kGeo.h_v * kGeo.d_v * 4;
+    std::vector<float> o1(o_bytes / 4), o2(o_bytes / 4);
+    ASSERT_TRUE(be_->DecodeUpdateStaged(*model_, p1, step % 2, d, base, packed.data(),
+                                        packed.size(), o1.data(), o_bytes)
+                    .ok());
+    ASSERT_TRUE(be_->CopyIn(base, packed.data(), packed.size()).ok());
+    ASSERT_TRUE(be_->DecodeUpdate(*model_, p2, step % 2, d).ok());
+    ASSERT_TRUE(be_->CopyOut(o2.data(), d.o, o_bytes).ok());
+    EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o_bytes)) << step;
+    if (step == 3) {
+      const std::string before = Bytes(p1);
+      const float bad_beta = 7.f;
+      std::memcpy(packed.data() + 256 + (in_floats - kGeo.h_v + 2) * 4, &bad_beta, 4);
+      absl::Status st = be_->DecodeUpdateStaged(*model_, p1, 0, d, base, packed.data(),
+                                                packed.size(), o1.data(), o_bytes);
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+      EXPECT_NE(st.message().find("beta[2]"), std::string::npos) << st;
+      EXPECT_EQ(Bytes(p1), before);
+    }
+  }
+  EXPECT_EQ(Bytes(p1), Bytes(p2));
+}
+
 }  // namespace
 }  // namespace statecache
