@@ -937,18 +937,23 @@ TEST_F(E2eTest, CallsDuringTheDrainDoNotRunAndEndUnavailable) {
   ASSERT_TRUE(stream.ok());
   std::mt19937 rng(3);
   ASSERT_TRUE((*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng))).ok());
-  const std::vector<uint8_t> before(model->slots->view().slot(slot_index),
-                                    model->slots->view().slot(slot_index) +
-                                        model->slots->slot_bytes());
+  // Read under the slot's exclusive access: the handler that wrote it
+  // released it after writing (a happens-before edge TSan sees; the gRPC
+  // reply that also orders them is uninstrumented).
+  auto slot_bytes = [&] {
+    auto access = model->slots->Acquire(*slots, "slots");
+    EXPECT_TRUE(access.ok()) << access.status();
+    return std::vector<uint8_t>(model->slots->view().slot(slot_index),
+                                model->slots->view().slot(slot_index) + model->slots->slot_bytes());
+  };
+  const std::vector<uint8_t> before = slot_bytes();
   server_->service().call_gate().BeginDrain();
   auto o = (*stream)->Update(kModel, Call(0, *slots, MakeInputs(geo, 1, 1, &rng)));
   EXPECT_EQ(o.status().code(), absl::StatusCode::kUnavailable) << o.status();
   const absl::Status end = (*stream)->Finish();
   EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
   EXPECT_THAT(std::string(end.message()), HasSubstr("did not run"));
-  const std::vector<uint8_t> after(model->slots->view().slot(slot_index),
-                                   model->slots->view().slot(slot_index) +
-                                       model->slots->slot_bytes());
+  const std::vector<uint8_t> after = slot_bytes();
   EXPECT_TRUE(before == after) << "a message sent during the drain wrote its slot";
   auto unary = client_->AllocateSlots(kModel, 1);
   EXPECT_EQ(unary.status().code(), absl::StatusCode::kUnavailable);

@@ -168,7 +168,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
         s->metrics_->Start(absl::StrCat(options.metrics.host, ":", options.metrics.port)));
   }
   s->service_ = std::make_unique<StateCacheService>(s->backend_.get(), s->registry_.get(),
-                                                    s->metrics_, options.limits);
+                                                    s->metrics_, options.limits,
+                                                    options.compute);
   s->service_->set_tenants(s->tenants_.get());
   if (options.dataplane.enabled) {
     DataPlane::Options dpo;
@@ -204,6 +205,18 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   builder.AddListeningPort(options.sockets.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(options.sockets.max_message_bytes);
   builder.SetMaxSendMessageSize(options.sockets.max_message_bytes);
+  {
+    const int threads = options.sockets.grpc_threads > 0 ? options.sockets.grpc_threads
+                                                         : SocketOptions::kDefaultGrpcThreads;
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cqs = std::min(threads, options.sockets.grpc_completion_queues > 0
+                                          ? options.sockets.grpc_completion_queues
+                                          : std::min(4, hw));
+    builder.SetSyncServerOption(grpc::ServerBuilder::NUM_CQS, cqs);
+    builder.SetSyncServerOption(grpc::ServerBuilder::MIN_POLLERS, 1);
+    builder.SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS,
+                                std::max(1, (threads + cqs - 1) / cqs));
+  }
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {

@@ -48,6 +48,16 @@ class StateCacheServer {
     // FP32 states per layer: 62.9 MB a slot). Co-located workers avoid the
     // copies with registered buffers (issue 10).
     int max_message_bytes = 1 << 30;
+    // gRPC sync-server threads kept ready (polling) between calls, over all
+    // completion queues. gRPC's own default keeps 1-2 and starts a thread
+    // for a call that finds none idle (on that call's path) and ends it
+    // afterwards; a server of many concurrent workers wants them kept.
+    // Threads beyond it still start for bursts (UpdateStream holds one while
+    // open) and end when idle. 0 = kDefaultGrpcThreads.
+    int grpc_threads = 0;
+    static constexpr int kDefaultGrpcThreads = 64;
+    // Completion queues the threads poll; 0 = min(4, hardware threads).
+    int grpc_completion_queues = 0;
   };
   // Data plane for co-located workers (issue 10, server/dataplane/).
   struct DataPlaneOptions {
@@ -112,6 +122,7 @@ class StateCacheServer {
     MemoryOptions memory;
     MetricsOptions metrics;
     StateCacheService::Limits limits;
+    StateCacheService::ComputeOptions compute;
     SecurityOptions security;
     PersistenceOptions persistence;
     DataPlaneOptions dataplane;

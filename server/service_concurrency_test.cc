@@ -1,6 +1,8 @@
 // Concurrency test of StateCacheService without gRPC: many threads call the
 // handlers on one model at once (updates, prefills, snapshots, lookups,
-// restores, export/import, allocate/release churn, stats, slot-lease sweeps).
+// restores, export/import, allocate/release churn, stats, slot-lease sweeps),
+// and concurrent Updates on distinct slots (with and without coalescing)
+// give the bytes of the same calls run serially.
 // Written for ThreadSanitizer (bazel test --config=tsan): every thread is
 // ours, so every access is checked. Also run in the default suite: no call
 // fails unexpectedly and the pool invariants hold afterwards.
@@ -158,6 +160,101 @@ TEST(ServiceConcurrencyTest, ManyThreadsOnOneModel) {
   EXPECT_TRUE(model->slots->CheckInvariants().ok()) << model->slots->CheckInvariants();
   EXPECT_TRUE(model->checkpoints->CheckInvariants().ok());
   EXPECT_EQ(model->slots->stats().allocated, 0);
+}
+
+// Updates of many threads on distinct slots (unary-style DoUpdate calls
+// interleaved however the scheduler likes), with and without coalescing:
+// every slot's final packed bytes and every o equal the same calls run one
+// after another on a fresh model.
+void ConcurrentUpdatesMatchSerial(bool coalesce) {
+  SetLoggingEnabled(false);
+  std::unique_ptr<Backend> backend = CpuBackend::Create({/*threads=*/2});
+  ModelRegistry::Options ro;
+  ro.state_budget_bytes = 8 << 20;
+  ro.checkpoint_budget_bytes = 1 << 20;
+  ModelRegistry registry(backend.get(), ro);
+  StateCacheService::ComputeOptions compute;
+  compute.coalesce_updates = coalesce;
+  compute.coalescer.max_batch = 4;
+  StateCacheService service(backend.get(), &registry, nullptr, {}, compute);
+  Tenant& caller = service.default_tenant();
+  const ModelGeometry geo{Arch::kGdn, 2, 1, 2, 32, 32};
+  for (const char* id : {"live", "serial"}) {
+    v1::RegisterModelRequest reg;
+    reg.set_model_id(id);
+    reg.set_format("damp:8");
+    *reg.mutable_geometry() = GeometryToProto(geo);
+    reg.set_slots(8);
+    reg.set_checkpoints(1);
+    v1::RegisterModelResponse info;
+    ASSERT_TRUE(service.DoRegisterModel(caller, reg, &info).ok());
+  }
+  constexpr int kThreads = 8, kSteps = 12;
+  // Inputs of thread t, step i (the layer alternates).
+  auto request = [&](const char* model, const v1::SlotHandle& slot, int t, int i) {
+    std::mt19937 rng(1000 * t + i);
+    v1::UpdateRequest u;
+    u.set_model_id(model);
+    u.set_layer(i % 2);
+    *u.add_slots() = slot;
+    SetTensor({1, 1, 32}, &rng, 0.17f, u.mutable_q());
+    SetTensor({1, 1, 32}, &rng, 0.17f, u.mutable_k());
+    SetTensor({1, 2, 32}, &rng, 1.f, u.mutable_v());
+    SetTensor({1, 2}, &rng, 0.f, u.mutable_g());
+    SetTensor({1, 2}, &rng, 0.f, u.mutable_beta());
+    return u;
+  };
+  auto allocate = [&](const char* model) {
+    v1::AllocateSlotsRequest a;
+    a.set_model_id(model);
+    a.set_count(kThreads);
+    v1::AllocateSlotsResponse r;
+    EXPECT_TRUE(service.DoAllocateSlots(caller, a, &r).ok());
+    return r;
+  };
+  auto exported = [&](const char* model, const v1::SlotHandle& slot) {
+    v1::ExportRequest ex;
+    ex.set_model_id(model);
+    *ex.mutable_slot() = slot;
+    v1::ExportResponse r;
+    EXPECT_TRUE(service.DoExport(caller, ex, &r).ok());
+    return r.packed();
+  };
+  const v1::AllocateSlotsResponse live = allocate("live");
+  ASSERT_EQ(live.slots_size(), kThreads);
+  std::vector<std::vector<std::string>> outputs(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kSteps; ++i) {
+        v1::UpdateResponse o;
+        absl::Status s = service.DoUpdate(caller, request("live", live.slots(t), t, i), &o);
+        if (!s.ok()) {
+          ++failed;
+          ADD_FAILURE() << "thread " << t << " step " << i << ": " << s;
+        }
+        outputs[t].push_back(o.o().data());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failed.load(), 0);
+  const v1::AllocateSlotsResponse serial = allocate("serial");
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kSteps; ++i) {
+      v1::UpdateResponse o;
+      ASSERT_TRUE(service.DoUpdate(caller, request("serial", serial.slots(t), t, i), &o).ok());
+      EXPECT_EQ(o.o().data(), outputs[t][i]) << "o of thread " << t << " step " << i;
+    }
+    EXPECT_EQ(exported("serial", serial.slots(t)), exported("live", live.slots(t)))
+        << "state of thread " << t;
+  }
+}
+
+TEST(ServiceConcurrencyTest, ConcurrentUpdatesMatchSerial) { ConcurrentUpdatesMatchSerial(false); }
+TEST(ServiceConcurrencyTest, CoalescedConcurrentUpdatesMatchSerial) {
+  ConcurrentUpdatesMatchSerial(true);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "kernels/layout/layout_file.h"
 #include "kernels/trajectory/trajectory_file.h"
 #include "server/auth/tenants.h"
+#include "server/host_update.h"
 #include "server/log.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/staging.h"
@@ -38,7 +40,8 @@ namespace {
 
 constexpr int64_t kStageAlign = 256;
 
-// Host data staged into one backend buffer, section by section.
+// Host data staged into one backend buffer (from the service's
+// StagingCache; contents not zeroed), section by section.
 class Staging {
  public:
   // Reserves a section of `bytes`; copies `host` into it when non-null.
@@ -48,8 +51,9 @@ class Staging {
     total_ += (bytes + kStageAlign - 1) / kStageAlign * kStageAlign;
     return static_cast<int>(parts_.size()) - 1;
   }
-  absl::Status Commit(Backend& backend) {
-    ASSIGN_OR_RETURN(buffer_, backend.Allocate(std::max<int64_t>(total_, kStageAlign)));
+  absl::Status Commit(Backend& backend, StagingCache& cache) {
+    ASSIGN_OR_RETURN(StagingCache::Lease lease, cache.Get(std::max<int64_t>(total_, kStageAlign)));
+    buffer_.emplace(std::move(lease));
     for (const Part& p : parts_) {
       if (p.host != nullptr && p.bytes > 0) {
         RETURN_IF_ERROR(backend.CopyIn(buffer_->data() + p.offset, p.host, p.bytes));
@@ -70,7 +74,7 @@ class Staging {
   };
   std::vector<Part> parts_;
   int64_t total_ = 0;
-  std::unique_ptr<BackendBuffer> buffer_;
+  std::optional<StagingCache::Lease> buffer_;
 };
 
 // Copies FP32 values out of a message into an aligned vector (message bytes
@@ -321,11 +325,20 @@ absl::Status StateCacheService::CheckRegisterQuota(Tenant& caller, ModelSpec* sp
 
 StateCacheService::StateCacheService(Backend* backend, ModelRegistry* registry,
                                      std::shared_ptr<Metrics> metrics, Limits limits)
+    : StateCacheService(backend, registry, std::move(metrics), limits, ComputeOptions()) {}
+
+StateCacheService::StateCacheService(Backend* backend, ModelRegistry* registry,
+                                     std::shared_ptr<Metrics> metrics, Limits limits,
+                                     ComputeOptions compute)
     : backend_(backend),
       registry_(registry),
       metrics_(std::move(metrics)),
       limits_(limits),
       started_(absl::Now()),
+      staging_(std::make_unique<StagingCache>(backend, compute.staging_cache_bytes)),
+      coalescer_(compute.coalesce_updates ? std::make_unique<UpdateCoalescer>(
+                                                backend, staging_.get(), compute.coalescer)
+                                          : nullptr),
       default_tenant_("", TenantQuota()) {}
 
 absl::StatusOr<Tenant*> StateCacheService::Authenticate(const grpc::ServerContext* ctx) {
@@ -751,37 +764,38 @@ absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest
   RETURN_IF_ERROR(CheckNotAttached(*m, req.slots(), "slots"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
                    m->slots->Acquire(HandlesFromProto(req.slots()), "slots"));
-  const int64_t o_count = int64_t{b} * g.h_v * g.d_v;
-  Staging st;
-  const int s_idx = st.Add(access.indices().data(), b * sizeof(int32_t));
-  const int s_q = st.Add(q.data, q.bytes), s_k = st.Add(k.data, k.bytes),
-            s_v = st.Add(v.data, v.bytes);
-  const int s_g = st.Add(gates.data(), gt.bytes), s_b = st.Add(betas.data(), bt.bytes);
-  const int s_o = st.Add(nullptr, o_count * 4);
-  RETURN_IF_ERROR(st.Commit(*backend_));
-  DecodeInputs in;
-  in.batch = b;
-  in.slots = st.at<int32_t>(s_idx);
-  in.dtype = q.dtype;
-  in.q = st.at<void>(s_q);
-  in.k = st.at<void>(s_k);
-  in.v = st.at<void>(s_v);
-  in.g = st.at<float>(s_g);
-  in.beta = st.at<float>(s_b);
-  in.o = st.at<float>(s_o);
-  const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(backend_->DecodeUpdate(*m->prepared, m->slots->view(), req.layer(), in));
-  const double kernel = Seconds(start);
+  // o is written straight into the response (no staging on a host-memory
+  // backend); the inputs are read from the request's bytes.
   v1::Tensor* o = resp->mutable_o();
   o->set_dtype(v1::DTYPE_FP32);
   for (int64_t d : {int64_t{b}, int64_t{g.h_v}, int64_t{g.d_v}}) o->add_shape(d);
   std::string* data = o->mutable_data();
-  data->resize(o_count * 4);
-  RETURN_IF_ERROR(backend_->CopyOut(data->data(), in.o, o_count * 4));
-  resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
-  if (metrics_) {
-    metrics_->ObserveKernel("decode_update", kernel);
-    metrics_->ObserveUpdateBatch(b);
+  data->resize(int64_t{b} * g.h_v * g.d_v * 4);
+  HostUpdate u;
+  u.batch = b;
+  u.slots = access.indices().data();
+  u.dtype = q.dtype;
+  u.q = q.data;
+  u.k = k.data;
+  u.v = v.data;
+  u.g = gates.data();
+  u.beta = betas.data();
+  u.o = reinterpret_cast<float*>(data->data());
+  UpdateCoalescer::Launch launch;
+  if (coalescer_ != nullptr) {
+    RETURN_IF_ERROR(coalescer_->Run(*m->prepared, m->slots->view(), req.layer(), u, &launch));
+  } else {
+    RETURN_IF_ERROR(RunHostUpdate(*backend_, *staging_, *m->prepared, m->slots->view(),
+                                  req.layer(), u, &launch.kernel_seconds));
+    launch.batch = b;
+    launch.calls = 1;
+    launch.leader = true;
+  }
+  resp->set_kernel_micros(static_cast<int64_t>(launch.kernel_seconds * 1e6));
+  if (metrics_ && launch.leader) {
+    // Once per launch: its batch is every merged call's slots.
+    metrics_->ObserveKernel("decode_update", launch.kernel_seconds);
+    metrics_->ObserveUpdateBatch(launch.batch);
   }
   return absl::OkStatus();
 }
@@ -894,7 +908,7 @@ absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillReque
     Staging st;
     const int s_idx = st.Add(access.indices().data(), b * sizeof(int32_t));
     const int s_states = st.Add(states.data, states.bytes);
-    RETURN_IF_ERROR(st.Commit(*backend_));
+    RETURN_IF_ERROR(st.Commit(*backend_, *staging_));
     const absl::Time start = absl::Now();
     RETURN_IF_ERROR(backend_->PackStates(*m->prepared, m->slots->view(), st.at<int32_t>(s_idx), b,
                                          st.at<float>(s_states)));
@@ -960,7 +974,7 @@ absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillReque
             s_v = st.Add(v.data, v.bytes);
   const int s_g = st.Add(gates.data(), gt.bytes), s_b = st.Add(betas.data(), bt.bytes);
   const int s_o = st.Add(nullptr, o_count * 4);
-  RETURN_IF_ERROR(st.Commit(*backend_));
+  RETURN_IF_ERROR(st.Commit(*backend_, *staging_));
   PrefillInputs in;
   in.batch = b;
   in.tokens = static_cast<int>(tokens);
@@ -1174,7 +1188,7 @@ absl::Status StateCacheService::DoImport(Tenant& caller, const v1::ImportRequest
   const int s_idx = st.Add(&zero, sizeof(zero));
   const int s_slot = st.Add(req.packed().data(), bytes);
   const int s_states = st.Add(nullptr, values * 4);
-  RETURN_IF_ERROR(st.Commit(*backend_));
+  RETURN_IF_ERROR(st.Commit(*backend_, *staging_));
   scratch.base = st.at<uint8_t>(s_slot);
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(backend_->UnpackStates(*m->prepared, scratch, st.at<int32_t>(s_idx), 1,
@@ -1191,7 +1205,7 @@ absl::Status StateCacheService::DoImport(Tenant& caller, const v1::ImportRequest
                    m->slots->Acquire({HandleFromProto(req.slot())}, "slot"));
   Staging dst;
   const int d_idx = dst.Add(access.indices().data(), sizeof(int32_t));
-  RETURN_IF_ERROR(dst.Commit(*backend_));
+  RETURN_IF_ERROR(dst.Commit(*backend_, *staging_));
   return backend_->CopySlots(scratch, st.at<int32_t>(s_idx), m->slots->view(),
                              dst.at<int32_t>(d_idx), 1);
 }

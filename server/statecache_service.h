@@ -9,8 +9,13 @@
 // incompatible states, kResourceExhausted for full pools.
 //
 // Slots are held exclusively for the duration of a call (SlotPool::Acquire),
-// so concurrent calls on distinct slots run in parallel and calls on the same
-// slot are serialized. Thread-safe; handlers run on gRPC's sync-server threads.
+// so concurrent calls on distinct slots run in parallel (the backend takes no
+// backend-wide lock) and calls on the same slot are serialized. Update reads
+// its tensors from the request's bytes and writes o into the response
+// (server/host_update.h: in place on a host-memory backend, else through
+// reused staging buffers); with ComputeOptions::coalesce_updates concurrent
+// Updates of one model and layer share one launch. Thread-safe; handlers run
+// on gRPC's sync-server threads.
 //
 //   StateCacheService service(backend, &registry, metrics, {});
 //   builder.RegisterService(&service);
@@ -33,6 +38,8 @@
 #include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/model_store.h"
+#include "server/pool/staging_cache.h"
+#include "server/update_coalescer.h"
 
 namespace statecache {
 
@@ -60,9 +67,21 @@ class StateCacheService final : public v1::StateCache::Service {
     int64_t max_calibration_bytes = int64_t{1} << 30;
   };
 
+  // How Update calls reach the backend (issue 33).
+  struct ComputeOptions {
+    // Merge concurrent Updates of one model, layer and dtype into one
+    // DecodeUpdate launch (server/update_coalescer.h; max_batch, max_delay).
+    bool coalesce_updates = false;
+    UpdateCoalescer::Options coalescer;
+    // Staging buffers kept for reuse across calls (server/pool/staging_cache.h).
+    int64_t staging_cache_bytes = int64_t{256} << 20;
+  };
+
   // `backend`, `registry` and `metrics` must outlive the service.
   StateCacheService(Backend* backend, ModelRegistry* registry, std::shared_ptr<Metrics> metrics,
                     Limits limits);
+  StateCacheService(Backend* backend, ModelRegistry* registry, std::shared_ptr<Metrics> metrics,
+                    Limits limits, ComputeOptions compute);
 
   grpc::Status RegisterModel(grpc::ServerContext* ctx, const v1::RegisterModelRequest* req,
                              v1::RegisterModelResponse* resp) override;
@@ -185,6 +204,10 @@ class StateCacheService final : public v1::StateCache::Service {
   const std::shared_ptr<Metrics> metrics_;
   const Limits limits_;
   const absl::Time started_;
+  // Staging memory of every compute call; the Update coalescer (null when
+  // ComputeOptions::coalesce_updates is off).
+  const std::unique_ptr<StagingCache> staging_;
+  const std::unique_ptr<UpdateCoalescer> coalescer_;
   const TenantDirectory* tenants_ = nullptr;
   ModelStore* model_store_ = nullptr;
   DataPlane* dataplane_ = nullptr;

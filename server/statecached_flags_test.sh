@@ -18,6 +18,10 @@ expect_refused() {  # expect_refused <flag=value> <message part>
 expect_refused --submit_ring_wait_timeout_ms=0 "--submit_ring_wait_timeout_ms must be > 0"
 expect_refused --submit_ring_wait_timeout_ms=-5 "--submit_ring_wait_timeout_ms must be > 0"
 expect_refused --report_geometry=bogus "report_geometry"
+expect_refused --grpc_threads=-1 "--grpc_threads / --grpc_completion_queues must be >= 0"
+expect_refused --grpc_completion_queues=-2 "--grpc_threads / --grpc_completion_queues must be >= 0"
+expect_refused --coalesce_max_batch=0 "--coalesce_max_batch must be >= 1"
+expect_refused --coalesce_max_delay_us=-1 "--coalesce_max_delay_us and --staging_cache_bytes >= 0"
 
 # --version: project version (top-level VERSION) and git revision, optimized
 # (NDEBUG) by default; never absl's "Debug build (NDEBUG not #defined)".

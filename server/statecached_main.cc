@@ -22,6 +22,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "server/log.h"
@@ -66,6 +67,25 @@ ABSL_FLAG(int, max_message_bytes, 1 << 30,
           "of states 62.9 MB per slot, so the 1 GiB default holds B=4096 Updates and 16-slot "
           "state prefills. Co-located workers skip the bytes with registered buffers "
           "(RegisterBuffer) or attached mode.");
+ABSL_FLAG(int, grpc_threads, 0,
+          "gRPC sync-server threads kept ready between calls (0 = 64). Each running call or "
+          "open stream holds one; more start for bursts and end when idle. Size it to the "
+          "concurrent callers you expect (workers x streams) so no call waits for a thread "
+          "to start.");
+ABSL_FLAG(int, grpc_completion_queues, 0,
+          "Completion queues the gRPC threads poll (0 = min(4, hardware threads)).");
+ABSL_FLAG(bool, coalesce_updates, false,
+          "Merge concurrent Update calls of one model, layer and dtype into one kernel launch "
+          "(group commit: a lone call launches at once; calls arriving while a launch of their "
+          "layer runs share the next one). Results are byte-identical to separate calls.");
+ABSL_FLAG(int, coalesce_max_batch, 256,
+          "--coalesce_updates: most slots in one merged launch (larger calls run alone).");
+ABSL_FLAG(int64_t, coalesce_max_delay_us, 0,
+          "--coalesce_updates: how long a launch may wait for more calls while fewer than "
+          "--coalesce_max_batch slots are queued (0 = never: no added latency beyond the "
+          "launch ahead).");
+ABSL_FLAG(int64_t, staging_cache_bytes, int64_t{256} << 20,
+          "Backend staging buffers (request tensors, outputs) kept for reuse between calls.");
 ABSL_FLAG(bool, dataplane, true,
           "Serve the data plane for co-located workers (issue 10): OpenSession, RegisterBuffer "
           "(CPU: POSIX shared memory; CUDA: CUDA IPC handles + events), AttachSlots, and "
@@ -174,6 +194,24 @@ int Main() {
   options.security.tenants_file = absl::GetFlag(FLAGS_tenants_file);
   options.persistence.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.slot_idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_slot_idle_timeout_ms));
+  if (absl::GetFlag(FLAGS_grpc_threads) < 0 || absl::GetFlag(FLAGS_grpc_completion_queues) < 0) {
+    std::fprintf(stderr, "statecached: --grpc_threads / --grpc_completion_queues must be >= 0\n");
+    return 2;
+  }
+  options.sockets.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
+  options.sockets.grpc_completion_queues = absl::GetFlag(FLAGS_grpc_completion_queues);
+  if (absl::GetFlag(FLAGS_coalesce_max_batch) < 1 || absl::GetFlag(FLAGS_coalesce_max_delay_us) < 0 ||
+      absl::GetFlag(FLAGS_staging_cache_bytes) < 0) {
+    std::fprintf(stderr,
+                 "statecached: --coalesce_max_batch must be >= 1, --coalesce_max_delay_us and "
+                 "--staging_cache_bytes >= 0\n");
+    return 2;
+  }
+  options.compute.coalesce_updates = absl::GetFlag(FLAGS_coalesce_updates);
+  options.compute.coalescer.max_batch = absl::GetFlag(FLAGS_coalesce_max_batch);
+  options.compute.coalescer.max_delay =
+      absl::Microseconds(absl::GetFlag(FLAGS_coalesce_max_delay_us));
+  options.compute.staging_cache_bytes = absl::GetFlag(FLAGS_staging_cache_bytes);
   options.dataplane.enabled = absl::GetFlag(FLAGS_dataplane);
   options.dataplane.shared_pools = absl::GetFlag(FLAGS_shared_pools);
   options.dataplane.session_lease = absl::Milliseconds(absl::GetFlag(FLAGS_session_lease_ms));
@@ -221,5 +259,9 @@ int main(int argc, char** argv) {
   usage_config.version_string = [] { return statecache::VersionString("statecached"); };
   absl::SetFlagsUsageConfig(usage_config);
   absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil is built without NDEBUG, so every absl::Mutex lock also
+  // runs the lock-order (deadlock) graph check: ~3% of the server's CPU under
+  // many concurrent Updates. The tests keep it on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return statecache::Main();
 }

@@ -7,8 +7,11 @@
 // points into that backend's memory space (use Allocate + CopyIn / CopyOut to
 // stage host data). Calls are synchronous: when a call returns, its outputs
 // are written (DecodeQueue, below, is the optional asynchronous decode path;
-// stream_ops() the engines' stream-ordered, graph-capturable entry points). A backend is thread-safe; concurrent calls must not touch the
-// same slots (the pool above guarantees that).
+// stream_ops() the engines' stream-ordered, graph-capturable entry points).
+// A backend is thread-safe and takes no backend-wide lock: concurrent calls
+// on disjoint slots run concurrently; concurrent calls must not touch the
+// same slots (the pool above guarantees that: its exclusive-slot rule is the
+// only ordering between callers).
 //
 // Every compute call is a "binding" in the FlashInfer sense: it checks shapes,
 // ranges and inputs and returns kInvalidArgument naming the field before
@@ -155,6 +158,10 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> Allocate(int64_t bytes) = 0;
   // Bytes the backend could still allocate (free device memory / host RAM).
   virtual absl::StatusOr<int64_t> AvailableBytes() const = 0;
+  // True when backend memory is this process's ordinary host memory (the
+  // CPU backend): compute calls then accept host pointers (aligned to their
+  // element type) directly, without Allocate + CopyIn staging.
+  virtual bool host_memory() const { return false; }
   // Host -> backend and backend -> host copies.
   virtual absl::Status CopyIn(void* backend_dst, const void* host_src, int64_t bytes) = 0;
   virtual absl::Status CopyOut(void* host_dst, const void* backend_src, int64_t bytes) = 0;
@@ -168,6 +175,26 @@ class Backend {
   // slots in one batch are kInvalidArgument.
   virtual absl::Status DecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
                                     const DecodeInputs& in) = 0;
+
+  // DecodeUpdate with its staging copies in one call (the server's Update of
+  // host tensors): `in_bytes` of `host_in` are copied to backend memory at
+  // `staged` (where in's input pointers and slots point), the update runs,
+  // then `o_bytes` of in.o are copied to `host_o`. Errors as DecodeUpdate
+  // (nothing written to the pool; host_o's contents are then unspecified).
+  // The CUDA backend does it on one stream with one host wait; this default
+  // runs CopyIn, DecodeUpdate and CopyOut.
+  virtual absl::Status DecodeUpdateStaged(const PreparedModel& model, const PoolView& pool,
+                                          int layer, const DecodeInputs& in, void* staged,
+                                          const void* host_in, int64_t in_bytes, void* host_o,
+                                          int64_t o_bytes) {
+    if (in_bytes > 0) {
+      absl::Status st = CopyIn(staged, host_in, in_bytes);
+      if (!st.ok()) return st;
+    }
+    absl::Status st = DecodeUpdate(model, pool, layer, in);
+    if (!st.ok() || o_bytes == 0) return st;
+    return CopyOut(host_o, in.o, o_bytes);
+  }
 
   virtual absl::Status Prefill(const PreparedModel& model, const PoolView& pool, int layer,
                                const PrefillInputs& in) = 0;

@@ -31,6 +31,7 @@ class CpuBackend : public Backend {
   std::string Describe() const override;
   absl::StatusOr<std::unique_ptr<BackendBuffer>> Allocate(int64_t bytes) override;
   absl::StatusOr<int64_t> AvailableBytes() const override;
+  bool host_memory() const override { return true; }
   absl::Status CopyIn(void* backend_dst, const void* host_src, int64_t bytes) override;
   absl::Status CopyOut(void* host_dst, const void* backend_src, int64_t bytes) override;
   absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override;

@@ -71,6 +71,126 @@ absl::Status EnqueueInputValidation(const StateLayout& layout, const PoolView& p
 
 constexpr int64_t kErrorBytes = 4 * ci::kNumValidationFields;
 
+// A device slot bitmap of at least `num_slots` bits (4 bytes minimum):
+// reallocated when *bitmap is smaller (the caller made sure no enqueued work
+// still reads the old one). Zeroing is the caller's (stream-ordered).
+absl::Status EnsureBitmap(int64_t num_slots, uint32_t** bitmap, int64_t* bytes) {
+  const int64_t want = std::max<int64_t>(4, BitmapBytes(num_slots));
+  if (want <= *bytes) return absl::OkStatus();
+  if (*bitmap != nullptr) ci::Free(*bitmap);
+  *bitmap = nullptr;
+  *bytes = 0;
+  void* p = nullptr;
+  if (ci::Malloc(&p, want) != 0) {
+    return absl::ResourceExhaustedError("cuda: cannot allocate the slot bitmap");
+  }
+  *bitmap = static_cast<uint32_t*>(p);
+  *bytes = want;
+  return absl::OkStatus();
+}
+
+// The device state one synchronous call of the binding works with: its own
+// non-blocking stream, the validation error block (device, plus a pinned
+// read-back copy), the slot bitmap and an ordering event. A context serves
+// one call at a time (CudaBackend::Lease); calls holding different contexts
+// share nothing mutable and run concurrently. Every call leaves its
+// context's stream idle when it returns OK (it synchronized it).
+class CallContext {
+ public:
+  static absl::StatusOr<std::unique_ptr<CallContext>> Create() {
+    std::unique_ptr<CallContext> c(new CallContext());
+    RETURN_IF_ERROR(CudaStatus(ci::StreamCreate(&c->stream_), "create call stream"));
+    void* errors = nullptr;
+    RETURN_IF_ERROR(CudaStatus(ci::Malloc(&errors, kErrorBytes), "allocate error block"));
+    c->errors_ = static_cast<int32_t*>(errors);
+    void* host = nullptr;
+    RETURN_IF_ERROR(CudaStatus(ci::HostAllocPinned(&host, kErrorBytes), "allocate pinned"));
+    c->host_errors_ = static_cast<int32_t*>(host);
+    RETURN_IF_ERROR(CudaStatus(ci::EventCreate(&c->order_event_, /*timing=*/false),
+                               "create order event"));
+    return c;
+  }
+
+  ~CallContext() {
+    if (stream_ != nullptr) {
+      ci::StreamSynchronize(stream_);
+      ci::StreamDestroy(stream_);
+    }
+    if (order_event_ != nullptr) ci::EventDestroy(order_event_);
+    if (errors_ != nullptr) ci::Free(errors_);
+    if (bitmap_ != nullptr) ci::Free(bitmap_);
+    if (host_errors_ != nullptr) ci::HostFreePinned(host_errors_);
+  }
+
+  void* stream() const { return stream_; }
+  int32_t* errors() const { return errors_; }
+  uint32_t* bitmap() const { return bitmap_; }
+
+  // Later work of this context waits for the work enqueued on `stream` so
+  // far (nothing is enqueued when it is idle: the common case).
+  absl::Status OrderAfter(void* stream) {
+    const int q = ci::StreamQuery(stream);
+    if (q == 0) return absl::OkStatus();
+    if (q != ci::kErrorNotReady) return CudaStatus(q, "query backend stream");
+    RETURN_IF_ERROR(CudaStatus(ci::EventRecord(order_event_, stream), "record order event"));
+    return CudaStatus(ci::StreamWaitEvent(stream_, order_event_), "order after backend stream");
+  }
+
+  // Resets the error block and a zeroed bitmap for num_slots.
+  absl::Status BeginValidation(int64_t num_slots) {
+    // The stream is idle here (the previous call synchronized it), so no
+    // enqueued work reads the old bitmap.
+    RETURN_IF_ERROR(EnsureBitmap(num_slots, &bitmap_, &bitmap_bytes_));
+    RETURN_IF_ERROR(CudaStatus(ci::MemsetAsync(errors_, 0x7f, kErrorBytes, stream_), "reset"));
+    return ClearBitmap(num_slots);
+  }
+  absl::Status ClearBitmap(int64_t num_slots) {
+    return CudaStatus(
+        ci::MemsetAsync(bitmap_, 0, std::max<int64_t>(4, BitmapBytes(num_slots)), stream_),
+        "clear bitmap");
+  }
+
+  // Reads the error block back (synchronizing the stream) and turns the
+  // first error into a status.
+  absl::Status FinishValidation(const int32_t* slots, const int32_t* dst_slots, int64_t num_slots,
+                                int64_t dst_num_slots) {
+    RETURN_IF_ERROR(EnqueueErrorReadback());
+    return Verdict(slots, dst_slots, num_slots, dst_num_slots);
+  }
+  // FinishValidation in two steps (work may go between them): the error
+  // block's copy into pinned memory, then the wait and the status.
+  absl::Status EnqueueErrorReadback() {
+    return CudaStatus(ci::CopyDeviceToHostAsync(host_errors_, errors_, kErrorBytes, stream_),
+                      "read errors");
+  }
+  absl::Status Verdict(const int32_t* slots, const int32_t* dst_slots, int64_t num_slots,
+                       int64_t dst_num_slots) {
+    RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "validation"));
+    int32_t e[ci::kNumValidationFields];
+    std::memcpy(e, host_errors_, sizeof(e));
+    return ErrorBlockStatus(e, slots, dst_slots, num_slots, dst_num_slots,
+                            [](const int32_t* arr, int32_t i) -> std::string {
+                              int32_t v = 0;
+                              if (ci::CopyDeviceToHost(&v, arr + i, 4) != 0) return "?";
+                              return absl::StrCat(v);
+                            });
+  }
+
+  absl::Status Synchronize(absl::string_view what) {
+    return CudaStatus(ci::StreamSynchronize(stream_), what);
+  }
+
+ private:
+  CallContext() = default;
+
+  void* stream_ = nullptr;
+  int32_t* errors_ = nullptr;       // device [kNumValidationFields]
+  int32_t* host_errors_ = nullptr;  // pinned host copy
+  uint32_t* bitmap_ = nullptr;      // device slot bitmap
+  int64_t bitmap_bytes_ = 0;
+  void* order_event_ = nullptr;
+};
+
 class CudaDecodeQueue;
 
 class CudaBackend : public Backend {
@@ -90,23 +210,15 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(CudaStatus(ci::SetDevice(0), "set device"));
     std::unique_ptr<CudaBackend> b(new CudaBackend(info));
     RETURN_IF_ERROR(CudaStatus(ci::StreamCreate(&b->stream_), "create stream"));
-    void* errors = nullptr;
-    RETURN_IF_ERROR(CudaStatus(ci::Malloc(&errors, kErrorBytes), "allocate error block"));
-    b->errors_ = static_cast<int32_t*>(errors);
-    void* host = nullptr;
-    RETURN_IF_ERROR(CudaStatus(ci::HostAllocPinned(&host, kErrorBytes), "allocate pinned"));
-    b->host_errors_ = static_cast<int32_t*>(host);
     return b;
   }
 
   ~CudaBackend() override {
+    free_contexts_.clear();
     if (stream_ != nullptr) {
       ci::StreamSynchronize(stream_);
       ci::StreamDestroy(stream_);
     }
-    if (errors_ != nullptr) ci::Free(errors_);
-    if (bitmap_ != nullptr) ci::Free(bitmap_);
-    if (host_errors_ != nullptr) ci::HostFreePinned(host_errors_);
   }
 
   const char* name() const override { return "cuda"; }
@@ -125,12 +237,13 @@ class CudaBackend : public Backend {
       return absl::ResourceExhaustedError(
           absl::StrCat("cuda: cannot allocate ", bytes, " bytes of device memory"));
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    int rc = ci::MemsetAsync(p, 0, rounded, stream_);
-    if (rc == 0) rc = ci::StreamSynchronize(stream_);
-    if (rc != 0) {
+    absl::StatusOr<Lease> c = Acquire();
+    absl::Status st = c.status();
+    if (st.ok()) st = CudaStatus(ci::MemsetAsync(p, 0, rounded, (*c)->stream()), "zero new buffer");
+    if (st.ok()) st = (*c)->Synchronize("zero new buffer");
+    if (!st.ok()) {
       ci::Free(p);
-      return CudaStatus(rc, "zero new buffer");
+      return st;
     }
     return std::unique_ptr<BackendBuffer>(new DeviceBuffer(static_cast<uint8_t*>(p), bytes));
   }
@@ -145,18 +258,20 @@ class CudaBackend : public Backend {
     if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
     if (bytes == 0) return absl::OkStatus();
     if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("copy: null pointer");
-    std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "sync"));
-    return CudaStatus(ci::CopyHostToDevice(dst, src, bytes), "copy in");
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    RETURN_IF_ERROR(
+        CudaStatus(ci::CopyHostToDeviceAsync(dst, src, bytes, c->stream()), "copy in"));
+    return c->Synchronize("copy in");
   }
 
   absl::Status CopyOut(void* dst, const void* src, int64_t bytes) override {
     if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
     if (bytes == 0) return absl::OkStatus();
     if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("copy: null pointer");
-    std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "sync"));
-    return CudaStatus(ci::CopyDeviceToHost(dst, src, bytes), "copy out");
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    RETURN_IF_ERROR(
+        CudaStatus(ci::CopyDeviceToHostAsync(dst, src, bytes, c->stream()), "copy out"));
+    return c->Synchronize("copy out");
   }
 
   absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override {
@@ -192,22 +307,18 @@ class CudaBackend : public Backend {
 
   absl::Status DecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
                             const DecodeInputs& in) override {
-    ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
-    const StateLayout& layout = m->layout();
-    RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
-    RETURN_IF_ERROR(CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v, in.g,
-                                       in.beta));
-    if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
-    if (in.batch == 0) return absl::OkStatus();
-    std::lock_guard<std::mutex> lock(mu_);
-    // Validation and the kernel go back to back; the kernel reads the error
-    // block first and writes nothing if validation failed, so one read-back
-    // at the end reports the error.
-    RETURN_IF_ERROR(ValidateOnDevice(layout, pool, in.batch, 1, in.slots, in.dtype, in.q, in.k,
-                                     in.v, in.g, in.beta));
-    RETURN_IF_ERROR(EnqueueRecurrence(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k,
-                                      in.v, in.g, in.beta, in.o, errors_));
-    return FinishValidation(in.slots, nullptr, pool.num_slots, 0);
+    return Decode(model, pool, layer, in, nullptr, nullptr, 0, nullptr, 0);
+  }
+
+  absl::Status DecodeUpdateStaged(const PreparedModel& model, const PoolView& pool, int layer,
+                                  const DecodeInputs& in, void* staged, const void* host_in,
+                                  int64_t in_bytes, void* host_o, int64_t o_bytes) override {
+    if (in_bytes < 0 || o_bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+    if (in_bytes > 0 && (staged == nullptr || host_in == nullptr)) {
+      return absl::InvalidArgumentError("copy: null pointer");
+    }
+    if (o_bytes > 0 && host_o == nullptr) return absl::InvalidArgumentError("copy: null pointer");
+    return Decode(model, pool, layer, in, staged, host_in, in_bytes, host_o, o_bytes);
   }
 
   absl::Status Prefill(const PreparedModel& model, const PoolView& pool, int layer,
@@ -221,12 +332,13 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(CheckTokenPointers(in.batch, in.tokens, in.slots, in.dtype, in.q, in.k, in.v,
                                        in.g, in.beta));
     if (in.batch == 0) return absl::OkStatus();
-    std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(ValidateOnDevice(layout, pool, in.batch, in.tokens, in.slots, in.dtype, in.q,
-                                     in.k, in.v, in.g, in.beta));
-    RETURN_IF_ERROR(EnqueueRecurrence(*m, pool, layer, in.batch, in.tokens, in.slots, in.dtype,
-                                      in.q, in.k, in.v, in.g, in.beta, in.o, errors_));
-    return FinishValidation(in.slots, nullptr, pool.num_slots, 0);
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    RETURN_IF_ERROR(ValidateOnDevice(*c, layout, pool, in.batch, in.tokens, in.slots, in.dtype,
+                                     in.q, in.k, in.v, in.g, in.beta));
+    RETURN_IF_ERROR(EnqueueRecurrenceOn(*m, pool, layer, in.batch, in.tokens, in.slots, in.dtype,
+                                        in.q, in.k, in.v, in.g, in.beta, in.o, c->errors(), ci::RecurrenceStart::kEarlyHeads,
+                                        c->stream()));
+    return c->FinishValidation(in.slots, nullptr, pool.num_slots, 0);
   }
 
   absl::Status PackStates(const PreparedModel& model, const PoolView& pool, const int32_t* slots,
@@ -251,23 +363,22 @@ class CudaBackend : public Backend {
     if (dst_slots == nullptr) return absl::InvalidArgumentError("dst_slots: null");
     if (src.base == nullptr) return absl::InvalidArgumentError("src: pool base is null");
     if (dst.base == nullptr) return absl::InvalidArgumentError("dst: pool base is null");
-    std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(BeginValidation(std::max(src.num_slots, dst.num_slots)));
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    RETURN_IF_ERROR(c->BeginValidation(std::max(src.num_slots, dst.num_slots)));
     RETURN_IF_ERROR(CudaStatus(
-        ci::LaunchValidateSlots(src_slots, n, src.num_slots, false, bitmap_, errors_,
-                                ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_),
+        ci::LaunchValidateSlots(src_slots, n, src.num_slots, false, c->bitmap(), c->errors(),
+                                ci::kErrSlotRange, ci::kErrSlotDuplicate, c->stream()),
         "validate src slots"));
-    RETURN_IF_ERROR(CudaStatus(ci::MemsetAsync(bitmap_, 0, BitmapBytes(dst.num_slots), stream_),
-                               "clear bitmap"));
+    RETURN_IF_ERROR(c->ClearBitmap(dst.num_slots));
     RETURN_IF_ERROR(CudaStatus(
-        ci::LaunchValidateSlots(dst_slots, n, dst.num_slots, false, bitmap_, errors_,
-                                ci::kErrDstSlotRange, ci::kErrDstSlotDuplicate, stream_),
+        ci::LaunchValidateSlots(dst_slots, n, dst.num_slots, false, c->bitmap(), c->errors(),
+                                ci::kErrDstSlotRange, ci::kErrDstSlotDuplicate, c->stream()),
         "validate dst slots"));
-    RETURN_IF_ERROR(FinishValidation(src_slots, dst_slots, src.num_slots, dst.num_slots));
+    RETURN_IF_ERROR(c->FinishValidation(src_slots, dst_slots, src.num_slots, dst.num_slots));
     RETURN_IF_ERROR(CudaStatus(ci::LaunchCopySlots(src.base, src_slots, dst.base, dst_slots,
-                                                   src.slot_bytes(), n, stream_),
+                                                   src.slot_bytes(), n, c->stream()),
                                "copy slots"));
-    return CudaStatus(ci::StreamSynchronize(stream_), "copy slots");
+    return c->Synchronize("copy slots");
   }
 
   absl::StatusOr<std::unique_ptr<DecodeQueue>> NewDecodeQueue() override;
@@ -279,23 +390,22 @@ class CudaBackend : public Backend {
     if (n == 0) return absl::OkStatus();
     if (slots == nullptr) return absl::InvalidArgumentError("slots: null");
     if (pool.base == nullptr) return absl::InvalidArgumentError("pool: base is null");
-    std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(BeginValidation(pool.num_slots));
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    RETURN_IF_ERROR(c->BeginValidation(pool.num_slots));
     RETURN_IF_ERROR(CudaStatus(
-        ci::LaunchValidateSlots(slots, n, pool.num_slots, true, bitmap_, errors_,
-                                ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_),
+        ci::LaunchValidateSlots(slots, n, pool.num_slots, true, c->bitmap(), c->errors(),
+                                ci::kErrSlotRange, ci::kErrSlotDuplicate, c->stream()),
         "validate slots"));
-    RETURN_IF_ERROR(FinishValidation(slots, nullptr, pool.num_slots, 0));
-    RETURN_IF_ERROR(CudaStatus(ci::LaunchZeroSlots(pool.base, slots, pool.slot_bytes(), n, stream_),
-                               "zero slots"));
-    return CudaStatus(ci::StreamSynchronize(stream_), "zero slots");
+    RETURN_IF_ERROR(c->FinishValidation(slots, nullptr, pool.num_slots, 0));
+    RETURN_IF_ERROR(CudaStatus(
+        ci::LaunchZeroSlots(pool.base, slots, pool.slot_bytes(), n, c->stream()), "zero slots"));
+    return c->Synchronize("zero slots");
   }
 
-  // ---- Benchmark hooks ----------------------------------------------------
+  // ---- Benchmark hooks (on the backend stream) -----------------------------
   absl::Status EnqueueDecodeUnchecked(const PreparedModel& model, const PoolView& pool, int layer,
                                       const DecodeInputs& in, bool early_heads) {
     ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
-    std::lock_guard<std::mutex> lock(mu_);
     return EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
                                in.g, in.beta, in.o, nullptr,
                                early_heads ? ci::RecurrenceStart::kEarlyHeads
@@ -304,19 +414,43 @@ class CudaBackend : public Backend {
   }
   absl::Status EnqueueCopyUnchecked(const PoolView& src, const int32_t* src_slots,
                                     const PoolView& dst, const int32_t* dst_slots, int n) {
-    std::lock_guard<std::mutex> lock(mu_);
     return CudaStatus(ci::LaunchCopySlots(src.base, src_slots, dst.base, dst_slots,
                                           src.slot_bytes(), n, stream_),
                       "copy slots");
   }
   absl::Status Synchronize() {
-    std::lock_guard<std::mutex> lock(mu_);
     return CudaStatus(ci::StreamSynchronize(stream_), "synchronize");
   }
   void* stream() const { return stream_; }
 
+  // Contexts made so far (each one served at least one call).
+  int64_t contexts_created() const {
+    std::lock_guard<std::mutex> lock(contexts_mu_);
+    return contexts_created_;
+  }
+
  private:
   friend class CudaDecodeQueue;
+
+  // Exclusive use of one CallContext for the duration of a call; gives it
+  // back to the backend's free list on destruction.
+  class Lease {
+   public:
+    Lease(CudaBackend* backend, std::unique_ptr<CallContext> ctx)
+        : backend_(backend), ctx_(std::move(ctx)) {}
+    Lease(Lease&& other) noexcept = default;
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    ~Lease() {
+      if (ctx_ != nullptr) backend_->GiveBack(std::move(ctx_));
+    }
+    CallContext* operator->() const { return ctx_.get(); }
+    CallContext& operator*() const { return *ctx_; }
+
+   private:
+    CudaBackend* backend_;
+    std::unique_ptr<CallContext> ctx_;
+  };
 
   explicit CudaBackend(const ci::DeviceInfo& info) : info_(info) {}
 
@@ -324,60 +458,73 @@ class CudaBackend : public Backend {
     return ci::AsCudaModel(model);
   }
 
-  // Resets the error block and a bitmap for num_slots (mu_ held).
-  absl::Status BeginValidation(int64_t num_slots) {
-    const int64_t bytes = std::max<int64_t>(4, BitmapBytes(num_slots));
-    if (bytes > bitmap_bytes_) {
-      if (bitmap_ != nullptr) ci::Free(bitmap_);
-      bitmap_ = nullptr;
-      bitmap_bytes_ = 0;
-      void* p = nullptr;
-      if (ci::Malloc(&p, bytes) != 0) {
-        return absl::ResourceExhaustedError("cuda: cannot allocate the slot bitmap");
+  // A free context (a new one when every context is in use), ordered after
+  // the work enqueued on the backend stream so far (benchmark hooks, and
+  // the waits an attached session puts there: AttachedSession::OrderAfter).
+  absl::StatusOr<Lease> Acquire() {
+    std::unique_ptr<CallContext> ctx;
+    {
+      std::lock_guard<std::mutex> lock(contexts_mu_);
+      if (!free_contexts_.empty()) {
+        ctx = std::move(free_contexts_.back());
+        free_contexts_.pop_back();
       }
-      bitmap_ = static_cast<uint32_t*>(p);
-      bitmap_bytes_ = bytes;
     }
-    RETURN_IF_ERROR(CudaStatus(ci::MemsetAsync(errors_, 0x7f, kErrorBytes, stream_), "reset"));
-    return CudaStatus(ci::MemsetAsync(bitmap_, 0, bytes, stream_), "clear bitmap");
+    if (ctx == nullptr) {
+      ASSIGN_OR_RETURN(ctx, CallContext::Create());
+      std::lock_guard<std::mutex> lock(contexts_mu_);
+      ++contexts_created_;
+    }
+    Lease lease(this, std::move(ctx));
+    RETURN_IF_ERROR(lease->OrderAfter(stream_));
+    return lease;
   }
 
-  // Reads the error block back and turns the first error into a status.
-  absl::Status FinishValidation(const int32_t* slots, const int32_t* dst_slots, int64_t num_slots,
-                                int64_t dst_num_slots) {
-    RETURN_IF_ERROR(CudaStatus(
-        ci::CopyDeviceToHostAsync(host_errors_, errors_, kErrorBytes, stream_), "read errors"));
-    RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "validation"));
-    int32_t e[ci::kNumValidationFields];
-    std::memcpy(e, host_errors_, sizeof(e));
-    return ErrorBlockStatus(e, slots, dst_slots, num_slots, dst_num_slots,
-                            [&](const int32_t* arr, int32_t i) -> std::string {
-                              int32_t v = 0;
-                              if (ci::StreamSynchronize(stream_) != 0 ||
-                                  ci::CopyDeviceToHost(&v, arr + i, 4) != 0) {
-                                return "?";
-                              }
-                              return absl::StrCat(v);
-                            });
+  void GiveBack(std::unique_ptr<CallContext> ctx) {
+    std::lock_guard<std::mutex> lock(contexts_mu_);
+    free_contexts_.push_back(std::move(ctx));
   }
 
-  absl::Status ValidateOnDevice(const StateLayout& layout, const PoolView& pool, int batch,
-                                int tokens, const int32_t* slots, DType dtype, const void* q,
-                                const void* k, const void* v, const float* g, const float* beta) {
-    RETURN_IF_ERROR(BeginValidation(pool.num_slots));
+  // DecodeUpdate on one context: the optional copy in, validation, the
+  // kernel (it writes nothing if validation failed, so one read-back at the
+  // end reports the error), the optional copy of o out, one host wait.
+  absl::Status Decode(const PreparedModel& model, const PoolView& pool, int layer,
+                      const DecodeInputs& in, void* staged, const void* host_in,
+                      int64_t in_bytes, void* host_o, int64_t o_bytes) {
+    ASSIGN_OR_RETURN(const CudaPreparedModel* m, Cast(model));
+    const StateLayout& layout = m->layout();
+    RETURN_IF_ERROR(ValidatePoolAndLayer(layout, pool, layer));
+    RETURN_IF_ERROR(CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v, in.g,
+                                       in.beta));
+    if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
+    if (in.batch == 0) return absl::OkStatus();
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    if (in_bytes > 0) {
+      RETURN_IF_ERROR(CudaStatus(ci::CopyHostToDeviceAsync(staged, host_in, in_bytes, c->stream()),
+                                 "copy in"));
+    }
+    RETURN_IF_ERROR(ValidateOnDevice(*c, layout, pool, in.batch, 1, in.slots, in.dtype, in.q,
+                                     in.k, in.v, in.g, in.beta));
+    RETURN_IF_ERROR(EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q,
+                                        in.k, in.v, in.g, in.beta, in.o, c->errors(), ci::RecurrenceStart::kEarlyHeads,
+                                        c->stream()));
+    RETURN_IF_ERROR(c->EnqueueErrorReadback());
+    if (o_bytes > 0) {
+      // Behind the kernel on the same stream (returns once done: pageable
+      // memory); o is only meaningful when the verdict is OK.
+      RETURN_IF_ERROR(
+          CudaStatus(ci::CopyDeviceToHostAsync(host_o, in.o, o_bytes, c->stream()), "copy out"));
+    }
+    return c->Verdict(in.slots, nullptr, pool.num_slots, 0);
+  }
+
+  absl::Status ValidateOnDevice(CallContext& c, const StateLayout& layout, const PoolView& pool,
+                                int batch, int tokens, const int32_t* slots, DType dtype,
+                                const void* q, const void* k, const void* v, const float* g,
+                                const float* beta) {
+    RETURN_IF_ERROR(c.BeginValidation(pool.num_slots));
     return EnqueueInputValidation(layout, pool, batch, tokens, slots, dtype, q, k, v, g, beta,
-                                  bitmap_, errors_, stream_);
-  }
-
-  absl::Status EnqueueRecurrence(const CudaPreparedModel& m, const PoolView& pool, int layer,
-                                 int batch, int tokens, const int32_t* slots, DType dtype,
-                                 const void* q, const void* k, const void* v, const float* g,
-                                 const float* beta, float* o, const int32_t* abort_if_error) {
-    return EnqueueRecurrenceOn(m, pool, layer, batch, tokens, slots, dtype, q, k, v, g, beta, o,
-                               abort_if_error,
-                               abort_if_error != nullptr ? ci::RecurrenceStart::kEarlyHeads
-                                                         : ci::RecurrenceStart::kWaitFirst,
-                               stream_);
+                                  c.bitmap(), c.errors(), c.stream());
   }
 
   absl::Status PackOrUnpack(const PreparedModel& model, const PoolView& pool,
@@ -391,24 +538,25 @@ class CudaBackend : public Backend {
     if (states == nullptr) return absl::InvalidArgumentError("states: null");
     const ModelGeometry& geo = layout.geometry();
     const int64_t values = int64_t{n} * geo.HeadsPerSlot() * geo.d_k * geo.d_v;
-    std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(BeginValidation(pool.num_slots));
-    int rc = ci::LaunchValidateSlots(slots, n, pool.num_slots, true, bitmap_, errors_,
-                                     ci::kErrSlotRange, ci::kErrSlotDuplicate, stream_);
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    void* stream = c->stream();
+    RETURN_IF_ERROR(c->BeginValidation(pool.num_slots));
+    int rc = ci::LaunchValidateSlots(slots, n, pool.num_slots, true, c->bitmap(), c->errors(),
+                                     ci::kErrSlotRange, ci::kErrSlotDuplicate, stream);
     if (rc == 0 && pack) {
-      rc = ci::LaunchValidateValues(0, states, values, 3, errors_, ci::kErrStates, stream_);
+      rc = ci::LaunchValidateValues(0, states, values, 3, c->errors(), ci::kErrStates, stream);
     }
     RETURN_IF_ERROR(CudaStatus(rc, "validation kernels"));
-    RETURN_IF_ERROR(FinishValidation(slots, nullptr, pool.num_slots, 0));
+    RETURN_IF_ERROR(c->FinishValidation(slots, nullptr, pool.num_slots, 0));
     if (IsStepQuantFormat(layout.format().format)) {
       ci::StepKernelParams sp = m->StepParams(pool);
       sp.slots = slots;
       sp.n = n;
       sp.states = states;
-      RETURN_IF_ERROR(CudaStatus(pack ? ci::LaunchStepPack(sp, stream_)
-                                      : ci::LaunchStepUnpack(sp, stream_),
+      RETURN_IF_ERROR(CudaStatus(pack ? ci::LaunchStepPack(sp, stream)
+                                      : ci::LaunchStepUnpack(sp, stream),
                                  pack ? "stepquant pack kernel" : "stepquant unpack kernel"));
-      return CudaStatus(ci::StreamSynchronize(stream_), pack ? "pack" : "unpack");
+      return c->Synchronize(pack ? "pack" : "unpack");
     }
     ci::PackParams p;
     p.geo = m->Geometry();
@@ -419,18 +567,18 @@ class CudaBackend : public Backend {
     p.slots = slots;
     p.n = n;
     p.states = states;
-    RETURN_IF_ERROR(CudaStatus(pack ? ci::LaunchPack(p, stream_) : ci::LaunchUnpack(p, stream_),
+    RETURN_IF_ERROR(CudaStatus(pack ? ci::LaunchPack(p, stream) : ci::LaunchUnpack(p, stream),
                                pack ? "pack kernel" : "unpack kernel"));
-    return CudaStatus(ci::StreamSynchronize(stream_), pack ? "pack" : "unpack");
+    return c->Synchronize(pack ? "pack" : "unpack");
   }
 
   const ci::DeviceInfo info_;
-  mutable std::mutex mu_;
+  // The backend stream: benchmark hooks and CudaStreamOf; every call's
+  // context orders itself after it (Acquire).
   void* stream_ = nullptr;
-  int32_t* errors_ = nullptr;       // device [kNumValidationFields]
-  int32_t* host_errors_ = nullptr;  // pinned host copy
-  uint32_t* bitmap_ = nullptr;      // device slot bitmap
-  int64_t bitmap_bytes_ = 0;
+  mutable std::mutex contexts_mu_;
+  std::vector<std::unique_ptr<CallContext>> free_contexts_;  // guarded by contexts_mu_
+  int64_t contexts_created_ = 0;                             // guarded by contexts_mu_
   ci::CudaStreamOps stream_ops_;
 };
 
@@ -518,15 +666,7 @@ class CudaDecodeQueue : public DecodeQueue {
     const int64_t bitmap_bytes = std::max<int64_t>(4, BitmapBytes(pool.num_slots));
     if (bitmap_bytes > bitmap_bytes_) {
       RETURN_IF_ERROR(CudaStatus(ci::StreamSynchronize(stream_), "queue sync"));
-      if (bitmap_ != nullptr) ci::Free(bitmap_);
-      bitmap_ = nullptr;
-      bitmap_bytes_ = 0;
-      void* p = nullptr;
-      if (ci::Malloc(&p, bitmap_bytes) != 0) {
-        return absl::ResourceExhaustedError("cuda: cannot allocate the slot bitmap");
-      }
-      bitmap_ = static_cast<uint32_t*>(p);
-      bitmap_bytes_ = bitmap_bytes;
+      RETURN_IF_ERROR(EnsureBitmap(pool.num_slots, &bitmap_, &bitmap_bytes_));
     }
     const int entry = TakeEntry();
     Pending pending;
@@ -716,6 +856,11 @@ absl::Status CudaSynchronize(Backend& backend) {
 absl::StatusOr<void*> CudaStreamOf(Backend& backend) {
   ASSIGN_OR_RETURN(CudaBackend * b, AsCuda(backend));
   return b->stream();
+}
+
+absl::StatusOr<int64_t> CudaCallContexts(Backend& backend) {
+  ASSIGN_OR_RETURN(CudaBackend * b, AsCuda(backend));
+  return b->contexts_created();
 }
 
 }  // namespace statecache

@@ -8,13 +8,15 @@
 #include "server/log.h"
 #include "server/server.h"
 #include "tests/load/load_runner.h"
+#include "tests/load/mixed_load.h"
 
 namespace statecache {
 namespace {
 
-std::unique_ptr<StateCacheServer> StartServer() {
+std::unique_ptr<StateCacheServer> StartServer(bool coalesce = false) {
   SetLoggingEnabled(false);
   StateCacheServer::Options so;
+  so.compute.coalesce_updates = coalesce;
   so.sockets.listen = "127.0.0.1:0";
   so.memory.backend = "cpu";
   so.memory.state_memory_bytes = 64 << 20;
@@ -75,6 +77,29 @@ TEST(LoadTest, UnaryClientsWithCheckpointEvictionStillMatchReplay) {
   ASSERT_TRUE(m.ok());
   EXPECT_GT((*m)->checkpoints->stats().evictions, 0);
 }
+
+// The issue 33 workload, small: unary and streaming workers on distinct
+// slots; every slot's final bytes and every output equal a serial replay.
+void RunMixed(bool coalesce) {
+  auto server = StartServer(coalesce);
+  ASSERT_NE(server, nullptr);
+  MixedLoadOptions o;
+  o.target = absl::StrCat("127.0.0.1:", server->port());
+  o.unary_clients = 6;
+  o.stream_clients = 2;
+  o.steps = 4;
+  absl::StatusOr<MixedLoadReport> r = RunMixedLoad(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->ok()) << r->Summary();
+  EXPECT_EQ(r->updates, 8 * 4 * 2);
+  EXPECT_EQ(r->replayed, 8);
+  EXPECT_EQ(r->state_mismatches, 0);
+  EXPECT_EQ(r->output_mismatches, 0);
+  EXPECT_EQ(r->slots_allocated_after, 0);
+}
+
+TEST(LoadTest, MixedWorkersMatchSerialReplay) { RunMixed(false); }
+TEST(LoadTest, MixedWorkersCoalescedMatchSerialReplay) { RunMixed(true); }
 
 }  // namespace
 }  // namespace statecache

@@ -5,6 +5,8 @@
 namespace statecache {
 namespace cuda_internal {
 
+static_assert(kErrorNotReady == cudaErrorNotReady, "kErrorNotReady");
+
 const char* ErrorString(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
 int GetDeviceCount(int* count) {
@@ -43,6 +45,10 @@ int CopyHostToDevice(void* dst, const void* src, int64_t bytes) {
 int CopyDeviceToHost(void* dst, const void* src, int64_t bytes) {
   return cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost);
 }
+int CopyHostToDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream) {
+  return cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice,
+                         static_cast<cudaStream_t>(stream));
+}
 int MemsetAsync(void* dst, int value, int64_t bytes, void* stream) {
   return cudaMemsetAsync(dst, value, static_cast<size_t>(bytes), static_cast<cudaStream_t>(stream));
 }
@@ -64,14 +70,19 @@ int StreamDestroy(void* stream) { return cudaStreamDestroy(static_cast<cudaStrea
 int StreamSynchronize(void* stream) {
   return cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
 }
+int StreamQuery(void* stream) { return cudaStreamQuery(static_cast<cudaStream_t>(stream)); }
+int StreamWaitEvent(void* stream, void* event) {
+  return cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
+}
 int DeviceSynchronize() { return cudaDeviceSynchronize(); }
 int HostAllocPinned(void** ptr, int64_t bytes) {
   return cudaMallocHost(ptr, static_cast<size_t>(bytes));
 }
 int HostFreePinned(void* ptr) { return cudaFreeHost(ptr); }
-int EventCreate(void** event) {
+int EventCreate(void** event, bool timing) {
   cudaEvent_t e = nullptr;
-  const cudaError_t r = cudaEventCreate(&e);
+  const cudaError_t r = cudaEventCreateWithFlags(&e, timing ? cudaEventDefault
+                                                            : cudaEventDisableTiming);
   *event = e;
   return r;
 }

@@ -31,18 +31,25 @@ int MemGetInfo(int64_t* free_bytes, int64_t* total_bytes);
 int CopyHostToDevice(void* dst, const void* src, int64_t bytes);
 int CopyDeviceToHost(void* dst, const void* src, int64_t bytes);
 // Stream-ordered operations.
+int CopyHostToDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream);
 int MemsetAsync(void* dst, int value, int64_t bytes, void* stream);
 int CopyDeviceToHostAsync(void* dst, const void* src, int64_t bytes, void* stream);
 int CopyDeviceToDeviceAsync(void* dst, const void* src, int64_t bytes, void* stream);
 int StreamCreate(void** stream);
 int StreamDestroy(void* stream);
 int StreamSynchronize(void* stream);
+// cudaStreamQuery: 0 when every operation enqueued on `stream` completed,
+// kErrorNotReady while some are pending, another cudaError_t on failure.
+inline constexpr int kErrorNotReady = 600;  // cudaErrorNotReady
+int StreamQuery(void* stream);
+// Later work on `stream` waits (on the device) for `event`'s last record.
+int StreamWaitEvent(void* stream, void* event);
 int DeviceSynchronize();
 // Host memory that CopyDeviceToHostAsync can target without staging.
 int HostAllocPinned(void** ptr, int64_t bytes);
 int HostFreePinned(void* ptr);
-// Events (timing in the benchmark).
-int EventCreate(void** event);
+// Events (timing in the benchmark; timing = false: ordering only, cheaper).
+int EventCreate(void** event, bool timing = true);
 int EventDestroy(void* event);
 int EventRecord(void* event, void* stream);
 int EventSynchronize(void* event);

@@ -45,10 +45,11 @@ done
 
 # The package sources as an sdist would hold them (runfiles are symlinks).
 src=$tmp/src
-mkdir -p "$src/statecache/_proto/statecache/v1"
+mkdir -p "$src/statecache/_proto/statecache/v1" "$src/statecache/integrations"
 cp -L "$pkg"/{setup.py,pyproject.toml,README.md,MANIFEST.in} "$src/"
 cp -L "$pkg"/statecache/*.py "$pkg"/statecache/_prefixhash.c "$pkg"/statecache/py.typed \
   "$src/statecache/"
+cp -L "$pkg"/statecache/integrations/*.py "$src/statecache/integrations/"
 proto=$(find -L "${TEST_SRCDIR:-$pkg/../..}" -path '*proto/statecache/v1/statecache.proto' \
   -print -quit)
 cp -L "$proto" "$src/statecache/_proto/statecache/v1/"

@@ -1,0 +1,55 @@
+#!/bin/bash
+# The issue 33 GPU run, one call on the device machine from the repository
+# root after tests/load/stage_device.sh (carry [".device/load"]):
+#   (a) cuda_concurrency_test: 16 threads on disjoint slots equal a serial
+#       replay byte for byte, ordering after the backend stream, and the
+#       per-call time of 1 vs 16 threads (CONCURRENCY line);
+#   (b) cuda_backend_test (the validated binding: every error message);
+#   (c) the 64-client mixed workload (48 unary + 16 UpdateStream clients,
+#       distinct slots, 2 layers, 4 value heads of 128 x 128, one token per
+#       call, 500 steps) against statecached --backend=cuda in its own
+#       process: coalescing off, on, on with a 100 us wait; gRPC threads 16
+#       (64 is the default); the baseline binary when staged. Each run
+#       replays serially and compares every slot's bytes (result=OK);
+#   (d) update_echo_bench --backend=cuda: unary Update at 1 client vs a bare
+#       gRPC echo of the same bytes at 4 KiB, 64 KiB, 8 MiB (ECHO lines).
+# Logs and summary.txt go to $OUT (or /tmp/sc_out). Expected ~4 minutes;
+# worst case (timeouts) ~9 minutes.
+set -o pipefail
+OUT=${OUT:-/tmp/sc_out}
+mkdir -p "$OUT"
+D=$PWD/.device/load
+U=/tmp/sc_load
+if [ ! -x "$U/statecached" ]; then
+  rm -rf "$U" && mkdir -p "$U"
+  tar -C "$U" -xJf "$D/bundle.tar.xz" || { echo "cannot unpack $D/bundle.tar.xz"; exit 1; }
+fi
+export LD_LIBRARY_PATH=$U/lib
+cat "$U/STAGED" | tee "$OUT/staged.txt"
+nproc | sed 's/^/cores=/' | tee -a "$OUT/staged.txt"
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+timeout 120 $U/cuda_concurrency_test > "$OUT/cuda_concurrency_test.log" 2>&1
+summary "cuda_concurrency_test exit=$?  $(grep -E 'PASSED|FAILED|SKIPPED \]|CONCURRENCY' "$OUT/cuda_concurrency_test.log" | tr '\n' ' ')"
+timeout 150 $U/cuda_backend_test --gtest_brief=1 > "$OUT/cuda_backend_test.log" 2>&1
+summary "cuda_backend_test exit=$?  $(grep -E 'PASSED|FAILED|SKIPPED \]' "$OUT/cuda_backend_test.log" | head -5 | tr '\n' ' ')"
+mixed() {  # mixed NAME BINARY [server flags...]
+  local name=$1 bin=$2
+  shift 2
+  timeout 100 bash $U/run_mixed.sh "$bin" $U/statecache_load 50700 --backend=cuda "$@" -- \
+    --steps=${STEPS:-500} > "$OUT/mixed_$name.log" 2>&1
+  local rc=$?
+  summary "mixed $name exit=$rc $(grep -E '^clients=|^result=' "$OUT/mixed_$name.log" | tr '\n' ' ')"
+}
+mixed default $U/statecached
+mixed coalesce $U/statecached --coalesce_updates
+mixed coalesce_wait100us $U/statecached --coalesce_updates --coalesce_max_delay_us=100
+mixed grpc_threads16 $U/statecached --grpc_threads=16
+[ -x $U/statecached_base ] && mixed baseline $U/statecached_base
+timeout 150 $U/update_echo_bench --backend=cuda --sizes=4096,65536,8388608 \
+  > "$OUT/update_echo_bench.log" 2>&1
+summary "update_echo_bench exit=$?"
+grep -E '^(backend|ECHO) ' "$OUT/update_echo_bench.log" | tee -a "$OUT/summary.txt"
+timeout 100 $U/update_echo_bench --backend=cuda --sizes=4096,65536 --coalesce_updates \
+  > "$OUT/update_echo_bench_coalesce.log" 2>&1
+summary "update_echo_bench --coalesce_updates exit=$?"
+grep -E '^ECHO ' "$OUT/update_echo_bench_coalesce.log" | sed 's/^/coalesce /' | tee -a "$OUT/summary.txt"

@@ -1,0 +1,50 @@
+#!/bin/bash
+# Stages the issue 33 GPU run (concurrent workers on the CUDA backend) into
+# .device/load/ (git-ignored; its own subfolder, other staged runs in
+# .device/ are left alone): statecached, statecache_load, update_echo_bench,
+# cuda_concurrency_test and cuda_backend_test plus the non-glibc shared
+# libraries they need, packed into .device/load/bundle.tar.xz (every CUDA
+# binary holds the kernels' sm_90a fatbin). device_run.sh unpacks it to
+# /tmp/sc_load.
+#   tests/load/stage_device.sh
+#   BASE_STATECACHED=/path/to/statecached-of-main tests/load/stage_device.sh   # + a baseline
+# Then, on the device (one run call, carry [".device/load"]):
+#   bash tests/load/device_run.sh
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+D=.device/load
+S=.device/load.staging   # unpacked tree (also ignored; not carried)
+targets=(//server:statecached //tests/load:statecache_load //tests/load:update_echo_bench
+         //kernels/cuda:cuda_concurrency_test //kernels/cuda:cuda_backend_test)
+bazel build --jobs=2 "${targets[@]}"
+rm -rf "$S" "$D"
+mkdir -p "$S/lib" "$D"
+bin_dir="$(bazel info bazel-bin 2>/dev/null)"
+copy_deps() {
+  ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;;
+      *) cp -Ln "$lib" "$S/lib/" 2>/dev/null || true ;;
+    esac
+  done
+}
+stage() {  # stage SRC NAME
+  cp -Lf "$1" "$S/$2"
+  chmod u+w "$S/$2" && strip --strip-unneeded "$S/$2"
+  copy_deps "$1"
+}
+for bin in server/statecached tests/load/statecache_load tests/load/update_echo_bench \
+           kernels/cuda/cuda_concurrency_test kernels/cuda/cuda_backend_test; do
+  stage "$bin_dir/$bin" "$(basename "$bin")"
+done
+if [ -n "${BASE_STATECACHED:-}" ]; then stage "$BASE_STATECACHED" statecached_base; fi
+cp tests/load/run_mixed.sh "$S/"
+{ git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u;
+  [ -n "${BASE_STATECACHED:-}" ] && echo "baseline: $BASE_STATECACHED"; } > "$S/STAGED" || true
+cp "$S/STAGED" "$D/STAGED"
+ls -la "$S"
+echo "unpacked $(du -sb "$S" | cut -f1) bytes"
+tar -C "$S" -cf - . | xz -T0 -6 > "$D/bundle.tar.xz"
+bytes=$(du -sb "$D" | cut -f1)
+echo "staged $bytes bytes in $D (carry limit 67108864)"
+test "$bytes" -lt 67108864
