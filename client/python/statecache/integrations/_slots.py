@@ -12,8 +12,9 @@ L2-normalized, key heads deduplicated to h_qk.
 """
 from __future__ import annotations
 
+import os
 import struct
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -288,6 +289,38 @@ class TrajectoryRecorder:
         save_file(tensors, path, metadata=meta)
         self._parts = {}
         return tokens
+
+
+
+def record_documents(model, modules: Sequence[torch.nn.Module], local, rec: "TrajectoryRecorder",
+                     documents: Sequence[torch.Tensor], out_dir: str,
+                     domain_of: Callable[[int], str]) -> List[str]:
+    """Runs `model`'s own forward (no cache) over each document (1-D token
+    tensors) with `local.recorder = rec` (the runtime's hooked recurrence
+    feeds it) and a forward pre-hook per linear-attention module of
+    `modules` naming the layer; writes one trajectory file per document
+    (out_dir/docNNNN.safetensors, domain `domain_of(n)`). Returns the paths;
+    hooks and the recorder are removed on every exit."""
+    hooks = []
+    for i, m in enumerate(modules):
+        def pre(_module, _args, i=i):
+            rec.layer = i
+        hooks.append(m.register_forward_pre_hook(pre))
+    paths = []
+    local.recorder = rec
+    try:
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            for n, doc in enumerate(documents):
+                model(input_ids=doc.reshape(1, -1).to(device), use_cache=False)
+                path = os.path.join(out_dir, f"doc{n:04d}.safetensors")
+                rec.write(path, domain_of(n))
+                paths.append(path)
+    finally:
+        local.recorder = None
+        for h in hooks:
+            h.remove()
+    return paths
 
 
 def layout_key_perm(layout_file: bytes) -> torch.Tensor:

@@ -32,7 +32,6 @@ integration, and across processes too: these models have no attention KV.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 import threading
 from typing import List, Optional, Sequence
@@ -43,7 +42,8 @@ from fla.models.cache_utils import FLALayer
 
 from statecache.errors import FailedPrecondition, InvalidArgument
 from statecache.integrations._slots import (ModelStates, SlotBatch, TrajectoryRecorder,
-                                            decode_tensors, encode_tensors, to_op_inputs)
+                                            decode_tensors, encode_tensors, record_documents,
+                                            to_op_inputs)
 from statecache.types import Geometry, PrefixKey
 
 __all__ = ["StatecacheFLACache", "SlotState", "geometry_of", "register_model", "install",
@@ -405,26 +405,8 @@ def record_trajectories(model, documents: Sequence[torch.Tensor], out_dir: str, 
     geo = geometry_of(model)
     install()
     rec = TrajectoryRecorder(geo, source or getattr(model.config, "model_type", "fla"))
-    hooks = []
-    for i, m in enumerate(_linear_layers(model)):
-        def pre(_module, _args, i=i):
-            rec.layer = i
-        hooks.append(m.register_forward_pre_hook(pre))
-    paths = []
-    _local.recorder = rec
-    try:
-        device = next(model.parameters()).device
-        with torch.no_grad():
-            for n, doc in enumerate(documents):
-                model(input_ids=doc.reshape(1, -1).to(device), use_cache=False)
-                path = os.path.join(out_dir, f"doc{n:04d}.safetensors")
-                rec.write(path, domains[n] if domains else domain)
-                paths.append(path)
-    finally:
-        _local.recorder = None
-        for h in hooks:
-            h.remove()
-    return paths
+    return record_documents(model, _linear_layers(model), _local, rec, documents, out_dir,
+                            lambda n: domains[n] if domains else domain)
 
 
 def calibrate(client, model, documents: Sequence[torch.Tensor], model_id: str,

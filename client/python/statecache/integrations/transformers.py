@@ -45,7 +45,6 @@ slots, puts the windows back and crops the KV to the restored length, so
 """
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import threading
@@ -56,7 +55,8 @@ from transformers.cache_utils import CacheLayerMixin, DynamicCache, LinearAttent
 
 from statecache.errors import FailedPrecondition, InvalidArgument
 from statecache.integrations._slots import (ModelStates, SlotBatch, TrajectoryRecorder,
-                                            decode_tensors, encode_tensors, to_op_inputs)
+                                            decode_tensors, encode_tensors, record_documents,
+                                            to_op_inputs)
 from statecache.types import Geometry, PrefixKey
 
 __all__ = ["StatecacheCache", "StatecacheLinearAttentionLayer", "SlotState", "geometry_of",
@@ -451,26 +451,8 @@ def record_trajectories(model, documents: Sequence[torch.Tensor], out_dir: str, 
     geo = geometry_of(model)
     install(model)
     rec = TrajectoryRecorder(geo, source or getattr(model.config, "model_type", "transformers"))
-    hooks = []
-    for i, m in enumerate(_gdn_modules(model)):
-        def pre(_module, _args, i=i):
-            rec.layer = i
-        hooks.append(m.register_forward_pre_hook(pre))
-    paths = []
-    _local.recorder = rec
-    try:
-        device = next(model.parameters()).device
-        with torch.no_grad():
-            for n, doc in enumerate(documents):
-                model(input_ids=doc.reshape(1, -1).to(device), use_cache=False)
-                path = os.path.join(out_dir, f"doc{n:04d}.safetensors")
-                rec.write(path, domain)
-                paths.append(path)
-    finally:
-        _local.recorder = None
-        for h in hooks:
-            h.remove()
-    return paths
+    return record_documents(model, _gdn_modules(model), _local, rec, documents, out_dir,
+                            lambda n: domain)
 
 
 def calibrate(client, model, documents: Sequence[torch.Tensor], model_id: str,
