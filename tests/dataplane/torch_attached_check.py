@@ -366,16 +366,26 @@ def slot_arg(slots):
 # --------------------------------------------------------------------------
 # The check of one format.
 
-def expect_error(name, exc_type, prefix, fn):
-    """fn() must raise exc_type whose message starts with `prefix`."""
+def _expect_raise(name, exc_type, matches, fn):
+    """fn() must raise exc_type whose message satisfies matches(msg)."""
     try:
         fn()
     except exc_type as e:
         msg = getattr(e, "message", str(e))
-        return report(name, msg.startswith(prefix), f"{type(e).__name__}: {msg}")
+        return report(name, matches(msg), f"{type(e).__name__}: {msg}")
     except Exception as e:  # noqa: BLE001
         return report(name, False, f"raised {type(e).__name__}: {e}")
     return report(name, False, "no exception")
+
+
+def expect_error(name, exc_type, prefix, fn):
+    """fn() must raise exc_type whose message starts with `prefix`."""
+    return _expect_raise(name, exc_type, lambda msg: msg.startswith(prefix), fn)
+
+
+def expect(name, exc_type, needle, fn):
+    """fn() must raise exc_type with `needle` in its message."""
+    return _expect_raise(name, exc_type, lambda msg: needle in msg, fn)
 
 
 def check_format(fmt, idx, args, paths, server, ops, tensors, sc, attached_mod):

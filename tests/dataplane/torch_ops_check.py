@@ -36,18 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_attached_check as tac  # noqa: E402  (the shared harness)
 
-report, info = tac.report, tac.info
-
-
-def expect(name, exc_type, needle, fn):
-    try:
-        fn()
-    except exc_type as e:
-        msg = getattr(e, "message", str(e))
-        return report(name, needle in msg, f"{type(e).__name__}: {msg}")
-    except Exception as e:  # noqa: BLE001
-        return report(name, False, f"raised {type(e).__name__}: {e}")
-    return report(name, False, "no exception")
+report, info, expect = tac.report, tac.info, tac.expect
 
 
 def inputs(torch, geo, n, dev, gen):

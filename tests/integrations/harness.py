@@ -10,24 +10,19 @@ import subprocess
 import sys
 import threading
 
-_results = []
+# PASS / FAIL / INFO lines and raise checks: the shared harness of the GPU
+# checks (tests/dataplane/torch_attached_check.py; standard library only).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dataplane"))
+import torch_attached_check as _tac  # noqa: E402
 
-
-def report(name: str, ok: bool, detail: str = "") -> bool:
-    print(f"{'PASS' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""), flush=True)
-    _results.append(ok)
-    return ok
-
-
-def info(text: str) -> None:
-    print(f"INFO {text}", flush=True)
+report, info, expect = _tac.report, _tac.info, _tac.expect
 
 
 def finish(name: str) -> int:
-    failed = sum(1 for ok in _results if not ok)
-    print(f"RESULT {name}: {'PASS' if failed == 0 and _results else 'FAIL'} "
-          f"({len(_results)} checks, {failed} failed)", flush=True)
-    return 0 if failed == 0 and _results else 1
+    failed = sum(1 for _, ok in _tac._results if not ok)
+    print(f"RESULT {name}: {'PASS' if failed == 0 and _tac._results else 'FAIL'} "
+          f"({len(_tac._results)} checks, {failed} failed)", flush=True)
+    return 0 if failed == 0 and _tac._results else 1
 
 
 def setup_paths(bundle: str) -> None:
@@ -79,15 +74,3 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
-
-
-def expect(name, exc_type, needle, fn):
-    """A check that fn raises exc_type with `needle` in its message."""
-    try:
-        fn()
-    except exc_type as e:
-        msg = getattr(e, "message", str(e))
-        return report(name, needle in msg, f"{type(e).__name__}: {msg}")
-    except Exception as e:  # noqa: BLE001
-        return report(name, False, f"raised {type(e).__name__}: {e}")
-    return report(name, False, "no exception")
