@@ -23,14 +23,7 @@ bazel build "${targets[@]}"
 rm -rf "$S" "$D"
 mkdir -p "$S/lib" "$S/python/statecache" "$D"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
-copy_deps() {
-  ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;;
-      *) cp -Ln "$lib" "$S/lib/" 2>/dev/null || true ;;
-    esac
-  done
-}
+source tests/stage_deps.sh
 for bin in kernels/cuda/cuda_backend_test kernels/cuda_ipc/ipc_test \
            tests/dataplane/cuda_queue_test tests/dataplane/torch_check_ops \
            server/dataplane/dataplane_bench server/statecached \
@@ -38,14 +31,14 @@ for bin in kernels/cuda/cuda_backend_test kernels/cuda_ipc/ipc_test \
   cp -Lf "$bin_dir/$bin" "$S/"
   # Symbols out (smaller bundle).
   chmod u+w "$S/$(basename "$bin")" && strip --strip-unneeded "$S/$(basename "$bin")"
-  copy_deps "$bin_dir/$bin"
+  copy_deps "$bin_dir/$bin" "$S/lib"
 done
 # The Python binding: the library (next to its dependencies) and the
 # package's sources (the gRPC stubs are not needed by attached mode).
 cp -Lf "$bin_dir/client/python/libstatecache_dataplane.so" "$S/lib/"
 chmod u+w "$S/lib/libstatecache_dataplane.so"
 strip --strip-unneeded "$S/lib/libstatecache_dataplane.so"
-copy_deps "$bin_dir/client/python/libstatecache_dataplane.so"
+copy_deps "$bin_dir/client/python/libstatecache_dataplane.so" "$S/lib"
 cp client/python/statecache/*.py "$S/python/statecache/"
 # What was staged (commit, uncommitted files in the build, time).
 { git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u; } > "$S/STAGED"

@@ -19,21 +19,14 @@ bazel build //server:statecached //client/python:libstatecache_dataplane.so \
 rm -rf "$S" "$D"
 mkdir -p "$S/lib" "$S/python" "$D"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
-copy_deps() {
-  ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;;
-      *) cp -Ln "$lib" "$S/lib/" 2>/dev/null || true ;;
-    esac
-  done
-}
+source tests/stage_deps.sh
 cp -Lf "$bin_dir/server/statecached" "$S/"
 chmod u+w "$S/statecached" && strip --strip-unneeded "$S/statecached"
-copy_deps "$bin_dir/server/statecached"
+copy_deps "$bin_dir/server/statecached" "$S/lib"
 for so in libstatecache_dataplane.so libstatecache_prefix.so; do
   cp -Lf "$bin_dir/client/python/$so" "$S/lib/"
   chmod u+w "$S/lib/$so" && strip --strip-unneeded "$S/lib/$so"
-  copy_deps "$bin_dir/client/python/$so"
+  copy_deps "$bin_dir/client/python/$so" "$S/lib"
 done
 # The package and its stubs (generated here: the device needs no grpcio-tools).
 (cd client/python && tar -cf - --exclude=__pycache__ --exclude='statecache/v1' statecache) \

@@ -20,18 +20,11 @@ bazel build --jobs=2 "${targets[@]}"
 rm -rf "$S" "$D"
 mkdir -p "$S/lib" "$D"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
-copy_deps() {
-  ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*) ;;
-      *) cp -Ln "$lib" "$S/lib/" 2>/dev/null || true ;;
-    esac
-  done
-}
+source tests/stage_deps.sh
 stage() {  # stage SRC NAME
   cp -Lf "$1" "$S/$2"
   chmod u+w "$S/$2" && strip --strip-unneeded "$S/$2"
-  copy_deps "$1"
+  copy_deps "$1" "$S/lib"
 }
 for bin in server/statecached tests/load/statecache_load tests/load/update_echo_bench \
            kernels/cuda/cuda_concurrency_test kernels/cuda/cuda_backend_test; do

@@ -64,20 +64,13 @@ while read -r req; do
 done < <(grep -v '^#' client/vllm/device/wheels.txt | sed '/^\s*$/d')
 
 # statecache: binaries, the Python package with its stubs, the plugin.
-copy_deps() {
-  ldd "$1" | awk '/=>/ {print $3}' | while read -r lib; do
-    case "$(basename "$lib")" in
-      libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*|libcuda.so*) ;;
-      *) cp -Ln "$lib" "$S/sc/lib/" 2>/dev/null || true ;;
-    esac
-  done
-}
+source tests/stage_deps.sh
 cp -Lf "$bin_dir/server/statecached" "$S/sc/"
 cp -Lf "$bin_dir/client/python/libstatecache_dataplane.so" "$S/sc/lib/"
 chmod u+w "$S/sc/statecached" "$S/sc/lib/libstatecache_dataplane.so"
 strip --strip-unneeded "$S/sc/statecached" "$S/sc/lib/libstatecache_dataplane.so"
-copy_deps "$bin_dir/server/statecached"
-copy_deps "$bin_dir/client/python/libstatecache_dataplane.so"
+copy_deps "$bin_dir/server/statecached" "$S/sc/lib"
+copy_deps "$bin_dir/client/python/libstatecache_dataplane.so" "$S/sc/lib"
 mkdir -p "$S/site/statecache" "$S/site/statecache_vllm"
 cp client/python/statecache/*.py client/python/statecache/py.typed "$S/site/statecache/"
 top=$PWD
