@@ -159,10 +159,20 @@ for name, r in (("stock", s), ("plugin", p)):
 EOF
 }
 
+# The Python sources of statecache and the plugin come from this checkout
+# (it travels with every call), so a fix to them needs no re-staged part.
+overlay_sources() {
+  local repo; repo="$(cd "$HERE/../../.." && pwd)"
+  cp "$repo"/client/python/statecache/*.py "$ROOT/site/statecache/" &&
+    cp "$repo"/client/vllm/statecache_vllm/*.py "$ROOT/site/statecache_vllm/" &&
+    log "overlay: statecache and statecache_vllm sources of $(git -C "$repo" log -1 --format=%h 2>/dev/null || echo 'the checkout')"
+}
+
 env_setup
 log "phase $PHASE, DEADLINE_S=$DEADLINE_S, OUT=$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee -a "$OUT/progress.log"
 install || exit 1
+overlay_sources || { summary "overlay: FAIL"; exit 1; }
 import_check || { summary "import: FAIL"; exit 1; }
 case "$PHASE" in
   install) ;;
