@@ -10,6 +10,7 @@
 #   (b) decode_step_bench.py: one decode step at Qwen3.6-35B-A3B
 #       linear-attention geometry, B = 1 / 64 / 256, stock FP32 vs damp:16.
 # Logs and summary.txt go to $OUT (or /tmp/sc_out). ~6-9 min in all.
+# PARTS (default "fla bench") picks which of (a) and (b) run.
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
 mkdir -p "$OUT"
@@ -25,10 +26,14 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 cat "$U/STAGED" | tee "$OUT/staged.txt"
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 SHARED=${SHARED:-$U/shared}
+PARTS=${PARTS:-fla bench}
+if [[ " $PARTS " == *" fla "* ]]; then
 PYTHONUNBUFFERED=1 timeout ${FLA_S:-420} python3 tests/integrations/fla_check.py --dir "$U" \
   --shared "$SHARED" ${FLA_ARGS:-} > "$OUT/fla_check.log" 2>&1
 summary "fla_check exit=$?  $(grep -E '^RESULT fla_check' "$OUT/fla_check.log")"
 grep -E '^(FAIL|RESULT fla )' "$OUT/fla_check.log" >> "$OUT/summary.txt"
+fi
+[[ " $PARTS " == *" bench "* ]] || exit 0
 PYTHONUNBUFFERED=1 timeout ${BENCH_S:-150} python3 tests/integrations/decode_step_bench.py \
   --dir "$U" ${BENCH_ARGS:-} > "$OUT/decode_step_bench.log" 2>&1
 summary "decode_step_bench exit=$?"
