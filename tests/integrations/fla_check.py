@@ -129,7 +129,7 @@ def eval_model(torch, sc, scf, c, name, model, args):
              abs(ref_bpb - nll / n) < 1e-4, f"{ref_bpb:.6f} vs {nll / n:.6f}")
     cal = corpus(args.shared, "calibration.jsonl")
     for fmt in args.formats.split(","):
-        mid = f"{name}-{fmt}"
+        mid = f"{name}-{fmt}".replace(":", "_")   # model ids: [A-Za-z0-9._-]
         if fmt.startswith("damp"):
             t0 = time.time()
             states, res = scf.calibrate(c, model, [torch.tensor(d) for _, d in cal], mid, fmt,
@@ -190,11 +190,12 @@ def multiturn(torch, sc, scf, c, model, args):
                                            do_sample=False))
             if interrupt and i + 1 < len(users):
                 cache.end_turn(outs[-1])
-        cache.close()
+        if hasattr(cache, "close"):   # FLA's own Cache has no close()
+            cache.close()
         return outs
 
     for fmt in ("fp32", "damp:16"):
-        states = scf.register_model(c, f"mt-{fmt}", model, fmt, slots=2, checkpoints=8)
+        states = scf.register_model(c, f"mt-{fmt}".replace(":", "_"), model, fmt, slots=2, checkpoints=8)
         straight = turns(lambda: scf.StatecacheFLACache(model, states), None)
         for mode in ("same", "new"):
             got = turns(lambda: scf.StatecacheFLACache(model, states), mode)
@@ -205,7 +206,7 @@ def multiturn(torch, sc, scf, c, model, args):
             stock = turns(lambda: Cache(), None)
             H.report("[gdn-tiny fp32] uninterrupted multi-turn == stock FLA",
                      all(torch.equal(a, b) for a, b in zip(straight, stock)))
-        c.drop_model(f"mt-{fmt}")
+        c.drop_model(f"mt-{fmt}".replace(":", "_"))
 
 
 def bad_input(torch, sc, scf, c, model):

@@ -66,26 +66,28 @@ def write_model(dirname: str, geo: dict) -> str:
     return dirname
 
 
-def redraw_weights(model) -> int:
+def redraw_weights(model, on_device: bool = False) -> int:
     """Deterministic, well-scaled weights (see the module comment); returns
-    the number of parameters redrawn."""
+    the number of parameters redrawn. on_device draws on each parameter's
+    device (the bench's billions of parameters; deterministic per device)."""
     import torch
     n = 0
     with torch.no_grad():
         for name, p in model.named_parameters():
             seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 1
-            gen = torch.Generator(device="cpu").manual_seed(seed)
+            dev = p.device if on_device else torch.device("cpu")
+            gen = torch.Generator(device=dev).manual_seed(seed)
             if name.endswith("A_log"):
-                x = torch.log(1 + 15 * torch.rand(p.shape, generator=gen))
+                x = torch.log(1 + 15 * torch.rand(p.shape, generator=gen, device=dev))
             elif name.endswith("dt_bias"):
                 x = torch.ones(p.shape)
             elif p.dim() == 1:
                 x = torch.ones(p.shape) if "norm" in name else torch.zeros(p.shape)
             else:
                 fan_in = p.shape[-1] if p.dim() >= 2 else 1
-                x = torch.randn(p.shape, generator=gen) / math.sqrt(fan_in)
+                x = torch.randn(p.shape, generator=gen, device=dev) / math.sqrt(fan_in)
                 if "embed" in name:
-                    x = torch.randn(p.shape, generator=gen)
+                    x = torch.randn(p.shape, generator=gen, device=dev)
             p.data.copy_(x.to(p.dtype))
             n += 1
     return n
@@ -138,9 +140,10 @@ def run_bench(args, workdir):
     import torch
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    model = write_model(os.path.join(workdir, "qwen36"), QWEN36)
+    model = write_model(os.path.join(workdir, "qwen36"), dict(QWEN36, num_experts=args.num_experts))
     batches = [int(b) for b in args.batches.split(",")]
     llm = engine(args, model, max_len=320, kv_bytes=args.kv_gib << 30, capture_sizes=batches)
+    llm.apply_model(lambda m: redraw_weights(m, on_device=True))   # dummy weights give NaN
     gen = torch.Generator().manual_seed(0)
     res = {"kind": "bench", "mode": args.mode, "format": args.format, "tpot_ms": {},
            "cudagraph": args.cudagraph, "kv_cache_memory_bytes": args.kv_gib << 30,
@@ -179,6 +182,9 @@ def main():
     p.add_argument("--cudagraph", choices=["default", "full-decode", "eager"], default="default")
     p.add_argument("--batches", default="1,16,64,128,256")
     p.add_argument("--kv_gib", type=int, default=24)
+    p.add_argument("--num_experts", type=int, default=QWEN36["num_experts"],
+                   help="bench: routed experts per MoE layer (256 = Qwen3.6-35B-A3B, 70 GB of "
+                        "bf16 weights: fewer to fit an 80 GB card beside the KV budget)")
     p.add_argument("--max_num_seqs", type=int, default=256)
     p.add_argument("--batched_tokens", type=int, default=16384)
     p.add_argument("--out", required=True)

@@ -52,6 +52,7 @@ env_setup() {
   export STATECACHE_DATAPLANE_LIB=$ROOT/sc/lib/libstatecache_dataplane.so
   export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1
   export TOKENIZERS_PARALLELISM=false
+  export VLLM_USE_FLASHINFER_SAMPLER=0   # FlashInfer is not in the bundle
 }
 
 import_check() {

@@ -41,7 +41,7 @@ _PR_SET_PDEATHSIG = 1
 # Limits::max_allocate).
 _ALLOCATE_CHUNK = 4096
 # Checkpoint memory a spawned server keeps (the plugin takes no checkpoints).
-_SPAWN_CHECKPOINT_BYTES = 1 << 20
+_SPAWN_CHECKPOINT_BYTES = 1 << 20   # at least; RegisterModel reserves one checkpoint of a slot
 
 
 class PoolError(RuntimeError):
@@ -84,7 +84,7 @@ def _die_with_parent() -> None:
 class SpawnedServer:
     """statecached as a child on a unix socket in a private temp folder."""
 
-    def __init__(self, binary: str, *, backend: str, state_bytes: int,
+    def __init__(self, binary: str, *, backend: str, state_bytes: int, checkpoint_bytes: int,
                  physical_device: Optional[str], extra_args: Sequence[str],
                  environ: Mapping[str, str], timeout_s: float = 60.0):
         self.dir = tempfile.mkdtemp(prefix="statecache-vllm-")
@@ -93,7 +93,7 @@ class SpawnedServer:
         self.log_path = os.path.join(self.dir, "statecached.log")
         args = [binary, f"--listen={self.target}", f"--backend={backend}", "--dataplane",
                 "--metrics_port=-1", f"--state_memory_bytes={state_bytes}",
-                f"--checkpoint_memory_bytes={_SPAWN_CHECKPOINT_BYTES}",
+                f"--checkpoint_memory_bytes={max(checkpoint_bytes, _SPAWN_CHECKPOINT_BYTES)}",
                 "--slot_idle_timeout_ms=0"]
         if backend == "cpu":
             args.append("--shared_pools")
@@ -167,7 +167,7 @@ class PoolManager:
         if cfg.spawn:
             server = SpawnedServer(
                 cfg.statecached, backend="cuda" if device.type == "cuda" else "cpu",
-                state_bytes=shape.pool_bytes + (64 << 20),
+                state_bytes=shape.pool_bytes + (64 << 20), checkpoint_bytes=shape.slot_bytes,
                 physical_device=_physical_device(device, environ), extra_args=cfg.spawn_args,
                 environ=environ)
             target = server.target
