@@ -53,6 +53,9 @@ env_setup() {
   export PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1
   export TOKENIZERS_PARALLELISM=false
   export VLLM_USE_FLASHINFER_SAMPLER=0   # FlashInfer is not in the bundle
+  # The engine core in this process: apply_model redraws weights with a
+  # function (no pickling across processes).
+  export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1
 }
 
 import_check() {
@@ -88,11 +91,9 @@ engine() {
 }
 
 tiny() {
-  export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1
   engine tiny_stock_fp32 240 tiny --mode stock
   engine tiny_plugin_fp32 200 tiny --mode plugin --format fp32 --check_every 1
   engine tiny_plugin_damp16 200 tiny --mode plugin --format damp:16 --check_every 1
-  unset VLLM_ENABLE_V1_MULTIPROCESSING
   python3 - "$ROOT" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
 import json, os, sys
 root = sys.argv[1]

@@ -84,7 +84,7 @@ def _die_with_parent() -> None:
 class SpawnedServer:
     """statecached as a child on a unix socket in a private temp folder."""
 
-    def __init__(self, binary: str, *, backend: str, state_bytes: int, checkpoint_bytes: int,
+    def __init__(self, binary: str, *, backend: str, state_bytes: int, checkpoint_bytes: int = 0,
                  physical_device: Optional[str], extra_args: Sequence[str],
                  environ: Mapping[str, str], timeout_s: float = 60.0):
         self.dir = tempfile.mkdtemp(prefix="statecache-vllm-")

@@ -193,6 +193,17 @@ def test_more_blocks_than_one_allocate_call(paths):
         pm.close()
 
 
+def test_spawned_server_holds_a_slot_over_one_mib(paths):
+    """RegisterModel reserves one checkpoint of a slot: the spawned server's
+    checkpoint budget must hold it (Qwen3.6 geometry: 6.47 MB in damp:16)."""
+    pm = _open(paths, num_blocks=3, layers=5)   # fp32: 5 x 4 heads x 64 KiB = 1.25 MiB a slot
+    try:
+        assert pm.shape.slot_bytes == 5 * 4 * 65536 > 1 << 20
+        assert pm.shape.slots == 2
+    finally:
+        pm.close()
+
+
 def test_open_errors_name_the_step(paths):
     cfg = parse({"target": "unix:/nonexistent/sc.sock", "format": "fp32"})
     with pytest.raises(PoolError, match="statecache pool for vllm-gdn.tp1.r0 at "
