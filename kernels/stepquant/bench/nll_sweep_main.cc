@@ -9,7 +9,7 @@
 // (StepQuantOptions::RiskWeight: lifetime = seed 002, head-relative,
 // readout), optional candidate widths, horizon H and pivot fraction F.
 //
-//   bazel-bin/kernels/stepquant/nll_sweep_main --model=kda-tiny
+//   bazel-bin/kernels/stepquant/bench/nll_sweep_main --model=kda-tiny
 //       --calibration=/tmp/sq/kda-tiny-calibration --format=stepquant-4
 //       --variants=lifetime,readout,readout:3/4/5/6
 #include <algorithm>
