@@ -71,16 +71,13 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend/backend.h"
+#include "kernels/backend/interprocess.h"
 #include "proto/statecache/v1/statecache.pb.h"
-#include "server/model_registry.h"
-#include "server/proto_convert.h"
+#include "server/core/model_registry.h"
+#include "server/core/proto_convert.h"
 #include "server/pool/slot_handle.h"
 
 namespace statecache {
-
-// A slot-arena allocator in POSIX shared memory (CPU backend only: the
-// buffer's memory is host memory), for ModelRegistry::Options.
-std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t)> SharedArenaAllocator();
 
 class DataPlane {
  public:
@@ -285,8 +282,11 @@ class DataPlane {
   Backend* const backend_;
   ModelRegistry* const registry_;
   const Options options_;
-  const bool cuda_;
-  void* cuda_stream_ = nullptr;  // the CUDA backend's stream (done words)
+  // The backend's Interprocess capability (registered buffers, attached
+  // arenas, ring events); nullptr: the backend shares no memory.
+  Interprocess* const ipc_;
+  // Referenced and staged tensors are host memory (the host value check).
+  const bool host_readable_;
 
   mutable absl::Mutex mu_;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);

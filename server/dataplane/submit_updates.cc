@@ -22,11 +22,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/backend/interprocess.h"
 #include "kernels/common/status_macros.h"
-#include "kernels/cuda_ipc/ipc_runtime.h"
 #include "server/dataplane/data_plane.h"
-#include "server/dataplane/stream_wait.h"
-#include "server/log.h"
+#include "server/core/log.h"
 
 namespace statecache {
 namespace {
@@ -35,49 +34,38 @@ namespace {
 // lifetime of one stream.
 class EventRing {
  public:
-  EventRing() = default;
-  EventRing(const EventRing&) = delete;
-  EventRing& operator=(const EventRing&) = delete;
-  ~EventRing() {
-    for (void* e : events_) cuda_ipc::EventDestroy(e);
-  }
-  absl::Status Open(const google::protobuf::RepeatedPtrField<std::string>& handles) {
+  absl::Status Open(Interprocess& ipc,
+                    const google::protobuf::RepeatedPtrField<std::string>& handles) {
     for (int i = 0; i < handles.size(); ++i) {
-      if (static_cast<int>(handles[i].size()) != cuda_ipc::kHandleBytes) {
+      if (static_cast<int>(handles[i].size()) != ipc.handle_bytes()) {
         return absl::InvalidArgumentError(
             absl::StrCat("open.cuda_ipc_events[", i, "]: ", handles[i].size(),
-                         " bytes; an event handle is ", cuda_ipc::kHandleBytes));
+                         " bytes; an event handle is ", ipc.handle_bytes()));
       }
-      void* e = nullptr;
-      if (int rc = cuda_ipc::OpenEventHandle(handles[i], &e); rc != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("open.cuda_ipc_events[", i, "]: ",
-                                                       cuda_ipc::ErrorString(rc), " (CUDA error ",
-                                                       rc, ")"));
-      }
-      events_.push_back(e);
+      ASSIGN_OR_RETURN(std::unique_ptr<InterprocessEvent> e,
+                       ipc.OpenEvent(handles[i], absl::StrCat("open.cuda_ipc_events[", i, "]")));
+      events_.push_back(std::move(e));
     }
     return absl::OkStatus();
   }
   int size() const { return static_cast<int>(events_.size()); }
-  void* event(int index) const { return events_[index]; }
+  InterprocessEvent& event(int index) const { return *events_[index]; }
   // Device-side: later work on `stream` waits for the event's latest record.
   absl::Status StreamWait(int index, void* stream) {
-    if (int rc = cuda_ipc::StreamWaitEvent(stream, events_[index]); rc != 0) {
-      return absl::InternalError(absl::StrCat("wait.index: waiting for ring event ", index,
-                                              " on the device: ", cuda_ipc::ErrorString(rc)));
-    }
-    return absl::OkStatus();
+    absl::Status st = events_[index]->StreamWait(stream);
+    if (st.ok()) return st;
+    return absl::InternalError(absl::StrCat("wait.index: waiting for ring event ", index,
+                                            " on the device: ", st.message()));
   }
   absl::Status Wait(int index) {
-    if (int rc = cuda_ipc::EventSynchronize(events_[index]); rc != 0) {
-      return absl::InternalError(absl::StrCat("wait.index: waiting for ring event ", index, ": ",
-                                              cuda_ipc::ErrorString(rc)));
-    }
-    return absl::OkStatus();
+    absl::Status st = events_[index]->Synchronize();
+    if (st.ok()) return st;
+    return absl::InternalError(
+        absl::StrCat("wait.index: waiting for ring event ", index, ": ", st.message()));
   }
 
  private:
-  std::vector<void*> events_;
+  std::vector<std::unique_ptr<InterprocessEvent>> events_;
 };
 
 // The queue's device-side wait for the worker's ring events, which the
@@ -97,17 +85,15 @@ class RingGate {
   RingGate(EventRing* ring, absl::Duration timeout) : ring_(ring), timeout_(timeout) {}
   RingGate(const RingGate&) = delete;
   RingGate& operator=(const RingGate&) = delete;
-  ~RingGate() {
-    Finish(/*abort=*/true);
-    if (words_ != nullptr) stream_wait::FreeGateWords(words_);
-  }
+  ~RingGate() { Finish(/*abort=*/true); }
 
-  absl::Status Start() {
-    if (int rc = stream_wait::AllocGateWords(&words_); rc != 0) {
-      words_ = nullptr;
-      return absl::InternalError(absl::StrCat("open: cannot allocate the ring gate: ",
-                                              cuda_ipc::ErrorString(rc)));
+  absl::Status Start(Interprocess& ipc) {
+    absl::StatusOr<std::unique_ptr<StreamGate>> gate = ipc.NewGate();
+    if (!gate.ok()) {
+      return absl::InternalError(
+          absl::StrCat("open: cannot allocate the ring gate: ", gate.status().message()));
     }
+    gate_ = *std::move(gate);
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -117,13 +103,13 @@ class RingGate {
   absl::Status Enqueue(void* stream, void* abort_word, int index, uint64_t seq) {
     absl::MutexLock lock(&mu_);
     if (aborted_) {
-      Store(0, static_cast<uint32_t>(seq));
+      gate_->Release(static_cast<uint32_t>(seq));
       return reason_;
     }
-    if (int rc = stream_wait::StreamGate(stream, words_, static_cast<uint32_t>(seq), abort_word);
-        rc != 0) {
+    if (absl::Status st = gate_->Enqueue(stream, static_cast<uint32_t>(seq), abort_word);
+        !st.ok()) {
       return absl::InternalError(absl::StrCat("wait.index: enqueueing the wait for ring event ",
-                                              index, ": ", cuda_ipc::ErrorString(rc)));
+                                              index, ": ", st.message()));
     }
     pending_.push_back({index, seq});
     last_seq_ = seq;
@@ -157,14 +143,12 @@ class RingGate {
     uint64_t seq;
   };
 
-  void Store(int word, uint32_t value) { __atomic_store_n(&words_[word], value, __ATOMIC_SEQ_CST); }
-
   void AbortLocked(absl::Status reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (aborted_) return;
     aborted_ = true;
     reason_ = std::move(reason);
-    Store(1, 1);  // the abort flag first: a released gate kernel then aborts
-    Store(0, static_cast<uint32_t>(last_seq_));
+    gate_->SetAbort();  // the abort flag first: a released gate kernel then aborts
+    gate_->Release(static_cast<uint32_t>(last_seq_));
     pending_.clear();
   }
 
@@ -185,11 +169,11 @@ class RingGate {
       const absl::Time spin_until = start + absl::Milliseconds(5);
       absl::Status failure;
       for (;;) {
-        const int rc = stream_wait::EventQuery(ring_->event(e.index));
-        if (rc == 0) break;
-        if (rc != kNotReady) {
+        const absl::StatusOr<bool> complete = ring_->event(e.index).Query();
+        if (complete.ok() && *complete) break;
+        if (!complete.ok()) {
           failure = absl::InternalError(absl::StrCat("wait.index: querying ring event ", e.index,
-                                                     ": ", cuda_ipc::ErrorString(rc)));
+                                                     ": ", complete.status().message()));
           break;
         }
         const absl::Time now = absl::Now();
@@ -216,16 +200,14 @@ class RingGate {
         AbortLocked(std::move(failure));
         continue;
       }
-      Store(0, static_cast<uint32_t>(e.seq));
+      gate_->Release(static_cast<uint32_t>(e.seq));
       pending_.pop_front();
     }
   }
 
-  static constexpr int kNotReady = 600;  // cudaErrorNotReady
-
   EventRing* const ring_;
   const absl::Duration timeout_;
-  uint32_t* words_ = nullptr;  // pinned: [0] gate, [1] abort flag
+  std::unique_ptr<StreamGate> gate_;
   std::thread thread_;
   mutable absl::Mutex mu_;
   std::deque<Entry> pending_ ABSL_GUARDED_BY(mu_);
@@ -323,14 +305,14 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
                    ResolveRef(tenant, open.done_ref(), "open.done_ref", DType::kFp32, 2));
   const int64_t done_offset = open.done_ref().offset();
   EventRing ring;
-  if (cuda_) {
+  if (ipc_ != nullptr && ipc_->uses_events()) {
     if (open.cuda_ipc_events_size() > kMaxRingEvents) {
       return absl::InvalidArgumentError(absl::StrCat("open.cuda_ipc_events: ",
                                                      open.cuda_ipc_events_size(),
                                                      " events exceed the limit of ",
                                                      kMaxRingEvents));
     }
-    RETURN_IF_ERROR(ring.Open(open.cuda_ipc_events()));
+    RETURN_IF_ERROR(ring.Open(*ipc_, open.cuda_ipc_events()));
   } else if (open.cuda_ipc_events_size() > 0) {
     return absl::InvalidArgumentError(
         "open.cuda_ipc_events: the CPU backend orders submissions by message order; send no "
@@ -357,7 +339,7 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
     const char* mode = std::getenv("STATECACHE_SUBMIT_DEVICE_WAIT");
     if (mode == nullptr || std::strcmp(mode, "event") != 0) {
       gate = std::make_unique<RingGate>(&ring, options_.ring_wait_timeout);
-      RETURN_IF_ERROR(gate->Start());
+      RETURN_IF_ERROR(gate->Start(*ipc_));
     }
   }
   {
@@ -546,7 +528,8 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
     if (store_done) {
       // Failed submissions advance the word too: a worker stream waiting for
       // it must not hang; the reply says whether o was written.
-      absl::Status st = done.buffer->StoreWord(done_offset, last_seq, cuda_stream_);
+      absl::Status st = done.buffer->StoreWord(done_offset, last_seq,
+                                                backend_->native_stream());
       if (status.ok()) status = Prefixed(st, "open.done_ref: ");
     }
     respond(std::move(reply), status, start, update_resp.kernel_micros(), wait_seconds);
