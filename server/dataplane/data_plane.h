@@ -275,6 +275,20 @@ class DataPlane {
                           const ComputeLimits& limits, const KernelObserver& observe,
                           const std::function<absl::Status()>* before_read,
                           v1::UpdateResponse* resp);
+  // SubmitUpdates (submit_updates.cc): a stream's state and its opening
+  // (errors end the stream), and one submission: StartSubmission runs its
+  // checks, ring wait and update (or enqueues them on the stream's queue),
+  // RunSubmission then the done word and the reply.
+  struct SubmitStream;
+  struct SubmissionRun;
+  absl::Status OpenSubmitStream(const std::string& tenant, const v1::SubmitUpdatesOpen& open,
+                                SubmitStream* s);
+  absl::Status StartSubmission(const std::string& tenant, SubmitStream& s,
+                               const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
+                               const KernelObserver& observe, SubmissionRun* run);
+  void RunSubmission(const std::string& tenant, SubmitStream& s,
+                     const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
+                     const KernelObserver& observe);
   absl::Status HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
                               const Resolved& q, const Resolved& k, const Resolved& v,
                               int d_k) const;
