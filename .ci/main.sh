@@ -7,5 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup.sh
-bazel build //client/cpp:statecachectl //server:statecached
-exec bazel-bin/client/cpp/statecachectl demo "$@"
+bazel build //client/ctl:statecachectl //server:statecached
+exec bazel-bin/client/ctl/statecachectl demo "$@"

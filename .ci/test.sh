@@ -3,7 +3,8 @@
 # (CUDA objects included) and runs every test that is not tagged benchmark,
 # fuzz or gpu_only, then the checks that cannot run inside a bazel test
 # (they run bazel themselves): a plain `pip install ./client/python` into a
-# fresh venv and statecache.torch from it (pip_install_e2e.sh). Exits
+# fresh venv and statecache.torch from it (pip_install_e2e.sh), and the BUILD
+# package-cycle check over `bazel query` (tools/check_package_cycles.py). Exits
 # non-zero when any test or check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +16,8 @@ passed=$(grep -cE '^//.* PASSED' "$log" || true)
 failed=$(grep -cE '^//.* (FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)
 rm -f "$log"
 outside_passed=0 outside_failed=0
-for check in client/python/tests/compat/pip_install_e2e.sh; do
-  if bash "$check"; then
+for check in client/python/tests/compat/pip_install_e2e.sh tools/check_package_cycles.py; do
+  if case "$check" in *.py) python3 "$check" ;; *) bash "$check" ;; esac; then
     outside_passed=$((outside_passed + 1))
   else
     echo "FAILED: $check" >&2

@@ -16,8 +16,8 @@
 #include "kernels/layout/layout_file.h"
 #include "kernels/trajectory/synthetic.h"
 #include "kernels/trajectory/trajectory_file.h"
-#include "server/log.h"
-#include "server/proto_convert.h"
+#include "server/core/log.h"
+#include "server/core/proto_convert.h"
 #include "server/server.h"
 
 namespace statecache {

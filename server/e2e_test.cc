@@ -23,9 +23,10 @@
 #include "absl/synchronization/notification.h"
 #include "client/cpp/statecache_client.h"
 #include "kernels/backend/backend.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/formats/numeric.h"
 #include "kernels/formats/state_bound.h"
-#include "server/log.h"
+#include "server/core/log.h"
 #include "server/pool/prefix_key.h"
 #include "server/server.h"
 

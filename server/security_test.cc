@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/auth/tenants.h"
-#include "server/log.h"
+#include "server/core/log.h"
 #include "server/pool/prefix_key.h"
 #include "server/server.h"
 

@@ -10,8 +10,11 @@
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "kernels/backend/interprocess.h"
 #include "kernels/common/status_macros.h"
-#include "server/log.h"
+#include "kernels/create_backend/create_backend.h"
+#include "kernels/shm/shm_interprocess.h"
+#include "server/core/log.h"
 
 namespace statecache {
 namespace {
@@ -134,8 +137,11 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.default_lease = mem.lease_default;
   ro.max_lease = mem.lease_max;
   ro.clock = options.clock;
-  if (options.dataplane.enabled && options.dataplane.shared_pools &&
-      std::string(s->backend_->name()) == "cpu") {
+  // Shared pools are for backends whose memory is shared host memory (the
+  // CPU's); device arenas are exported by their own handles.
+  const Interprocess* ipc = s->backend_->interprocess();
+  if (options.dataplane.enabled && options.dataplane.shared_pools && ipc != nullptr &&
+      ipc->host_accessible()) {
     ro.slot_arena_allocator = SharedArenaAllocator();
   }
   s->registry_ = std::make_unique<ModelRegistry>(s->backend_.get(), ro);

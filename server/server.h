@@ -27,7 +27,7 @@
 #include "server/metrics.h"
 #include "server/auth/tenants.h"
 #include "server/dataplane/data_plane.h"
-#include "server/model_registry.h"
+#include "server/core/model_registry.h"
 #include "server/model_store.h"
 #include "server/statecache_service.h"
 

@@ -16,9 +16,9 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "server/log.h"
-#include "server/model_registry.h"
-#include "server/proto_convert.h"
+#include "server/core/log.h"
+#include "server/core/model_registry.h"
+#include "server/core/proto_convert.h"
 #include "server/statecache_service.h"
 
 namespace statecache {

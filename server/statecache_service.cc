@@ -22,10 +22,10 @@
 #include "kernels/trajectory/trajectory_file.h"
 #include "server/auth/tenants.h"
 #include "server/host_update.h"
-#include "server/log.h"
+#include "server/core/log.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/staging.h"
-#include "server/proto_convert.h"
+#include "server/core/proto_convert.h"
 
 namespace statecache {
 

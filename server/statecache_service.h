@@ -36,7 +36,7 @@
 #include "server/call_gate.h"
 #include "server/dataplane/data_plane.h"
 #include "server/metrics.h"
-#include "server/model_registry.h"
+#include "server/core/model_registry.h"
 #include "server/model_store.h"
 #include "server/pool/staging_cache.h"
 #include "server/update_coalescer.h"

@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
-#include "server/log.h"
+#include "server/core/log.h"
 #include "server/server.h"
 #include "tools/build_info/build_info.h"
 

@@ -8,19 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
-#include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda_ipc/ipc_runtime.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/formats/format.h"
-#include "server/dataplane/stream_wait.h"
 
 namespace statecache {
 namespace {
-
-absl::Status CudaStatus(int code, absl::string_view what) {
-  if (code == 0) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cuda_ipc::ErrorString(code), " (CUDA error ", code, ")"));
-}
 
 v1::DType ProtoDType(DType d) {
   switch (d) {
@@ -76,30 +68,20 @@ int64_t MonotonicNanos() {
 // ---------------------------------------------------------------------------
 // WorkerBuffer
 
-WorkerBuffer::~WorkerBuffer() {
-  if (device_) {
-    if (worker_event_ != nullptr) cuda_ipc::EventDestroy(worker_event_);
-    if (server_event_ != nullptr) cuda_ipc::EventDestroy(server_event_);
-    if (data_ != nullptr) cuda_ipc::Free(data_);
-  }
-}
+WorkerBuffer::~WorkerBuffer() = default;
 
 absl::Status WorkerBuffer::Write(int64_t offset, const void* host, int64_t bytes) {
   if (offset < 0 || bytes < 0 || offset > size_ || bytes > size_ - offset) {
     return absl::InvalidArgumentError(absl::StrCat("offset: [", offset, ", ", offset + bytes,
                                                    ") is outside the buffer of ", size_));
   }
-  if (!device_) {
-    std::memcpy(data_ + offset, host, bytes);
-    return absl::OkStatus();
-  }
-  RETURN_IF_ERROR(CudaStatus(cuda_ipc::CopyHostToDevice(data_ + offset, host, bytes), "write"));
+  RETURN_IF_ERROR(memory_->Write(offset, host, bytes));
   return MarkWritten();
 }
 
 absl::Status WorkerBuffer::MarkWritten() {
-  if (!device_ || worker_event_ == nullptr) return absl::OkStatus();
-  return CudaStatus(cuda_ipc::EventRecord(worker_event_, nullptr), "record worker event");
+  if (worker_event_ == nullptr) return absl::OkStatus();
+  return worker_event_->Record(nullptr);
 }
 
 absl::Status WorkerBuffer::Read(int64_t offset, void* host, int64_t bytes) const {
@@ -107,14 +89,8 @@ absl::Status WorkerBuffer::Read(int64_t offset, void* host, int64_t bytes) const
     return absl::InvalidArgumentError(absl::StrCat("offset: [", offset, ", ", offset + bytes,
                                                    ") is outside the buffer of ", size_));
   }
-  if (!device_) {
-    std::memcpy(host, data_ + offset, bytes);
-    return absl::OkStatus();
-  }
-  if (server_event_ != nullptr) {
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventSynchronize(server_event_), "wait server event"));
-  }
-  return CudaStatus(cuda_ipc::CopyDeviceToHost(host, data_ + offset, bytes), "read");
+  if (server_event_ != nullptr) RETURN_IF_ERROR(server_event_->Synchronize());
+  return memory_->Read(offset, host, bytes);
 }
 
 // ---------------------------------------------------------------------------
@@ -131,6 +107,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneSession>> DataPlaneSession::Open(StateCa
   auto s = std::unique_ptr<DataPlaneSession>(new DataPlaneSession(client));
   s->id_ = resp.session_id();
   s->backend_ = resp.backend();
+  ASSIGN_OR_RETURN(s->interprocess_, CreateInterprocess(s->backend_));
   s->lease_ = absl::Milliseconds(resp.lease_ms());
   return s;
 }
@@ -166,33 +143,29 @@ absl::StatusOr<WorkerBuffer*> DataPlaneSession::CreateBuffer(int64_t bytes) {
   v1::RegisterBufferRequest req;
   req.set_session_id(id_);
   req.set_size_bytes(bytes);
-  if (backend_ == "cuda") {
-    b->device_ = true;
-    void* p = nullptr;
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::Malloc(&p, bytes), "cudaMalloc"));
-    b->data_ = static_cast<uint8_t*>(p);
-    std::string handle, event;
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::GetMemHandle(p, &handle), "IPC handle"));
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventCreateInterprocess(&b->worker_event_), "event"));
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::GetEventHandle(b->worker_event_, &event), "event"));
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventRecord(b->worker_event_, nullptr), "event"));
-    req.set_cuda_ipc_handle(handle);
-    req.set_cuda_ipc_event(event);
+  Interprocess& ipc = *interprocess_;
+  b->device_ = !ipc.host_accessible();
+  ASSIGN_OR_RETURN(b->memory_, ipc.Allocate(bytes));
+  b->data_ = b->memory_->data();
+  if (ipc.uses_events()) {
+    ASSIGN_OR_RETURN(b->worker_event_, ipc.CreateEvent());
+    RETURN_IF_ERROR(b->worker_event_->Record(nullptr));
+    req.set_cuda_ipc_event(b->worker_event_->handle());
+  }
+  if (ipc.transport() == Interprocess::Transport::kCudaIpc) {
+    req.set_cuda_ipc_handle(b->memory_->handle());
   } else {
-    ASSIGN_OR_RETURN(b->shm_, SharedMemoryRegion::Create(bytes));
-    b->data_ = b->shm_->data();
-    req.set_shm_name(b->shm_->name());
+    req.set_shm_name(b->memory_->handle());
   }
   v1::RegisterBufferResponse resp;
   grpc::ClientContext ctx;
   client_->PrepareContext(&ctx);
   absl::Status st = FromGrpcStatus(client_->stub().RegisterBuffer(&ctx, req, &resp));
-  if (b->shm_ != nullptr) b->shm_->Unlink();  // the server unlinked it too on success
+  b->memory_->Unlink();  // shared memory: the server unlinked it too on success
   RETURN_IF_ERROR(st);
   b->id_ = resp.buffer_id();
-  if (b->device_ && !resp.cuda_ipc_event().empty()) {
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::OpenEventHandle(resp.cuda_ipc_event(), &b->server_event_),
-                               "server event"));
+  if (ipc.uses_events() && !resp.cuda_ipc_event().empty()) {
+    ASSIGN_OR_RETURN(b->server_event_, ipc.OpenEvent(resp.cuda_ipc_event(), "server event"));
   }
   buffers_.push_back(std::move(b));
   return buffers_.back().get();
@@ -248,16 +221,16 @@ absl::StatusOr<std::unique_ptr<UpdateSubmitter>> UpdateSubmitter::Open(DataPlane
   s->model_id_ = std::string(model_id);
   s->done_buffer_ = done.buffer;
   s->done_offset_ = done.offset;
-  s->cuda_ = session->backend() == "cuda";
+  s->interprocess_ = &session->interprocess();
   ASSIGN_OR_RETURN(s->geometry_, session->client().Geometry(model_id));
   // seq restarts at 1 on every stream: the word starts at 0 (a waiter for
   // seq 1 must not pass on an earlier stream's value).
   uint8_t* word = done.buffer->data() + done.offset;
-  if (s->cuda_) {
-    const uint64_t zero = 0;
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::CopyHostToDevice(word, &zero, 8), "zero the done word"));
-  } else {
+  if (s->interprocess_->host_accessible()) {
     __atomic_store_n(reinterpret_cast<uint64_t*>(word), uint64_t{0}, __ATOMIC_RELEASE);
+  } else {
+    const uint64_t zero = 0;
+    RETURN_IF_ERROR(done.buffer->memory_->Write(done.offset, &zero, 8));
   }
   v1::SubmitUpdatesRequest msg;
   v1::SubmitUpdatesOpen* open = msg.mutable_open();
@@ -265,17 +238,15 @@ absl::StatusOr<std::unique_ptr<UpdateSubmitter>> UpdateSubmitter::Open(DataPlane
   open->set_model_id(s->model_id_);
   open->mutable_done_ref()->set_buffer_id(done.buffer->id());
   open->mutable_done_ref()->set_offset(done.offset);
-  if (s->cuda_) {
+  if (s->interprocess_->uses_events()) {
     if (options.ring_size < 1 || options.ring_size > 1024) {
       return absl::InvalidArgumentError(
           absl::StrCat("ring_size: ", options.ring_size, " is outside 1..1024"));
     }
     for (int i = 0; i < options.ring_size; ++i) {
-      void* e = nullptr;
-      RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventCreateInterprocess(&e), "ring event"));
-      s->ring_.push_back(e);
-      RETURN_IF_ERROR(
-          CudaStatus(cuda_ipc::GetEventHandle(e, open->add_cuda_ipc_events()), "ring event"));
+      ASSIGN_OR_RETURN(std::unique_ptr<InterprocessEvent> e, s->interprocess_->CreateEvent());
+      *open->add_cuda_ipc_events() = e->handle();
+      s->ring_.push_back(std::move(e));
     }
   }
   s->ctx_ = std::make_unique<grpc::ClientContext>();
@@ -293,10 +264,7 @@ absl::StatusOr<std::unique_ptr<UpdateSubmitter>> UpdateSubmitter::Open(DataPlane
   return s;
 }
 
-UpdateSubmitter::~UpdateSubmitter() {
-  Finish().IgnoreError();
-  for (void* e : ring_) cuda_ipc::EventDestroy(e);
-}
+UpdateSubmitter::~UpdateSubmitter() { Finish().IgnoreError(); }
 
 void UpdateSubmitter::ReadReplies() {
   v1::SubmitUpdatesResponse r;
@@ -326,7 +294,7 @@ absl::StatusOr<uint64_t> UpdateSubmitter::Submit(const RefUpdateCall& call, void
   v1::UpdateSubmission* sub = msg.mutable_update();
   sub->set_seq(seq);
   RETURN_IF_ERROR(FillRefUpdate(geometry_, call, sub->mutable_update()));
-  if (cuda_) {
+  if (!ring_.empty()) {
     const uint64_t n = ring_.size();
     const int entry = static_cast<int>((seq - 1) % n);
     if (seq > n) {
@@ -340,7 +308,7 @@ absl::StatusOr<uint64_t> UpdateSubmitter::Submit(const RefUpdateCall& call, void
       mu_.Await(absl::Condition(&ready));
       if (replied_ < need) return stream_status_;
     }
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventRecord(ring_[entry], stream), "record ring event"));
+    RETURN_IF_ERROR(ring_[entry]->Record(stream));
     sub->mutable_wait()->set_index(entry);
   }
   if (!stream_->Write(msg)) {
@@ -358,9 +326,8 @@ absl::Status UpdateSubmitter::StreamWait(uint64_t seq, void* stream) {
         absl::StrCat("seq: ", seq, " was not submitted (last: ", next_seq_ - 1, ")"));
   }
   const uint8_t* word = done_buffer_->data() + done_offset_;
-  if (cuda_) {
-    return CudaStatus(stream_wait::StreamWaitGeq(stream, word, static_cast<uint32_t>(seq)),
-                      "stream wait");
+  if (!interprocess_->host_accessible()) {
+    return interprocess_->StreamWaitWord(stream, word, static_cast<uint32_t>(seq));
   }
   const auto* w = reinterpret_cast<const uint64_t*>(word);
   // Spin for up to 200 us (short updates finish within that), then block
@@ -426,16 +393,8 @@ absl::Status UpdateSubmitter::Finish() {
     }
     if (unanswered) {
       // Release this worker's streams waiting on the done word.
-      uint8_t* word = done_buffer_->data() + done_offset_;
-      if (cuda_) {
-        RETURN_IF_ERROR(CudaStatus(stream_wait::ReleaseWord(word, last), "release waiters"));
-      } else {
-        auto* w = reinterpret_cast<uint64_t*>(word);
-        uint64_t old = __atomic_load_n(w, __ATOMIC_RELAXED);
-        while (old < last && !__atomic_compare_exchange_n(w, &old, last, true, __ATOMIC_RELEASE,
-                                                          __ATOMIC_RELAXED)) {
-        }
-      }
+      RETURN_IF_ERROR(
+          interprocess_->ReleaseWord(done_buffer_->data() + done_offset_, last));
     }
   }
   absl::MutexLock lock(&mu_);
@@ -524,19 +483,21 @@ absl::StatusOr<std::unique_ptr<AttachedSession>> AttachedSession::Attach(
   a->layout_ = std::make_unique<StateLayout>(*std::move(layout));
   ASSIGN_OR_RETURN(a->prepared_, a->backend_->Prepare(*a->layout_));
   const int64_t arena_bytes = resp.num_slots() * tags.slot_bytes();
-  uint8_t* base = nullptr;
+  Interprocess* ipc = a->backend_->interprocess();
+  if (ipc == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backend: the ", a->backend_->name(), " backend shares no memory with other processes"));
+  }
   if (resp.arena_case() == v1::AttachSlotsResponse::kShmName) {
-    ASSIGN_OR_RETURN(a->shm_, SharedMemoryRegion::Open(resp.shm_name(), arena_bytes,
-                                                       /*unlink_name=*/false, "shm_name"));
-    base = a->shm_->data();
+    ASSIGN_OR_RETURN(a->arena_, ipc->Open(resp.shm_name(), arena_bytes, /*unlink_name=*/false,
+                                          "shm_name"));
   } else if (resp.arena_case() == v1::AttachSlotsResponse::kCudaIpcHandle) {
-    RETURN_IF_ERROR(
-        CudaStatus(cuda_ipc::OpenMemHandle(resp.cuda_ipc_handle(), &a->ipc_base_), "arena"));
-    base = static_cast<uint8_t*>(a->ipc_base_);
+    ASSIGN_OR_RETURN(a->arena_, ipc->Open(resp.cuda_ipc_handle(), arena_bytes,
+                                          /*unlink_name=*/false, "arena"));
   } else {
     return absl::InternalError("arena: the server sent no arena");
   }
-  a->view_.base = base;
+  a->view_.base = a->arena_->data();
   a->view_.num_slots = resp.num_slots();
   a->view_.layers = g.layers;
   a->view_.heads = g.h_v;
@@ -557,19 +518,20 @@ AttachedSession::~AttachedSession() {
     renew_cv_.SignalAll();
   }
   if (renewal_.joinable()) renewal_.join();
-  if (order_event_ != nullptr) cuda_ipc::EventDestroy(order_event_);
+  order_event_.reset();
   prepared_.reset();
-  if (ipc_base_ != nullptr) cuda_ipc::CloseMemHandle(ipc_base_);
+  arena_.reset();
 }
 
 absl::Status AttachedSession::OrderAfter(void* stream) {
-  if (std::strcmp(backend_->name(), "cuda") != 0) return absl::OkStatus();
+  // Backends without a stream order their calls by the calling thread.
+  void* backend_stream = backend_->native_stream();
+  if (backend_stream == nullptr) return absl::OkStatus();
   if (order_event_ == nullptr) {
-    ASSIGN_OR_RETURN(backend_stream_, CudaStreamOf(*backend_));
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventCreateInterprocess(&order_event_), "order event"));
+    ASSIGN_OR_RETURN(order_event_, backend_->interprocess()->CreateEvent());
   }
-  RETURN_IF_ERROR(CudaStatus(cuda_ipc::EventRecord(order_event_, stream), "record order event"));
-  return CudaStatus(cuda_ipc::StreamWaitEvent(backend_stream_, order_event_), "order after stream");
+  RETURN_IF_ERROR(order_event_->Record(stream));
+  return order_event_->StreamWait(backend_stream);
 }
 
 absl::Status AttachedSession::Detach() {
@@ -644,12 +606,9 @@ absl::Status AttachedSession::SetFence() {
   fenced_.store(true);
   const int32_t one = 1;
   RETURN_IF_ERROR(backend_->CopyIn(fence_->data(), &one, sizeof(one)));
-  if (std::strcmp(backend_->name(), "cuda") == 0) {
-    // Engine work already enqueued (on any stream) may still write the pool:
-    // it completes before the slots go back to the server.
-    RETURN_IF_ERROR(CudaStatus(cuda_ipc::DeviceSynchronize(), "fence: wait for device work"));
-  }
-  return absl::OkStatus();
+  // Engine work already enqueued (on any stream) may still write the pool:
+  // it completes before the slots go back to the server.
+  return backend_->interprocess()->SynchronizeDevice();
 }
 
 absl::Status AttachedSession::CheckAttached() const {

@@ -61,8 +61,8 @@
 #include "absl/types/span.h"
 #include "client/cpp/statecache_client.h"
 #include "kernels/backend/backend.h"
+#include "kernels/backend/interprocess.h"
 #include "kernels/layout/state_layout.h"
-#include "server/dataplane/shm_region.h"
 
 namespace statecache {
 
@@ -85,14 +85,16 @@ class WorkerBuffer {
 
  private:
   friend class DataPlaneSession;
+  friend class UpdateSubmitter;
   WorkerBuffer() = default;
   uint64_t id_ = 0;
   int64_t size_ = 0;
   uint8_t* data_ = nullptr;
   bool device_ = false;
-  std::unique_ptr<SharedMemoryRegion> shm_;
-  void* worker_event_ = nullptr;
-  void* server_event_ = nullptr;
+  // Destroyed events first, then the memory.
+  std::unique_ptr<InterprocessBuffer> memory_;
+  std::unique_ptr<InterprocessEvent> worker_event_;  // uses_events(): recorded after writes
+  std::unique_ptr<InterprocessEvent> server_event_;  // uses_events(): waited for before reads
 };
 
 // A tensor inside a registered buffer.
@@ -122,6 +124,8 @@ class DataPlaneSession {
   const std::string& backend() const { return backend_; }
   absl::Duration lease() const { return lease_; }
   StateCacheClient& client() { return *client_; }
+  // The memory kind of the server's backend (kernels/backend/interprocess.h).
+  Interprocess& interprocess() { return *interprocess_; }
 
   absl::Status Renew();
   absl::Status Close();
@@ -142,6 +146,7 @@ class DataPlaneSession {
   StateCacheClient* client_;
   uint64_t id_ = 0;
   std::string backend_;
+  std::unique_ptr<Interprocess> interprocess_;
   absl::Duration lease_;
   bool closed_ = false;
   std::vector<std::unique_ptr<WorkerBuffer>> buffers_;
@@ -215,8 +220,8 @@ class UpdateSubmitter {
   ModelGeometry geometry_;
   const WorkerBuffer* done_buffer_ = nullptr;
   int64_t done_offset_ = 0;
-  std::vector<void*> ring_;  // CUDA events
-  bool cuda_ = false;
+  Interprocess* interprocess_ = nullptr;  // the session's
+  std::vector<std::unique_ptr<InterprocessEvent>> ring_;  // uses_events(): the ring
   uint64_t next_seq_ = 1;
   bool finished_ = false;
   std::unique_ptr<grpc::ClientContext> ctx_;
@@ -316,8 +321,7 @@ class AttachedSession {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<StateLayout> layout_;
   std::unique_ptr<PreparedModel> prepared_;
-  std::unique_ptr<SharedMemoryRegion> shm_;
-  void* ipc_base_ = nullptr;
+  std::unique_ptr<InterprocessBuffer> arena_;
   PoolView view_;
   std::unique_ptr<BackendBuffer> slot_buffer_;
   std::vector<SlotHandle> staged_handles_;  // handles whose indices are in slot_buffer_
@@ -328,8 +332,7 @@ class AttachedSession {
   int64_t renew_at_ns_ = 0;
   std::atomic<int64_t> expires_at_ns_{0};
   bool detached_ = false;
-  void* order_event_ = nullptr;    // CUDA, OrderAfter
-  void* backend_stream_ = nullptr;  // CUDA, OrderAfter
+  std::unique_ptr<InterprocessEvent> order_event_;  // OrderAfter on a backend with a stream
 
   // Engine path: the fence word (backend memory, int32), the view carrying
   // it and the renewal thread.

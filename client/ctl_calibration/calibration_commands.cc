@@ -21,6 +21,7 @@
 #include "kernels/calibration/calibrator.h"
 #include "kernels/calibration/evaluation.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/io/json.h"
 #include "kernels/layout/layout_file.h"
 #include "kernels/trajectory/trajectory_file.h"

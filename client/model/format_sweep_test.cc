@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/io/test_data.h"
 
 namespace statecache {

@@ -9,6 +9,7 @@
 #include "client/model/model.h"
 #include "gtest/gtest.h"
 #include "kernels/backend/backend.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/io/safetensors.h"
 #include "kernels/io/test_data.h"

@@ -10,6 +10,7 @@
 #include "client/model/fp32_state_store.h"
 #include "gtest/gtest.h"
 #include "kernels/backend/backend.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 

@@ -9,6 +9,7 @@
 #include "kernels/backend/backend.h"
 #include "kernels/backend/pool_view.h"
 #include "kernels/common/status_macros.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/formats/format.h"
 
 namespace statecache {

@@ -18,6 +18,7 @@
 #include "client/model/backend_state_store.h"
 #include "client/model/model.h"
 #include "kernels/backend/backend.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/io/test_data.h"
 #include "client/remote_store/child_server.h"
 

@@ -20,7 +20,7 @@ namespace {
 
 std::string WorkerBinary() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  return absl::StrCat(srcdir ? srcdir : ".", "/statecache/client/model/worker");
+  return absl::StrCat(srcdir ? srcdir : ".", "/statecache/client/worker/worker");
 }
 
 // Runs `command`, returns its stdout; *rc gets the exit status.

@@ -33,9 +33,9 @@ COPY proto proto
 COPY kernels kernels
 COPY server server
 COPY client client
-RUN bazel build -c opt //server:statecached //client/cpp:statecachectl \
+RUN bazel build -c opt //server:statecached //client/ctl:statecachectl \
  && mkdir -p /out \
- && cp -L bazel-bin/server/statecached bazel-bin/client/cpp/statecachectl /out/
+ && cp -L bazel-bin/server/statecached bazel-bin/client/ctl/statecachectl /out/
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 RUN apt-get update -q \

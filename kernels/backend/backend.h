@@ -17,7 +17,7 @@
 // ranges and inputs and returns kInvalidArgument naming the field before
 // anything is written.
 //
-//   ASSIGN_OR_RETURN(auto backend, CreateBackend("auto"));
+//   ASSIGN_OR_RETURN(auto backend, CreateBackend("auto"));  // kernels/create_backend
 //   ASSIGN_OR_RETURN(auto model, backend->Prepare(layout));
 //   RETURN_IF_ERROR(backend->DecodeUpdate(*model, pool, layer, inputs));
 #ifndef STATECACHE_KERNELS_BACKEND_BACKEND_H_
@@ -142,7 +142,8 @@ class DecodeQueue {
   virtual void Drain() = 0;
 };
 
-class StreamOps;  // kernels/backend/stream_ops.h
+class StreamOps;     // kernels/backend/stream_ops.h
+class Interprocess;  // kernels/backend/interprocess.h
 
 class Backend {
  public:
@@ -223,11 +224,21 @@ class Backend {
   // The engines' stream-ordered entry points (kernels/backend/stream_ops.h),
   // owned by the backend and valid while it lives. Every backend has them.
   virtual StreamOps& stream_ops() = 0;
-};
 
-// "cpu", "cuda" or "auto" (CUDA when a GPU is usable, else CPU).
-// kInvalidArgument for other names; kUnavailable for "cuda" without a GPU.
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name);
+  // Optional capabilities: what only some backends offer. Callers ask
+  // instead of testing name() or downcasting.
+  //
+  // Memory, events and words shared with another process on this machine
+  // (kernels/backend/interprocess.h; the data plane of co-located workers),
+  // owned by the backend and valid while it lives; nullptr when the backend
+  // shares nothing (the default).
+  virtual Interprocess* interprocess() { return nullptr; }
+  // The backend stream (CUDA: a cudaStream_t as void*): work enqueued there
+  // (an event wait) orders every later synchronous call after it. nullptr
+  // (the default) for backends without streams, whose calls are ordered by
+  // the calling thread alone.
+  virtual void* native_stream() const { return nullptr; }
+};
 
 }  // namespace statecache
 

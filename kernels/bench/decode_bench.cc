@@ -227,7 +227,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   Backend& be = **be_or;
-  void* stream = CudaStreamOf(be).value();
+  void* stream = be.native_stream();
   std::printf("device: %s\n", be.Describe().c_str());
   Timer timer(stream);
 

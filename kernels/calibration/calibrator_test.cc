@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend/backend.h"
 #include "kernels/calibration/build_layout.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/eval/replay.h"
 #include "kernels/formats/hadamard.h"
 #include "kernels/formats/head_codec.h"

@@ -14,8 +14,10 @@
 #include <string>
 
 #include "kernels/backend/backend.h"
+#include "kernels/backend/interprocess.h"
 #include "kernels/backend/sync_stream_ops.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/shm/shm_interprocess.h"
 
 namespace statecache {
 
@@ -48,12 +50,15 @@ class CpuBackend : public Backend {
   absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) override;
   // Synchronous, with the StreamOps record contract (sync_stream_ops.h).
   StreamOps& stream_ops() override { return stream_ops_; }
+  // POSIX shared memory (kernels/shm/shm_interprocess.h).
+  Interprocess* interprocess() override { return interprocess_.get(); }
 
  private:
   explicit CpuBackend(int threads) : threads_(threads) {}
 
   ThreadPool threads_;
   SyncStreamOps stream_ops_{*this};
+  const std::unique_ptr<Interprocess> interprocess_ = NewSharedMemoryInterprocess();
 };
 
 }  // namespace statecache

@@ -16,8 +16,8 @@
 // device (the slot pool's exclusive-slot rule is the only ordering). A
 // context is made on first need and kept: there are as many as calls ever
 // ran at once. Each call is ordered after the work already enqueued on the
-// backend stream (CudaStreamOf: benchmark hooks, AttachedSession::
-// OrderAfter's waits). stream_ops() (internal/cuda_stream_ops.h) takes no
+// backend stream (Backend::native_stream(): benchmark hooks,
+// AttachedSession::OrderAfter's waits). stream_ops() (internal/cuda_stream_ops.h) takes no
 // lock and never waits: its calls run on the caller's stream. NewDecodeQueue
 // gives the asynchronous decode path (backend.h DecodeQueue): its own
 // non-blocking stream, validation block and slot bitmap; validation +
@@ -61,9 +61,6 @@ absl::Status CudaEnqueueCopySlotsUnchecked(Backend& backend, const PoolView& src
                                            const int32_t* src_slots, const PoolView& dst,
                                            const int32_t* dst_slots, int n);
 absl::Status CudaSynchronize(Backend& backend);
-// The backend stream (cudaStream_t as void*): work enqueued there (an event
-// wait, a benchmark kernel) orders every later synchronous call after it.
-absl::StatusOr<void*> CudaStreamOf(Backend& backend);
 // Call contexts made so far: the most synchronous calls that ran at once
 // (tests of the concurrency).
 absl::StatusOr<int64_t> CudaCallContexts(Backend& backend);

@@ -3,7 +3,7 @@
 // (each call on its own call context) and the pool bytes and every output
 // equal the same calls run one after another; a failing call's error names
 // its own field and leaves every other slot alone; an update ordered after
-// work on the backend stream (CudaStreamOf) sees that work. Prints the
+// work on the backend stream (Backend::native_stream) sees that work. Prints the
 // per-call wall time of 1 thread vs 16 (CONCURRENCY line). Skips without a
 // usable GPU (tagged gpu_only).
 #include <atomic>

@@ -59,6 +59,7 @@
 #include "kernels/common/tool_main.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/internal/cuda_runtime.h"
+#include "kernels/cuda_ipc/cuda_status.h"
 #include "kernels/formats/format.h"
 #include "kernels/formats/numeric.h"
 #include "kernels/layout/state_layout.h"
@@ -167,11 +168,6 @@ void SetEnv(const char* var, const std::string& value) {
   }
 }
 
-absl::Status CudaOk(int rc, const char* what) {
-  if (rc == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", ci::ErrorString(rc)));
-}
-
 template <typename T>
 absl::StatusOr<std::unique_ptr<BackendBuffer>> Upload(Backend& be, const std::vector<T>& v) {
   ASSIGN_OR_RETURN(auto buf, be.Allocate(static_cast<int64_t>(std::max<size_t>(1, v.size()) * sizeof(T))));
@@ -191,18 +187,18 @@ class EventTimer {
   template <typename Fn>
   absl::StatusOr<double> Median(int iters, int reps, Fn launch) {
     if (start_ == nullptr) {
-      RETURN_IF_ERROR(CudaOk(ci::EventCreate(&start_), "event"));
-      RETURN_IF_ERROR(CudaOk(ci::EventCreate(&stop_), "event"));
+      RETURN_IF_ERROR(CudaStatus(ci::EventCreate(&start_), "event"));
+      RETURN_IF_ERROR(CudaStatus(ci::EventCreate(&stop_), "event"));
     }
     for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(launch(counter_++));
     std::vector<double> us;
     for (int r = 0; r < reps; ++r) {
-      RETURN_IF_ERROR(CudaOk(ci::EventRecord(start_, stream_), "record"));
+      RETURN_IF_ERROR(CudaStatus(ci::EventRecord(start_, stream_), "record"));
       for (int i = 0; i < iters; ++i) RETURN_IF_ERROR(launch(counter_++));
-      RETURN_IF_ERROR(CudaOk(ci::EventRecord(stop_, stream_), "record"));
-      RETURN_IF_ERROR(CudaOk(ci::EventSynchronize(stop_), "sync"));
+      RETURN_IF_ERROR(CudaStatus(ci::EventRecord(stop_, stream_), "record"));
+      RETURN_IF_ERROR(CudaStatus(ci::EventSynchronize(stop_), "sync"));
       float ms = 0;
-      RETURN_IF_ERROR(CudaOk(ci::EventElapsedMs(start_, stop_, &ms), "elapsed"));
+      RETURN_IF_ERROR(CudaStatus(ci::EventElapsedMs(start_, stop_, &ms), "elapsed"));
       us.push_back(1000.0 * ms / iters);
     }
     std::sort(us.begin(), us.end());
@@ -308,7 +304,7 @@ absl::Status Run() {
     return absl::OkStatus();
   }
   Backend& be = **be_or;
-  ASSIGN_OR_RETURN(void* stream, CudaStreamOf(be));
+  void* stream = be.native_stream();
   std::setvbuf(stdout, nullptr, _IONBF, 0);
   std::printf("device: %s\n", be.Describe().c_str());
   EventTimer timer(stream);
@@ -317,7 +313,7 @@ absl::Status Run() {
     ASSIGN_OR_RETURN(auto a, be.Allocate(bytes));
     ASSIGN_OR_RETURN(auto b, be.Allocate(bytes));
     ASSIGN_OR_RETURN(const double us, timer.Median(5, absl::GetFlag(FLAGS_reps), [&](int64_t) {
-      return CudaOk(ci::CopyDeviceToDeviceAsync(b->data(), a->data(), bytes, stream), "copy");
+      return CudaStatus(ci::CopyDeviceToDeviceAsync(b->data(), a->data(), bytes, stream), "copy");
     }));
     std::printf("COPY_BW %.6e\n", 2.0 * bytes / (us * 1e-6));
   }

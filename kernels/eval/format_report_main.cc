@@ -15,6 +15,7 @@
 #include "kernels/backend/backend.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/common/tool_main.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/eval/format_report.h"
 #include "kernels/trajectory/golden.h"
 #include "kernels/trajectory/synthetic.h"

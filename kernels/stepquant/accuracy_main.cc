@@ -10,8 +10,8 @@
 // with SYNTHETIC trajectories (kernels/trajectory/synthetic.h: seeds 1-4 for
 // calibration, 101-102 for evaluation).
 //
-//   bazel-bin/client/model/worker record --model=kda-tiny --corpus=calibration.jsonl --out=/tmp/cal
-//   bazel-bin/client/model/worker record --model=kda-tiny --corpus=heldout.jsonl --out=/tmp/ho
+//   bazel-bin/client/worker/worker record --model=kda-tiny --corpus=calibration.jsonl --out=/tmp/cal
+//   bazel-bin/client/worker/worker record --model=kda-tiny --corpus=heldout.jsonl --out=/tmp/ho
 //   bazel-bin/kernels/stepquant/accuracy_main --calibration=/tmp/cal --heldout=/tmp/ho \
 //       --golden=kda-tiny
 //   bazel-bin/kernels/stepquant/accuracy_main --synthetic=gdn

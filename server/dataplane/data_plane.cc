@@ -7,118 +7,89 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kernels/backend/interprocess.h"
 #include "kernels/common/status_macros.h"
-#include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda_ipc/ipc_runtime.h"
 #include "kernels/formats/format.h"
-#include "server/dataplane/shm_region.h"
-#include "server/dataplane/stream_wait.h"
-#include "server/log.h"
+#include "server/core/log.h"
 #include "server/pool/staging.h"
-#include "server/proto_convert.h"
+#include "server/core/proto_convert.h"
 
 namespace statecache {
 namespace {
 
 constexpr int64_t kRefAlign = 16;
 
-// Slot arena in POSIX shared memory (host memory: CPU backend only).
-class SharedArenaBuffer : public BackendBuffer {
+// A registered buffer: the worker's memory mapped through the backend's
+// Interprocess capability, with the events that order the two processes'
+// accesses when the capability uses them (worker_event: optional, waited
+// for before reading; server_event: recorded after writing).
+class MappedBuffer : public DataPlane::Buffer {
  public:
-  explicit SharedArenaBuffer(std::unique_ptr<SharedMemoryRegion> region)
-      : region_(std::move(region)) {}
-  uint8_t* data() const override { return region_->data(); }
-  int64_t size() const override { return region_->size(); }
-  const std::string& name() const { return region_->name(); }
-
- private:
-  std::unique_ptr<SharedMemoryRegion> region_;
-};
-
-class ShmBuffer : public DataPlane::Buffer {
- public:
-  explicit ShmBuffer(std::unique_ptr<SharedMemoryRegion> region) : region_(std::move(region)) {}
-  uint8_t* data() const override { return region_->data(); }
-  int64_t size() const override { return region_->size(); }
-  absl::Status StoreWord(int64_t offset, uint64_t value, void* /*stream*/) override {
-    auto* w = reinterpret_cast<uint64_t*>(region_->data() + offset);
-    uint64_t old = __atomic_load_n(w, __ATOMIC_RELAXED);
-    while (old < value &&
-           !__atomic_compare_exchange_n(w, &old, value, /*weak=*/true, __ATOMIC_RELEASE,
-                                        __ATOMIC_RELAXED)) {
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::unique_ptr<SharedMemoryRegion> region_;
-};
-
-absl::Status CudaError(int code, absl::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": ", cuda_ipc::ErrorString(code), " (CUDA error ", code, ")"));
-}
-
-class IpcBuffer : public DataPlane::Buffer {
- public:
-  static absl::StatusOr<std::unique_ptr<IpcBuffer>> Open(const v1::RegisterBufferRequest& req) {
-    auto b = std::unique_ptr<IpcBuffer>(new IpcBuffer());
-    b->size_ = req.size_bytes();
-    void* p = nullptr;
-    if (int e = cuda_ipc::OpenMemHandle(req.cuda_ipc_handle(), &p); e != 0) {
-      return CudaError(e, "cuda_ipc_handle");
-    }
-    b->data_ = static_cast<uint8_t*>(p);
-    if (!req.cuda_ipc_event().empty()) {
-      if (int e = cuda_ipc::OpenEventHandle(req.cuda_ipc_event(), &b->worker_event_); e != 0) {
-        return CudaError(e, "cuda_ipc_event");
-      }
-    }
-    if (int e = cuda_ipc::EventCreateInterprocess(&b->server_event_); e != 0) {
-      return CudaError(e, "server event");
-    }
-    if (int e = cuda_ipc::GetEventHandle(b->server_event_, &b->server_event_handle_); e != 0) {
-      return CudaError(e, "server event handle");
-    }
-    return b;
-  }
-  ~IpcBuffer() override {
-    if (data_ != nullptr) cuda_ipc::CloseMemHandle(data_);
-    if (server_event_ != nullptr) cuda_ipc::EventDestroy(server_event_);
-    // An opened IPC event is released with cudaEventDestroy as well.
-    if (worker_event_ != nullptr) cuda_ipc::EventDestroy(worker_event_);
-  }
-  uint8_t* data() const override { return data_; }
-  int64_t size() const override { return size_; }
+  MappedBuffer(Interprocess* ipc, std::unique_ptr<InterprocessBuffer> memory,
+               std::unique_ptr<InterprocessEvent> worker_event,
+               std::unique_ptr<InterprocessEvent> server_event)
+      : ipc_(ipc),
+        memory_(std::move(memory)),
+        worker_event_(std::move(worker_event)),
+        server_event_(std::move(server_event)) {}
+  uint8_t* data() const override { return memory_->data(); }
+  int64_t size() const override { return memory_->size(); }
   absl::Status BeforeRead() override {
     if (worker_event_ == nullptr) return absl::OkStatus();
-    if (int e = cuda_ipc::EventSynchronize(worker_event_); e != 0) {
-      return CudaError(e, "wait for the worker's event");
-    }
-    return absl::OkStatus();
+    return worker_event_->Synchronize();
   }
   absl::Status AfterWrite() override {
-    if (int e = cuda_ipc::EventRecord(server_event_, nullptr); e != 0) {
-      return CudaError(e, "record the server event");
-    }
-    return absl::OkStatus();
+    if (server_event_ == nullptr) return absl::OkStatus();
+    return server_event_->Record(nullptr);
   }
-  std::string server_event_handle() const override { return server_event_handle_; }
+  std::string server_event_handle() const override {
+    return server_event_ == nullptr ? "" : server_event_->handle();
+  }
   absl::Status StoreWord(int64_t offset, uint64_t value, void* stream) override {
-    if (int e = stream_wait::StreamStoreWord(stream, data_ + offset, value); e != 0) {
-      return CudaError(e, "store the done word");
-    }
-    return absl::OkStatus();
+    return ipc_->StoreWord(memory_->data() + offset, value, stream);
   }
 
  private:
-  IpcBuffer() = default;
-  uint8_t* data_ = nullptr;
-  int64_t size_ = 0;
-  void* worker_event_ = nullptr;
-  void* server_event_ = nullptr;
-  std::string server_event_handle_;
+  Interprocess* const ipc_;
+  const std::unique_ptr<InterprocessBuffer> memory_;
+  const std::unique_ptr<InterprocessEvent> worker_event_;
+  const std::unique_ptr<InterprocessEvent> server_event_;
 };
+
+// The worker's memory of a RegisterBuffer: its handle field (by the
+// capability's transport) checked and mapped, its events opened / made.
+absl::StatusOr<std::shared_ptr<DataPlane::Buffer>> OpenRegistered(
+    Interprocess& ipc, const v1::RegisterBufferRequest& req) {
+  const bool cuda_ipc = ipc.transport() == Interprocess::Transport::kCudaIpc;
+  if (cuda_ipc && req.memory_case() != v1::RegisterBufferRequest::kCudaIpcHandle) {
+    return absl::InvalidArgumentError(
+        "cuda_ipc_handle: the CUDA backend maps CUDA IPC memory handles (set cuda_ipc_handle)");
+  }
+  if (!cuda_ipc && req.memory_case() != v1::RegisterBufferRequest::kShmName) {
+    return absl::InvalidArgumentError(
+        "shm_name: the CPU backend maps POSIX shared-memory objects (set shm_name)");
+  }
+  const std::string& handle = cuda_ipc ? req.cuda_ipc_handle() : req.shm_name();
+  const int handle_bytes = ipc.handle_bytes();
+  if (handle_bytes > 0 && (static_cast<int>(handle.size()) != handle_bytes ||
+                           (!req.cuda_ipc_event().empty() &&
+                            static_cast<int>(req.cuda_ipc_event().size()) != handle_bytes))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_ipc_handle: handles are ", handle_bytes, " bytes"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<InterprocessBuffer> memory,
+                   ipc.Open(handle, req.size_bytes(), /*unlink_name=*/true,
+                            cuda_ipc ? "cuda_ipc_handle" : "shm_name"));
+  std::unique_ptr<InterprocessEvent> worker_event, server_event;
+  if (ipc.uses_events()) {
+    if (!req.cuda_ipc_event().empty()) {
+      ASSIGN_OR_RETURN(worker_event, ipc.OpenEvent(req.cuda_ipc_event(), "cuda_ipc_event"));
+    }
+    ASSIGN_OR_RETURN(server_event, ipc.CreateEvent());
+  }
+  return std::make_shared<MappedBuffer>(&ipc, std::move(memory), std::move(worker_event),
+                                        std::move(server_event));
+}
 
 absl::Status CheckLayerRange(int layer, int layers, absl::string_view field) {
   if (layer < 0 || layer >= layers) {
@@ -150,23 +121,12 @@ double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t
 
 }  // namespace
 
-std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t)> SharedArenaAllocator() {
-  return [](int64_t bytes) -> absl::StatusOr<std::unique_ptr<BackendBuffer>> {
-    ASSIGN_OR_RETURN(std::unique_ptr<SharedMemoryRegion> region,
-                     SharedMemoryRegion::Create(std::max<int64_t>(bytes, 256)));
-    return std::unique_ptr<BackendBuffer>(new SharedArenaBuffer(std::move(region)));
-  };
-}
-
 DataPlane::DataPlane(Backend* backend, ModelRegistry* registry, Options options)
     : backend_(backend),
       registry_(registry),
       options_(options),
-      cuda_(std::strcmp(backend->name(), "cuda") == 0) {
-  if (cuda_) {
-    absl::StatusOr<void*> stream = CudaStreamOf(*backend);
-    if (stream.ok()) cuda_stream_ = *stream;
-  }
+      ipc_(backend->interprocess()),
+      host_readable_(ipc_ != nullptr ? ipc_->host_accessible() : backend->host_memory()) {
   if (options_.sweep_period > absl::ZeroDuration()) {
     sweeper_ = std::make_unique<std::thread>([this] {
       absl::MutexLock lock(&sweeper_mu_);
@@ -312,30 +272,11 @@ absl::Status DataPlane::RegisterBuffer(const std::string& tenant,
           "session_id: ", s->buffers.size(), " buffers registered, the limit per session"));
     }
   }
-  std::shared_ptr<Buffer> buffer;
-  if (cuda_) {
-    if (req.memory_case() != v1::RegisterBufferRequest::kCudaIpcHandle) {
-      return absl::InvalidArgumentError(
-          "cuda_ipc_handle: the CUDA backend maps CUDA IPC memory handles (set cuda_ipc_handle)");
-    }
-    if (static_cast<int>(req.cuda_ipc_handle().size()) != cuda_ipc::kHandleBytes ||
-        (!req.cuda_ipc_event().empty() &&
-         static_cast<int>(req.cuda_ipc_event().size()) != cuda_ipc::kHandleBytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuda_ipc_handle: handles are ", cuda_ipc::kHandleBytes, " bytes"));
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<IpcBuffer> ipc, IpcBuffer::Open(req));
-    buffer = std::move(ipc);
-  } else {
-    if (req.memory_case() != v1::RegisterBufferRequest::kShmName) {
-      return absl::InvalidArgumentError(
-          "shm_name: the CPU backend maps POSIX shared-memory objects (set shm_name)");
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<SharedMemoryRegion> region,
-                     SharedMemoryRegion::Open(req.shm_name(), req.size_bytes(),
-                                              /*unlink_name=*/true, "shm_name"));
-    buffer = std::make_shared<ShmBuffer>(std::move(region));
+  if (ipc_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session_id: the ", backend_->name(), " backend shares no memory with other processes"));
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, OpenRegistered(*ipc_, req));
   uint64_t id;
   {
     absl::MutexLock lock(&mu_);
@@ -346,7 +287,7 @@ absl::Status DataPlane::RegisterBuffer(const std::string& tenant,
     buffers_[id] = BufferEntry{buffer, tenant, s->id};
   }
   resp->set_buffer_id(id);
-  if (cuda_) resp->set_cuda_ipc_event(buffer->server_event_handle());
+  if (ipc_->uses_events()) resp->set_cuda_ipc_event(buffer->server_event_handle());
   LogEvent("dataplane_buffer_registered",
            absl::StrCat("session=", req.session_id(), " buffer=", id, " bytes=", req.size_bytes()));
   return absl::OkStatus();
@@ -394,20 +335,21 @@ absl::Status DataPlane::AttachSlots(const std::string& tenant, const v1::AttachS
   }
   const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
   if (handles.empty()) return absl::InvalidArgumentError("slots: no slot handles given");
-  if (cuda_) {
-    std::string handle;
-    if (int e = cuda_ipc::GetMemHandle(m->slots->view().base, &handle); e != 0) {
-      return CudaError(e, "arena IPC handle");
-    }
-    resp->set_cuda_ipc_handle(handle);
+  if (ipc_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model_id: the ", backend_->name(), " backend shares no memory with other processes"));
+  }
+  absl::StatusOr<std::string> arena = ipc_->Export(m->slots->arena());
+  if (arena.status().code() == absl::StatusCode::kFailedPrecondition) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model_id: the slot arena of '", m->id,
+        "' is not in shared memory; start statecached with --shared_pools to attach"));
+  }
+  RETURN_IF_ERROR(arena.status());
+  if (ipc_->transport() == Interprocess::Transport::kCudaIpc) {
+    resp->set_cuda_ipc_handle(*std::move(arena));
   } else {
-    const auto* shared = dynamic_cast<const SharedArenaBuffer*>(&m->slots->arena());
-    if (shared == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model_id: the slot arena of '", m->id,
-          "' is not in shared memory; start statecached with --shared_pools to attach"));
-    }
-    resp->set_shm_name(shared->name());
+    resp->set_shm_name(*std::move(arena));
   }
   RETURN_IF_ERROR(CheckNotAttached(*m, handles, "slots"));
   // Waits for in-flight calls on the slots; afterwards nothing server-side
@@ -625,7 +567,7 @@ absl::Status DataPlane::HostValueCheck(const ComputeLimits& limits, absl::string
                                        int d_k) const {
   // Device memory (CUDA) is not host-readable. Inline tensors of a mixed
   // request are staged in backend memory too, so all three are checked here.
-  if (!limits.host_value_check || cuda_) return absl::OkStatus();
+  if (!limits.host_value_check || !host_readable_) return absl::OkStatus();
   auto view = [](const Resolved& r) {
     const int64_t width = DTypeSize(r.dtype);
     return TensorBytes{r.dtype, r.data, r.bytes / width, r.bytes};

@@ -71,16 +71,13 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend/backend.h"
+#include "kernels/backend/interprocess.h"
 #include "proto/statecache/v1/statecache.pb.h"
-#include "server/model_registry.h"
-#include "server/proto_convert.h"
+#include "server/core/model_registry.h"
+#include "server/core/proto_convert.h"
 #include "server/pool/slot_handle.h"
 
 namespace statecache {
-
-// A slot-arena allocator in POSIX shared memory (CPU backend only: the
-// buffer's memory is host memory), for ModelRegistry::Options.
-std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t)> SharedArenaAllocator();
 
 class DataPlane {
  public:
@@ -278,6 +275,20 @@ class DataPlane {
                           const ComputeLimits& limits, const KernelObserver& observe,
                           const std::function<absl::Status()>* before_read,
                           v1::UpdateResponse* resp);
+  // SubmitUpdates (submit_updates.cc): a stream's state and its opening
+  // (errors end the stream), and one submission: StartSubmission runs its
+  // checks, ring wait and update (or enqueues them on the stream's queue),
+  // RunSubmission then the done word and the reply.
+  struct SubmitStream;
+  struct SubmissionRun;
+  absl::Status OpenSubmitStream(const std::string& tenant, const v1::SubmitUpdatesOpen& open,
+                                SubmitStream* s);
+  absl::Status StartSubmission(const std::string& tenant, SubmitStream& s,
+                               const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
+                               const KernelObserver& observe, SubmissionRun* run);
+  void RunSubmission(const std::string& tenant, SubmitStream& s,
+                     const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
+                     const KernelObserver& observe);
   absl::Status HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
                               const Resolved& q, const Resolved& k, const Resolved& v,
                               int d_k) const;
@@ -285,8 +296,11 @@ class DataPlane {
   Backend* const backend_;
   ModelRegistry* const registry_;
   const Options options_;
-  const bool cuda_;
-  void* cuda_stream_ = nullptr;  // the CUDA backend's stream (done words)
+  // The backend's Interprocess capability (registered buffers, attached
+  // arenas, ring events); nullptr: the backend shares no memory.
+  Interprocess* const ipc_;
+  // Referenced and staged tensors are host memory (the host value check).
+  const bool host_readable_;
 
   mutable absl::Mutex mu_;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);

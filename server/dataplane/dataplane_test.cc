@@ -22,6 +22,7 @@
 #include "kernels/backend/backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
+#include "kernels/shm/shm_region.h"
 #include "kernels/testing/token_batch.h"
 #include "server/dataplane/testing/reference_pool.h"
 #include "server/server.h"

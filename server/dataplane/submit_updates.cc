@@ -22,11 +22,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/backend/interprocess.h"
 #include "kernels/common/status_macros.h"
-#include "kernels/cuda_ipc/ipc_runtime.h"
 #include "server/dataplane/data_plane.h"
-#include "server/dataplane/stream_wait.h"
-#include "server/log.h"
+#include "server/core/log.h"
 
 namespace statecache {
 namespace {
@@ -35,49 +34,38 @@ namespace {
 // lifetime of one stream.
 class EventRing {
  public:
-  EventRing() = default;
-  EventRing(const EventRing&) = delete;
-  EventRing& operator=(const EventRing&) = delete;
-  ~EventRing() {
-    for (void* e : events_) cuda_ipc::EventDestroy(e);
-  }
-  absl::Status Open(const google::protobuf::RepeatedPtrField<std::string>& handles) {
+  absl::Status Open(Interprocess& ipc,
+                    const google::protobuf::RepeatedPtrField<std::string>& handles) {
     for (int i = 0; i < handles.size(); ++i) {
-      if (static_cast<int>(handles[i].size()) != cuda_ipc::kHandleBytes) {
+      if (static_cast<int>(handles[i].size()) != ipc.handle_bytes()) {
         return absl::InvalidArgumentError(
             absl::StrCat("open.cuda_ipc_events[", i, "]: ", handles[i].size(),
-                         " bytes; an event handle is ", cuda_ipc::kHandleBytes));
+                         " bytes; an event handle is ", ipc.handle_bytes()));
       }
-      void* e = nullptr;
-      if (int rc = cuda_ipc::OpenEventHandle(handles[i], &e); rc != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("open.cuda_ipc_events[", i, "]: ",
-                                                       cuda_ipc::ErrorString(rc), " (CUDA error ",
-                                                       rc, ")"));
-      }
-      events_.push_back(e);
+      ASSIGN_OR_RETURN(std::unique_ptr<InterprocessEvent> e,
+                       ipc.OpenEvent(handles[i], absl::StrCat("open.cuda_ipc_events[", i, "]")));
+      events_.push_back(std::move(e));
     }
     return absl::OkStatus();
   }
   int size() const { return static_cast<int>(events_.size()); }
-  void* event(int index) const { return events_[index]; }
+  InterprocessEvent& event(int index) const { return *events_[index]; }
   // Device-side: later work on `stream` waits for the event's latest record.
   absl::Status StreamWait(int index, void* stream) {
-    if (int rc = cuda_ipc::StreamWaitEvent(stream, events_[index]); rc != 0) {
-      return absl::InternalError(absl::StrCat("wait.index: waiting for ring event ", index,
-                                              " on the device: ", cuda_ipc::ErrorString(rc)));
-    }
-    return absl::OkStatus();
+    absl::Status st = events_[index]->StreamWait(stream);
+    if (st.ok()) return st;
+    return absl::InternalError(absl::StrCat("wait.index: waiting for ring event ", index,
+                                            " on the device: ", st.message()));
   }
   absl::Status Wait(int index) {
-    if (int rc = cuda_ipc::EventSynchronize(events_[index]); rc != 0) {
-      return absl::InternalError(absl::StrCat("wait.index: waiting for ring event ", index, ": ",
-                                              cuda_ipc::ErrorString(rc)));
-    }
-    return absl::OkStatus();
+    absl::Status st = events_[index]->Synchronize();
+    if (st.ok()) return st;
+    return absl::InternalError(
+        absl::StrCat("wait.index: waiting for ring event ", index, ": ", st.message()));
   }
 
  private:
-  std::vector<void*> events_;
+  std::vector<std::unique_ptr<InterprocessEvent>> events_;
 };
 
 // The queue's device-side wait for the worker's ring events, which the
@@ -97,17 +85,15 @@ class RingGate {
   RingGate(EventRing* ring, absl::Duration timeout) : ring_(ring), timeout_(timeout) {}
   RingGate(const RingGate&) = delete;
   RingGate& operator=(const RingGate&) = delete;
-  ~RingGate() {
-    Finish(/*abort=*/true);
-    if (words_ != nullptr) stream_wait::FreeGateWords(words_);
-  }
+  ~RingGate() { Finish(/*abort=*/true); }
 
-  absl::Status Start() {
-    if (int rc = stream_wait::AllocGateWords(&words_); rc != 0) {
-      words_ = nullptr;
-      return absl::InternalError(absl::StrCat("open: cannot allocate the ring gate: ",
-                                              cuda_ipc::ErrorString(rc)));
+  absl::Status Start(Interprocess& ipc) {
+    absl::StatusOr<std::unique_ptr<StreamGate>> gate = ipc.NewGate();
+    if (!gate.ok()) {
+      return absl::InternalError(
+          absl::StrCat("open: cannot allocate the ring gate: ", gate.status().message()));
     }
+    gate_ = *std::move(gate);
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -117,13 +103,13 @@ class RingGate {
   absl::Status Enqueue(void* stream, void* abort_word, int index, uint64_t seq) {
     absl::MutexLock lock(&mu_);
     if (aborted_) {
-      Store(0, static_cast<uint32_t>(seq));
+      gate_->Release(static_cast<uint32_t>(seq));
       return reason_;
     }
-    if (int rc = stream_wait::StreamGate(stream, words_, static_cast<uint32_t>(seq), abort_word);
-        rc != 0) {
+    if (absl::Status st = gate_->Enqueue(stream, static_cast<uint32_t>(seq), abort_word);
+        !st.ok()) {
       return absl::InternalError(absl::StrCat("wait.index: enqueueing the wait for ring event ",
-                                              index, ": ", cuda_ipc::ErrorString(rc)));
+                                              index, ": ", st.message()));
     }
     pending_.push_back({index, seq});
     last_seq_ = seq;
@@ -157,14 +143,12 @@ class RingGate {
     uint64_t seq;
   };
 
-  void Store(int word, uint32_t value) { __atomic_store_n(&words_[word], value, __ATOMIC_SEQ_CST); }
-
   void AbortLocked(absl::Status reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (aborted_) return;
     aborted_ = true;
     reason_ = std::move(reason);
-    Store(1, 1);  // the abort flag first: a released gate kernel then aborts
-    Store(0, static_cast<uint32_t>(last_seq_));
+    gate_->SetAbort();  // the abort flag first: a released gate kernel then aborts
+    gate_->Release(static_cast<uint32_t>(last_seq_));
     pending_.clear();
   }
 
@@ -185,11 +169,11 @@ class RingGate {
       const absl::Time spin_until = start + absl::Milliseconds(5);
       absl::Status failure;
       for (;;) {
-        const int rc = stream_wait::EventQuery(ring_->event(e.index));
-        if (rc == 0) break;
-        if (rc != kNotReady) {
+        const absl::StatusOr<bool> complete = ring_->event(e.index).Query();
+        if (complete.ok() && *complete) break;
+        if (!complete.ok()) {
           failure = absl::InternalError(absl::StrCat("wait.index: querying ring event ", e.index,
-                                                     ": ", cuda_ipc::ErrorString(rc)));
+                                                     ": ", complete.status().message()));
           break;
         }
         const absl::Time now = absl::Now();
@@ -216,16 +200,14 @@ class RingGate {
         AbortLocked(std::move(failure));
         continue;
       }
-      Store(0, static_cast<uint32_t>(e.seq));
+      gate_->Release(static_cast<uint32_t>(e.seq));
       pending_.pop_front();
     }
   }
 
-  static constexpr int kNotReady = 600;  // cudaErrorNotReady
-
   EventRing* const ring_;
   const absl::Duration timeout_;
-  uint32_t* words_ = nullptr;  // pinned: [0] gate, [1] abort flag
+  std::unique_ptr<StreamGate> gate_;
   std::thread thread_;
   mutable absl::Mutex mu_;
   std::deque<Entry> pending_ ABSL_GUARDED_BY(mu_);
@@ -294,17 +276,52 @@ double SecondsBetween(std::chrono::steady_clock::time_point a,
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Field names of the UpdateRequest are "update.<field>" here; errors of
+// the ring wait and the done word already name theirs.
+absl::Status UpdateError(const absl::Status& s) {
+  if (s.ok() || absl::StartsWith(s.message(), "wait.") ||
+      absl::StartsWith(s.message(), "open.")) {
+    return s;
+  }
+  return Prefixed(s, "update.");
+}
+
 }  // namespace
 
-absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo& io,
-                                      const ComputeLimits& limits,
-                                      const KernelObserver& observe) {
-  v1::SubmitUpdatesRequest msg;
-  if (!io.read(&msg)) return absl::OkStatus();  // nothing sent
-  if (msg.message_case() != v1::SubmitUpdatesRequest::kOpen) {
-    return absl::InvalidArgumentError("open: the first message of the stream must be open");
-  }
-  const v1::SubmitUpdatesOpen open = msg.open();
+// One SubmitUpdates stream: its open message, done word, ring events, queue
+// (backends with a DecodeQueue) and gate, and what the submissions share.
+struct DataPlane::SubmitStream {
+  const StreamIo* io = nullptr;
+  v1::SubmitUpdatesOpen open;
+  // Held for the stream: the done word stays mapped while the stream lives,
+  // as an in-flight call keeps its buffers.
+  Resolved done;
+  int64_t done_offset = 0;
+  EventRing ring;
+  std::unique_ptr<DecodeQueue> queue;
+  std::unique_ptr<RingGate> gate;
+  HeldSlots held;  // slots of the last queued update (async path)
+  uint64_t last_seq = 0;
+  // Completes a submission: error or timings into its reply, metrics, queue
+  // the reply (reply, status, start, kernel_micros, wait_seconds).
+  std::function<void(v1::SubmitUpdatesResponse, absl::Status,
+                     std::chrono::steady_clock::time_point, int64_t, double)>
+      respond;
+};
+
+// One submission on its way: what StartSubmission decided.
+struct DataPlane::SubmissionRun {
+  std::chrono::steady_clock::time_point start;
+  v1::SubmitUpdatesResponse reply;
+  v1::UpdateResponse update_resp;
+  double wait_seconds = 0;
+  bool store_done = false;
+  bool queued = false;  // async: the reply comes from the queue
+};
+
+absl::Status DataPlane::OpenSubmitStream(const std::string& tenant,
+                                         const v1::SubmitUpdatesOpen& open, SubmitStream* s) {
+  s->open = open;
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(FindSessionLocked(tenant, open.session_id(), "open.session_id").status());
@@ -317,20 +334,17 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
     return absl::InvalidArgumentError("open.done_ref: required (the word the server stores "
                                       "each submission's seq in)");
   }
-  // Held for the stream: the done word stays mapped while the stream lives,
-  // as an in-flight call keeps its buffers.
-  ASSIGN_OR_RETURN(Resolved done,
+  ASSIGN_OR_RETURN(s->done,
                    ResolveRef(tenant, open.done_ref(), "open.done_ref", DType::kFp32, 2));
-  const int64_t done_offset = open.done_ref().offset();
-  EventRing ring;
-  if (cuda_) {
+  s->done_offset = open.done_ref().offset();
+  if (ipc_ != nullptr && ipc_->uses_events()) {
     if (open.cuda_ipc_events_size() > kMaxRingEvents) {
       return absl::InvalidArgumentError(absl::StrCat("open.cuda_ipc_events: ",
                                                      open.cuda_ipc_events_size(),
                                                      " events exceed the limit of ",
                                                      kMaxRingEvents));
     }
-    RETURN_IF_ERROR(ring.Open(open.cuda_ipc_events()));
+    RETURN_IF_ERROR(s->ring.Open(*ipc_, open.cuda_ipc_events()));
   } else if (open.cuda_ipc_events_size() > 0) {
     return absl::InvalidArgumentError(
         "open.cuda_ipc_events: the CPU backend orders submissions by message order; send no "
@@ -342,24 +356,173 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
   // with STATECACHE_SUBMIT_DEVICE_WAIT=event a cudaStreamWaitEvent) and the
   // reply is sent from its completion thread. Others (CPU): each submission
   // runs synchronously here.
-  std::unique_ptr<DecodeQueue> queue;
   {
     absl::StatusOr<std::unique_ptr<DecodeQueue>> q = backend_->NewDecodeQueue();
     if (q.ok()) {
-      queue = std::move(*q);
+      s->queue = std::move(*q);
     } else if (q.status().code() != absl::StatusCode::kUnimplemented) {
       LogEvent("dataplane_submit_sync",
                absl::StrCat("no decode queue (", q.status().ToString(), "): host-synchronous"));
     }
   }
-  std::unique_ptr<RingGate> gate;
-  if (queue != nullptr && ring.size() > 0) {
+  if (s->queue != nullptr && s->ring.size() > 0) {
     const char* mode = std::getenv("STATECACHE_SUBMIT_DEVICE_WAIT");
     if (mode == nullptr || std::strcmp(mode, "event") != 0) {
-      gate = std::make_unique<RingGate>(&ring, options_.ring_wait_timeout);
-      RETURN_IF_ERROR(gate->Start());
+      s->gate = std::make_unique<RingGate>(&s->ring, options_.ring_wait_timeout);
+      RETURN_IF_ERROR(s->gate->Start(*ipc_));
     }
   }
+  return absl::OkStatus();
+}
+
+
+absl::Status DataPlane::StartSubmission(const std::string& tenant, SubmitStream& s,
+                                        const v1::SubmitUpdatesRequest& msg,
+                                        const ComputeLimits& limits,
+                                        const KernelObserver& observe, SubmissionRun* run) {
+  if (msg.message_case() != v1::SubmitUpdatesRequest::kUpdate) {
+    return absl::InvalidArgumentError("update: every message after open is an update");
+  }
+  const v1::UpdateSubmission& sub = msg.update();
+  run->reply.set_seq(sub.seq());
+  if (sub.seq() <= s.last_seq) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "seq: ", sub.seq(), " is not greater than the previous submission's ", s.last_seq));
+  }
+  s.last_seq = sub.seq();
+  run->store_done = true;
+  if (s.io->admit) RETURN_IF_ERROR(s.io->admit());
+  const v1::UpdateRequest& req = sub.update();
+  if (!req.model_id().empty() && req.model_id() != s.open.model_id()) {
+    return absl::InvalidArgumentError(absl::StrCat("update.model_id: '", req.model_id(),
+                                                   "' is not the stream's model '",
+                                                   s.open.model_id(), "'"));
+  }
+  if (!req.has_o_ref()) {
+    return absl::InvalidArgumentError(
+        "update.o_ref: required on SubmitUpdates (o is written into a registered buffer)");
+  }
+  int wait_index = -1;
+  if (sub.has_wait()) {
+    wait_index = sub.wait().index();
+    if (wait_index < 0 || wait_index >= s.ring.size()) {
+      return absl::InvalidArgumentError(
+          s.ring.size() == 0
+              ? absl::StrCat("wait.index: ", wait_index, ": the stream has no ring events")
+              : absl::StrCat("wait.index: ", wait_index, " is outside 0..", s.ring.size() - 1));
+    }
+  }
+  absl::StatusOr<std::shared_ptr<Model>> m = registry_->Find(tenant, s.open.model_id());
+  if (!m.ok()) return Prefixed(m.status(), "open.model_id: ");
+  if (s.queue == nullptr) {
+    const std::function<absl::Status()> before_read = [&]() -> absl::Status {
+      if (wait_index < 0) return absl::OkStatus();
+      const auto t0 = std::chrono::steady_clock::now();
+      absl::Status st = s.ring.Wait(wait_index);
+      run->wait_seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
+      return st;
+    };
+    return UpdateError(
+        UpdateImpl(tenant, **m, req, limits, observe, &before_read, &run->update_resp));
+  }
+  // Async: the queue's stream waits for the worker's ring event on the
+  // device (gate: the prologue below); nothing here waits for the GPU.
+  RingGate* const gate = s.gate.get();
+  const std::function<absl::Status()> before_read = [&]() -> absl::Status {
+    if (wait_index < 0 || gate != nullptr) return absl::OkStatus();
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status st = s.ring.StreamWait(wait_index, s.queue->native_stream());
+    run->wait_seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
+    return st;
+  };
+  DecodeQueue::Prologue prologue;
+  if (wait_index >= 0 && gate != nullptr) {
+    prologue = [gate, wait_index, seq = sub.seq()](void* stream, void* abort_word) {
+      return gate->Enqueue(stream, abort_word, wait_index, seq);
+    };
+  }
+  auto plan = std::make_shared<UpdatePlan>();
+  plan->model = *m;
+  RETURN_IF_ERROR(
+      UpdateError(PlanUpdate(tenant, **m, req, limits, &before_read, &s.held, plan.get())));
+  const uint64_t seq = sub.seq();
+  const Model& model = **m;
+  const int batch = plan->in.batch;
+  const auto t0 = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(UpdateError(s.queue->EnqueueDecodeUpdate(
+      *model.prepared, model.slots->view(), req.layer(), plan->in, prologue,
+      [&s, seq](void* stream) {
+        return Prefixed(s.done.buffer->StoreWord(s.done_offset, seq, stream), "open.done_ref: ");
+      },
+      [&respond = s.respond, &observe, gate, plan, reply = run->reply, start = run->start, t0,
+       wait_seconds = run->wait_seconds, batch](absl::Status st) mutable {
+        // The GPU work is done: the slots and buffers are released (plan)
+        // after the reply is queued.
+        // Metrics: enqueue to completion; the reply's kernel_micros: the
+        // host's enqueue time (the backend call).
+        const double seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
+        if (st.code() == absl::StatusCode::kAborted && gate != nullptr && !gate->reason().ok()) {
+          st = gate->reason();  // why the gate aborted it (names wait.index)
+        }
+        if (st.ok() && observe) observe("decode_update", seconds, batch);
+        respond(std::move(reply), UpdateError(st), start,
+                plan->enqueue_micros.load(std::memory_order_relaxed), wait_seconds);
+        plan.reset();
+      })));
+  plan->enqueue_micros.store(
+      static_cast<int64_t>(SecondsBetween(t0, std::chrono::steady_clock::now()) * 1e6),
+      std::memory_order_relaxed);
+  run->queued = true;
+  return absl::OkStatus();
+}
+
+void DataPlane::RunSubmission(const std::string& tenant, SubmitStream& s,
+                              const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
+                              const KernelObserver& observe) {
+  SubmissionRun run;
+  run.start = std::chrono::steady_clock::now();
+  absl::Status status = StartSubmission(tenant, s, msg, limits, observe, &run);
+  if (run.queued) return;
+  if (s.queue != nullptr) {
+    // Failed before the backend: the done word and the reply still follow
+    // every earlier submission of the stream.
+    const auto on_done = [&respond = s.respond, reply = run.reply, status, start = run.start,
+                          wait_seconds = run.wait_seconds](absl::Status st) {
+      respond(reply, status.ok() ? st : status, start, 0, wait_seconds);
+    };
+    absl::Status enq = run.store_done
+        ? s.queue->EnqueueCompletion(
+              [&s, seq = s.last_seq](void* stream) {
+                return Prefixed(s.done.buffer->StoreWord(s.done_offset, seq, stream),
+                                "open.done_ref: ");
+              },
+              on_done)
+        : s.queue->EnqueueCompletion(nullptr, on_done);
+    if (!enq.ok()) s.respond(run.reply, status.ok() ? enq : status, run.start, 0, run.wait_seconds);
+    return;
+  }
+  if (run.store_done) {
+    // Failed submissions advance the word too: a worker stream waiting for
+    // it must not hang; the reply says whether o was written.
+    absl::Status st =
+        s.done.buffer->StoreWord(s.done_offset, s.last_seq, backend_->native_stream());
+    if (status.ok()) status = Prefixed(st, "open.done_ref: ");
+  }
+  s.respond(std::move(run.reply), status, run.start, run.update_resp.kernel_micros(),
+            run.wait_seconds);
+}
+
+absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo& io,
+                                      const ComputeLimits& limits,
+                                      const KernelObserver& observe) {
+  v1::SubmitUpdatesRequest msg;
+  if (!io.read(&msg)) return absl::OkStatus();  // nothing sent
+  if (msg.message_case() != v1::SubmitUpdatesRequest::kOpen) {
+    return absl::InvalidArgumentError("open: the first message of the stream must be open");
+  }
+  SubmitStream s;
+  s.io = &io;
+  RETURN_IF_ERROR(OpenSubmitStream(tenant, msg.open(), &s));
   {
     v1::SubmitUpdatesResponse ack;  // seq 0: the stream is open
     if (!io.write(ack)) return absl::OkStatus();
@@ -390,13 +553,11 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
     }
   });
   std::atomic<bool> client_gone{false};
-  // Completes a submission: error or timings into its reply, metrics, queue
-  // the reply. Runs here (CPU, errors before the backend on CPU) or on the
-  // queue's completion thread (CUDA; in seq order).
-  const auto respond = [&io, &out, &client_gone](v1::SubmitUpdatesResponse reply,
-                                                 absl::Status status,
-                                                 std::chrono::steady_clock::time_point start,
-                                                 int64_t kernel_micros, double wait_seconds) {
+  // Runs here (CPU, errors before the backend on CPU) or on the queue's
+  // completion thread (CUDA; in seq order).
+  s.respond = [&io, &out, &client_gone](v1::SubmitUpdatesResponse reply, absl::Status status,
+                                        std::chrono::steady_clock::time_point start,
+                                        int64_t kernel_micros, double wait_seconds) {
     if (status.ok()) {
       reply.set_kernel_micros(kernel_micros);
     } else {
@@ -409,161 +570,24 @@ absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo&
     if (io.done) io.done(status.code(), seconds);
     if (!out.Push(std::move(reply))) client_gone.store(true);
   };
-  // Field names of the UpdateRequest are "update.<field>" here; errors of
-  // the ring wait and the done word already name theirs.
-  const auto update_error = [](const absl::Status& s) {
-    if (s.ok() || absl::StartsWith(s.message(), "wait.") ||
-        absl::StartsWith(s.message(), "open.")) {
-      return s;
-    }
-    return Prefixed(s, "update.");
-  };
-  HeldSlots held;  // slots of the last queued update (async path)
-  uint64_t last_seq = 0;
   while (!client_gone.load() && in.Pop(&msg)) {
     if (io.cancelled && io.cancelled()) break;
-    if (gate != nullptr && !gate->reason().ok()) break;  // a ring event timed out
-    const auto start = std::chrono::steady_clock::now();
-    v1::SubmitUpdatesResponse reply;
-    v1::UpdateResponse update_resp;
-    double wait_seconds = 0;
-    bool store_done = false;
-    bool queued = false;  // async: the reply comes from the queue
-    absl::Status status = [&]() -> absl::Status {
-      if (msg.message_case() != v1::SubmitUpdatesRequest::kUpdate) {
-        return absl::InvalidArgumentError("update: every message after open is an update");
-      }
-      const v1::UpdateSubmission& sub = msg.update();
-      reply.set_seq(sub.seq());
-      if (sub.seq() <= last_seq) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "seq: ", sub.seq(), " is not greater than the previous submission's ", last_seq));
-      }
-      last_seq = sub.seq();
-      store_done = true;
-      if (io.admit) RETURN_IF_ERROR(io.admit());
-      const v1::UpdateRequest& req = sub.update();
-      if (!req.model_id().empty() && req.model_id() != open.model_id()) {
-        return absl::InvalidArgumentError(absl::StrCat("update.model_id: '", req.model_id(),
-                                                       "' is not the stream's model '",
-                                                       open.model_id(), "'"));
-      }
-      if (!req.has_o_ref()) {
-        return absl::InvalidArgumentError(
-            "update.o_ref: required on SubmitUpdates (o is written into a registered buffer)");
-      }
-      int wait_index = -1;
-      if (sub.has_wait()) {
-        wait_index = sub.wait().index();
-        if (wait_index < 0 || wait_index >= ring.size()) {
-          return absl::InvalidArgumentError(
-              ring.size() == 0
-                  ? absl::StrCat("wait.index: ", wait_index, ": the stream has no ring events")
-                  : absl::StrCat("wait.index: ", wait_index, " is outside 0..", ring.size() - 1));
-        }
-      }
-      absl::StatusOr<std::shared_ptr<Model>> m = registry_->Find(tenant, open.model_id());
-      if (!m.ok()) return Prefixed(m.status(), "open.model_id: ");
-      if (queue == nullptr) {
-        const std::function<absl::Status()> before_read = [&]() -> absl::Status {
-          if (wait_index < 0) return absl::OkStatus();
-          const auto t0 = std::chrono::steady_clock::now();
-          absl::Status s = ring.Wait(wait_index);
-          wait_seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
-          return s;
-        };
-        return update_error(
-            UpdateImpl(tenant, **m, req, limits, observe, &before_read, &update_resp));
-      }
-      // Async: the queue's stream waits for the worker's ring event on the
-      // device (gate: the prologue below); nothing here waits for the GPU.
-      const std::function<absl::Status()> before_read = [&]() -> absl::Status {
-        if (wait_index < 0 || gate != nullptr) return absl::OkStatus();
-        const auto t0 = std::chrono::steady_clock::now();
-        absl::Status s = ring.StreamWait(wait_index, queue->native_stream());
-        wait_seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
-        return s;
-      };
-      DecodeQueue::Prologue prologue;
-      if (wait_index >= 0 && gate != nullptr) {
-        prologue = [&gate, wait_index, seq = sub.seq()](void* stream, void* abort_word) {
-          return gate->Enqueue(stream, abort_word, wait_index, seq);
-        };
-      }
-      auto plan = std::make_shared<UpdatePlan>();
-      plan->model = *m;
-      RETURN_IF_ERROR(update_error(
-          PlanUpdate(tenant, **m, req, limits, &before_read, &held, plan.get())));
-      const uint64_t seq = sub.seq();
-      const Model& model = **m;
-      const int batch = plan->in.batch;
-      const auto t0 = std::chrono::steady_clock::now();
-      RETURN_IF_ERROR(update_error(queue->EnqueueDecodeUpdate(
-          *model.prepared, model.slots->view(), req.layer(), plan->in, prologue,
-          [&done, done_offset, seq](void* stream) {
-            return Prefixed(done.buffer->StoreWord(done_offset, seq, stream), "open.done_ref: ");
-          },
-          [&respond, &update_error, &observe, &gate, plan, reply, start, t0, wait_seconds,
-           batch](absl::Status s) mutable {
-            // The GPU work is done: the slots and buffers are released
-            // (plan) after the reply is queued.
-            // Metrics: enqueue to completion; the reply's kernel_micros: the
-            // host's enqueue time (the backend call).
-            const double seconds = SecondsBetween(t0, std::chrono::steady_clock::now());
-            if (s.code() == absl::StatusCode::kAborted && gate != nullptr &&
-                !gate->reason().ok()) {
-              s = gate->reason();  // why the gate aborted it (names wait.index)
-            }
-            if (s.ok() && observe) observe("decode_update", seconds, batch);
-            respond(std::move(reply), update_error(s), start,
-                    plan->enqueue_micros.load(std::memory_order_relaxed), wait_seconds);
-            plan.reset();
-          })));
-      plan->enqueue_micros.store(
-          static_cast<int64_t>(SecondsBetween(t0, std::chrono::steady_clock::now()) * 1e6),
-          std::memory_order_relaxed);
-      queued = true;
-      return absl::OkStatus();
-    }();
-    if (queued) continue;
-    if (queue != nullptr) {
-      // Failed before the backend: the done word and the reply still follow
-      // every earlier submission of the stream.
-      const auto on_done = [&respond, reply, status, start, wait_seconds](absl::Status s) {
-        respond(reply, status.ok() ? s : status, start, 0, wait_seconds);
-      };
-      absl::Status enq = store_done
-          ? queue->EnqueueCompletion(
-                [&done, done_offset, seq = last_seq](void* stream) {
-                  return Prefixed(done.buffer->StoreWord(done_offset, seq, stream),
-                                  "open.done_ref: ");
-                },
-                on_done)
-          : queue->EnqueueCompletion(nullptr, on_done);
-      if (!enq.ok()) respond(reply, status.ok() ? enq : status, start, 0, wait_seconds);
-      continue;
-    }
-    if (store_done) {
-      // Failed submissions advance the word too: a worker stream waiting for
-      // it must not hang; the reply says whether o was written.
-      absl::Status st = done.buffer->StoreWord(done_offset, last_seq, cuda_stream_);
-      if (status.ok()) status = Prefixed(st, "open.done_ref: ");
-    }
-    respond(std::move(reply), status, start, update_resp.kernel_micros(), wait_seconds);
+    if (s.gate != nullptr && !s.gate->reason().ok()) break;  // a ring event timed out
+    RunSubmission(tenant, s, msg, limits, observe);
   }
   // In-flight GPU work completes and is answered before the stream's
   // buffers, events and slot accesses go away (a worker event that never
   // completes: released after the gate's timeout, the update aborted).
   absl::Status ended;
-  if (gate != nullptr) {
-    gate->Finish(/*abort=*/false);
-    if (gate->reason().code() == absl::StatusCode::kDeadlineExceeded) ended = gate->reason();
+  if (s.gate != nullptr) {
+    s.gate->Finish(/*abort=*/false);
+    if (s.gate->reason().code() == absl::StatusCode::kDeadlineExceeded) ended = s.gate->reason();
   }
-  if (queue != nullptr) {
-    queue->Drain();
-    queue.reset();
+  if (s.queue != nullptr) {
+    s.queue->Drain();
+    s.queue.reset();
   }
-  gate.reset();
+  s.gate.reset();
   out.Close();
   writer.join();
   // Stops taking messages: the reader ends when the client half-closes or

@@ -27,13 +27,14 @@
 #include "gtest/gtest.h"
 #include "kernels/backend/backend.h"
 #include "kernels/backend/stream_ops.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "kernels/testing/token_batch.h"
 #include "server/dataplane/data_plane.h"
-#include "server/dataplane/shm_region.h"
+#include "kernels/shm/shm_region.h"
 #include "server/dataplane/testing/reference_pool.h"
-#include "server/model_registry.h"
+#include "server/core/model_registry.h"
 
 namespace statecache {
 namespace {
@@ -200,6 +201,7 @@ class QueueBackend : public Backend {
     return inner_->ZeroSlots(p, s, n);
   }
   StreamOps& stream_ops() override { return inner_->stream_ops(); }
+  Interprocess* interprocess() override { return inner_->interprocess(); }  // shared memory
   absl::StatusOr<std::unique_ptr<DecodeQueue>> NewDecodeQueue() override {
     {
       absl::MutexLock lock(&gate.mu);

@@ -27,7 +27,7 @@
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "kernels/testing/gpu_backend.h"
-#include "server/dataplane/stream_wait.h"
+#include "kernels/cuda_ipc/stream_wait.h"
 
 namespace statecache {
 namespace {

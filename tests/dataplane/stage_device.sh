@@ -16,7 +16,7 @@ D=.device/dataplane
 S=.device/dataplane.staging   # unpacked tree (also ignored; not carried)
 targets=(//kernels/cuda:cuda_backend_test //kernels/cuda_ipc:ipc_test
          //tests/dataplane:cuda_queue_test //tests/dataplane:torch_check_ops
-         //server/dataplane:dataplane_bench //server:statecached
+         //server/dataplane/bench:dataplane_bench //server:statecached
          //client/python:libstatecache_dataplane.so
          //kernels/cuda:stream_ops_cuda_test //kernels/bench:decode_bench)
 bazel build "${targets[@]}"
@@ -26,7 +26,7 @@ bin_dir="$(bazel info bazel-bin 2>/dev/null)"
 source tests/stage_deps.sh
 for bin in kernels/cuda/cuda_backend_test kernels/cuda_ipc/ipc_test \
            tests/dataplane/cuda_queue_test tests/dataplane/torch_check_ops \
-           server/dataplane/dataplane_bench server/statecached \
+           server/dataplane/bench/dataplane_bench server/statecached \
            kernels/cuda/stream_ops_cuda_test kernels/bench/decode_bench; do
   cp -Lf "$bin_dir/$bin" "$S/"
   # Symbols out (smaller bundle).

@@ -14,7 +14,7 @@
 #include "client/cpp/statecache_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/log.h"
+#include "server/core/log.h"
 #include "server/server.h"
 #include "tests/load/workload.h"
 

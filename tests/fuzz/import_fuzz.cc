@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "server/proto_convert.h"
+#include "server/core/proto_convert.h"
 #include "tests/fuzz/service_fixture.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -15,7 +15,7 @@
 #include "kernels/io/safetensors.h"
 #include "kernels/layout/layout_file.h"
 #include "proto/statecache/v1/statecache.pb.h"
-#include "server/proto_convert.h"
+#include "server/core/proto_convert.h"
 
 namespace statecache {
 namespace {

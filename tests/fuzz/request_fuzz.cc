@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "server/proto_convert.h"
+#include "server/core/proto_convert.h"
 #include "tests/fuzz/service_fixture.h"
 
 namespace statecache {

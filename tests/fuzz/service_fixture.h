@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
-#include "server/log.h"
-#include "server/model_registry.h"
+#include "server/core/log.h"
+#include "server/core/model_registry.h"
 #include "server/statecache_service.h"
 
 namespace statecache {

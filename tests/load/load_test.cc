@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "server/log.h"
+#include "server/core/log.h"
 #include "server/server.h"
 #include "tests/load/load_runner.h"
 #include "tests/load/mixed_load.h"

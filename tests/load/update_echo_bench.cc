@@ -33,7 +33,7 @@
 #include "client/cpp/statecache_client.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/statecache/v1/statecache.grpc.pb.h"
-#include "server/log.h"
+#include "server/core/log.h"
 #include "server/server.h"
 #include "tests/load/mixed_load.h"
 #include "tests/load/workload.h"

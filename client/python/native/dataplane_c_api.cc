@@ -52,7 +52,9 @@ int sc_attach(const char* target, const char* bearer_token, const char* model_id
   auto attached = statecache::AttachedSession::Attach(a->session.get(), model_id, a->slots);
   if (!attached.ok()) return Fail(attached.status(), err, err_len);
   a->attached = *std::move(attached);
-  a->cuda = std::strcmp(a->attached->backend().name(), "cuda") == 0;
+  // Device memory (CUDA): the caller's tensors are device pointers and its
+  // stream orders the updates (OrderAfter).
+  a->cuda = !a->attached->backend().host_memory();
   *out = a.release();
   return 0;
 }

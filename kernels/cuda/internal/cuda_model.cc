@@ -5,11 +5,6 @@
 namespace statecache {
 namespace cuda_internal {
 
-absl::Status CudaStatus(int code, absl::string_view what) {
-  if (code == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuda: ", what, ": ", ErrorString(code)));
-}
-
 absl::StatusOr<const CudaPreparedModel*> AsCudaModel(const PreparedModel& model) {
   const auto* m = dynamic_cast<const CudaPreparedModel*>(&model);
   if (m == nullptr) {

@@ -20,12 +20,14 @@
 #include "kernels/cuda/internal/kernel_params.h"
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/stepquant_params.h"
+#include "kernels/cuda_ipc/cuda_status.h"
 
 namespace statecache {
 namespace cuda_internal {
 
-// OK for cudaSuccess (0), else kInternal "cuda: <what>: <error string>".
-absl::Status CudaStatus(int code, absl::string_view what);
+// kernels/cuda_ipc/cuda_status.h: OK for cudaSuccess (0), else kInternal
+// "<what>: <error string> (CUDA error <code>)".
+using ::statecache::CudaStatus;
 
 // Device copies of a layout's maps.
 class CudaPreparedModel : public PreparedModel {

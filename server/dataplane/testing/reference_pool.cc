@@ -1,6 +1,7 @@
 #include "server/dataplane/testing/reference_pool.h"
 
 #include "gtest/gtest.h"
+#include "kernels/create_backend/create_backend.h"
 #include "kernels/formats/format.h"
 
 namespace statecache {

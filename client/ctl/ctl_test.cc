@@ -1,0 +1,93 @@
+// statecachectl subcommands against a real in-process server.
+#include <cstdio>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "client/ctl/ctl_command.h"
+#include "server/core/log.h"
+#include "server/server.h"
+
+namespace statecache {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CtlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetLoggingEnabled(false);
+    StateCacheServer::Options options;
+    options.sockets.listen = "127.0.0.1:0";
+    options.memory.backend = "cpu";
+    options.memory.state_memory_bytes = 1 << 20;
+    options.memory.checkpoint_memory_bytes = 1 << 19;
+    options.metrics.port = -1;
+    server_ = StateCacheServer::Create(std::move(options)).value();
+  }
+
+  // Runs `command` and returns (status, stdout).
+  std::pair<absl::Status, std::string> Run(const Command& command,
+                                           const std::vector<std::string>& args) {
+    std::FILE* out = std::tmpfile();
+    CtlContext ctx(absl::StrCat("127.0.0.1:", server_->port()), absl::Seconds(5), out);
+    absl::Status status = command.run(ctx, args);
+    std::fflush(out);
+    std::rewind(out);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), out)) > 0) text.append(buf, n);
+    std::fclose(out);
+    return {status, text};
+  }
+
+  std::unique_ptr<StateCacheServer> server_;
+};
+
+TEST_F(CtlTest, StatusAndModels) {
+  auto [status, text] = Run(StatusCommand(), {});
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_THAT(text, HasSubstr("SERVING"));
+  EXPECT_THAT(text, HasSubstr("backend      cpu"));
+  EXPECT_THAT(text, HasSubstr("models       0"));
+  auto [s2, none] = Run(ModelsCommand(), {});
+  ASSERT_TRUE(s2.ok());
+  EXPECT_THAT(none, HasSubstr("no models registered"));
+
+  ModelRegistration r;
+  r.model_id = "tiny";
+  r.geometry = ModelGeometry{Arch::kGdn, 2, 1, 2, 32, 32};
+  r.format = "damp:8";
+  r.slots = 4;
+  r.checkpoints = 2;
+  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port())).value();
+  ASSERT_TRUE(client->RegisterModel(r).ok());
+  ASSERT_TRUE(client->AllocateSlots("tiny", 3).ok());
+
+  auto [s3, models] = Run(ModelsCommand(), {});
+  ASSERT_TRUE(s3.ok()) << s3;
+  EXPECT_THAT(models, HasSubstr("tiny"));
+  EXPECT_THAT(models, HasSubstr("damp:8"));
+  EXPECT_THAT(models, HasSubstr("gdn L=2 Hqk=1 Hv=2 32x32"));
+  EXPECT_THAT(models, HasSubstr("3/4"));
+  EXPECT_THAT(models, HasSubstr("identity"));
+  auto [s4, stat] = Run(StatusCommand(), {});
+  ASSERT_TRUE(s4.ok());
+  EXPECT_THAT(stat, HasSubstr("models       1"));
+  EXPECT_THAT(stat, HasSubstr("3/4"));
+
+  EXPECT_EQ(Run(ModelsCommand(), {"nope"}).first.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Run(StatusCommand(), {"extra"}).first.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CtlUnreachableTest, StatusReportsUnavailable) {
+  std::FILE* out = std::tmpfile();
+  CtlContext ctx("127.0.0.1:1", absl::Milliseconds(200), out);
+  EXPECT_EQ(StatusCommand().run(ctx, {}).code(), absl::StatusCode::kUnavailable);
+  std::fclose(out);
+}
+
+}  // namespace
+}  // namespace statecache
