@@ -38,6 +38,7 @@
 #include "server/metrics.h"
 #include "server/model_registry.h"
 #include "server/model_store.h"
+#include "server/ops/state_ops.h"
 #include "server/pool/staging_cache.h"
 #include "server/update_coalescer.h"
 
@@ -48,24 +49,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class StateCacheService final : public v1::StateCache::Service {
  public:
-  // Per-request work bounds (kInvalidArgument naming the field beyond them).
-  struct Limits {
-    int max_batch = 4096;               // slots per Update / Prefill
-    int max_allocate = 4096;            // slots per AllocateSlots
-    int64_t max_prefill_tokens = 1 << 16;
-    int64_t max_aux_bytes = 64 << 20;   // per checkpoint, all layers
-    int64_t max_lookup_tokens = 1 << 20;
-    // Head updates per request: B x h_v (Update), B x T x h_v (Prefill of
-    // tokens), B x layers x h_v (Prefill of states).
-    int64_t max_work_heads = int64_t{1} << 24;
-    // Largest |v| accepted by Update / Prefill (q and k must be
-    // L2-normalized); keeps the recurrence finite. 65504 = fp16 max.
-    float max_abs_value = 65504.f;
-    bool log_cache_events = false;      // one line per snapshot / restore / lookup
-    // Trajectory file bytes per Calibrate call, all messages together
-    // (kResourceExhausted naming "max_calibration_bytes" beyond it).
-    int64_t max_calibration_bytes = int64_t{1} << 30;
-  };
+  // Per-request work bounds (kInvalidArgument naming the field beyond them;
+  // server/ops/state_ops.h).
+  using Limits = ops::Limits;
 
   // How Update calls reach the backend (issue 33).
   struct ComputeOptions {
@@ -149,8 +135,8 @@ class StateCacheService final : public v1::StateCache::Service {
   void set_model_store(ModelStore* store) { model_store_ = store; }
   // Registered buffers and attached mode (issue 10). Set before serving; must
   // outlive the service. Without it buffer references are rejected.
-  void set_dataplane(DataPlane* dataplane) { dataplane_ = dataplane; }
-  DataPlane* dataplane() const { return dataplane_; }
+  void set_dataplane(DataPlane* dataplane) { ops_.dataplane = dataplane; }
+  DataPlane* dataplane() const { return ops_.dataplane; }
   // The tenant of the unauthenticated mode.
   Tenant& default_tenant() { return default_tenant_; }
   // Admission of calls (StateCacheServer::Shutdown drains through it). Once
@@ -210,13 +196,9 @@ class StateCacheService final : public v1::StateCache::Service {
   const std::unique_ptr<UpdateCoalescer> coalescer_;
   const TenantDirectory* tenants_ = nullptr;
   ModelStore* model_store_ = nullptr;
-  DataPlane* dataplane_ = nullptr;
-  // kFailedPrecondition when a slot is attached to a data-plane session.
-  absl::Status CheckNotAttached(const Model& m,
-                                const google::protobuf::RepeatedPtrField<v1::SlotHandle>& slots,
-                                absl::string_view field) const;
-  absl::Status CheckNotAttached(const Model& m, const v1::SlotHandle& slot,
-                                absl::string_view field) const;
+  // What the operations run against (backend, staging, coalescer, data
+  // plane, limits, kernel metrics).
+  ops::Context ops_;
   Tenant default_tenant_;
   CallGate gate_;
 };

@@ -14,6 +14,7 @@
 #include "server/dataplane/shm_region.h"
 #include "server/dataplane/stream_wait.h"
 #include "server/log.h"
+#include "server/ops/checks.h"
 #include "server/pool/staging.h"
 #include "server/proto_convert.h"
 
@@ -119,34 +120,6 @@ class IpcBuffer : public DataPlane::Buffer {
   void* server_event_ = nullptr;
   std::string server_event_handle_;
 };
-
-absl::Status CheckLayerRange(int layer, int layers, absl::string_view field) {
-  if (layer < 0 || layer >= layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", layer, " is outside 0..", layers - 1));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckBatchRange(int b, int max_batch) {
-  if (b < 1) return absl::InvalidArgumentError("slots: no slot handles given");
-  if (b > max_batch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slots: ", b, " slots exceed the limit of ", max_batch, " per call"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckWorkBound(int64_t heads, int64_t max_heads, absl::string_view field) {
-  if (heads > max_heads) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", heads, " head updates (batch x tokens x heads) exceed the per-request limit of ",
-        max_heads, " (--max_work_heads)"));
-  }
-  return absl::OkStatus();
-}
-
-double SecondsSince(absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); }
 
 }  // namespace
 
@@ -644,10 +617,10 @@ absl::Status DataPlane::PlanUpdate(const std::string& tenant, Model& m,
                                    const std::function<absl::Status()>* before_read,
                                    HeldSlots* held, UpdatePlan* plan) {
   const ModelGeometry& g = m.layout.geometry();
-  RETURN_IF_ERROR(CheckLayerRange(req.layer(), g.layers, "layer"));
+  RETURN_IF_ERROR(CheckLayer(req.layer(), g.layers, "layer"));
   const int b = req.slots_size();
-  RETURN_IF_ERROR(CheckBatchRange(b, limits.max_batch));
-  RETURN_IF_ERROR(CheckWorkBound(int64_t{b} * g.h_v, limits.max_work_heads, "slots"));
+  RETURN_IF_ERROR(CheckBatch(b, limits.max_batch, "slots"));
+  RETURN_IF_ERROR(CheckWork(int64_t{b} * g.h_v, limits.max_work_heads, "slots"));
   if (req.sanitize_non_finite()) {
     return absl::InvalidArgumentError(
         "sanitize_non_finite: not supported with registered buffers (the inputs are rejected "
@@ -736,13 +709,13 @@ absl::Status DataPlane::Prefill(const std::string& tenant, Model& m, const v1::P
                                 v1::PrefillResponse* resp) {
   const ModelGeometry& g = m.layout.geometry();
   const int b = req.slots_size();
-  RETURN_IF_ERROR(CheckBatchRange(b, limits.max_batch));
+  RETURN_IF_ERROR(CheckBatch(b, limits.max_batch, "slots"));
   if (req.input_case() != v1::PrefillRequest::kTokens) {
     return absl::InvalidArgumentError(
         "states.ref: a Prefill of states takes inline bytes only (use tokens with references)");
   }
   const v1::PrefillTokens& t = req.tokens();
-  RETURN_IF_ERROR(CheckLayerRange(t.layer(), g.layers, "tokens.layer"));
+  RETURN_IF_ERROR(CheckLayer(t.layer(), g.layers, "tokens.layer"));
   if (t.q().shape_size() != 4) {
     return absl::InvalidArgumentError("tokens.q.shape: want [B, T, h_qk, d_k]");
   }
@@ -751,7 +724,7 @@ absl::Status DataPlane::Prefill(const std::string& tenant, Model& m, const v1::P
     return absl::InvalidArgumentError(absl::StrCat("tokens.q.shape[1]: T = ", tokens,
                                                    " is outside 1..", limits.max_prefill_tokens));
   }
-  RETURN_IF_ERROR(CheckWorkBound(int64_t{b} * tokens * g.h_v, limits.max_work_heads, "tokens"));
+  RETURN_IF_ERROR(CheckWork(int64_t{b} * tokens * g.h_v, limits.max_work_heads, "tokens"));
   if (t.sanitize_non_finite()) {
     return absl::InvalidArgumentError(
         "tokens.sanitize_non_finite: not supported with registered buffers");
