@@ -1,6 +1,6 @@
 // StateCacheService: construction, authentication, the edge's statuses and
 // GetStats. The RPC groups live in service_models.cc, service_slots.cc,
-// service_state.cc, service_checkpoints.cc and service_dataplane.cc.
+// statecache_service_{models,slots,state,checkpoints,dataplane}.cc.
 #include "server/statecache_service.h"
 
 #include <cstring>
@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
 #include "server/auth/tenants.h"
+#include "server/ops/checks.h"
 #include "server/proto_convert.h"
 #include "server/statecache_service_internal.h"
 
@@ -37,6 +38,19 @@ absl::Status StreamShutDown() {
 
 absl::Status NoDataPlane() {
   return absl::FailedPreconditionError("session_id: this server has no data plane");
+}
+
+DataPlane::ComputeLimits ComputeLimitsOf(const ops::Limits& l) {
+  DataPlane::ComputeLimits c;
+  c.max_batch = l.max_batch;
+  c.max_work_heads = l.max_work_heads;
+  c.max_prefill_tokens = l.max_prefill_tokens;
+  const float max_abs_value = l.max_abs_value;
+  c.host_value_check = [max_abs_value](absl::string_view prefix, const TensorBytes& q,
+                                       const TensorBytes& k, const TensorBytes& v, int d_k) {
+    return CheckMagnitudes(prefix, q, k, v, d_k, max_abs_value);
+  };
+  return c;
 }
 
 ops::KernelObserver KernelObserverOf(Metrics* metrics) {
@@ -71,6 +85,17 @@ StateCacheService::StateCacheService(Backend* backend, ModelRegistry* registry,
   ops_.coalescer = coalescer_.get();
   ops_.limits = limits_;
   ops_.observe = service_internal::KernelObserverOf(metrics_.get());
+}
+
+void StateCacheService::set_dataplane(DataPlane* dataplane) {
+  dataplane_ = dataplane;
+  ops_.not_attached = nullptr;
+  if (dataplane != nullptr) {
+    ops_.not_attached = [dataplane](const Model& m, absl::Span<const SlotHandle> handles,
+                                    absl::string_view field) {
+      return dataplane->CheckNotAttached(m, handles, field);
+    };
+  }
 }
 
 absl::StatusOr<Tenant*> StateCacheService::Authenticate(const grpc::ServerContext* ctx) {

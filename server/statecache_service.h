@@ -135,8 +135,8 @@ class StateCacheService final : public v1::StateCache::Service {
   void set_model_store(ModelStore* store) { model_store_ = store; }
   // Registered buffers and attached mode (issue 10). Set before serving; must
   // outlive the service. Without it buffer references are rejected.
-  void set_dataplane(DataPlane* dataplane) { ops_.dataplane = dataplane; }
-  DataPlane* dataplane() const { return ops_.dataplane; }
+  void set_dataplane(DataPlane* dataplane);
+  DataPlane* dataplane() const { return dataplane_; }
   // The tenant of the unauthenticated mode.
   Tenant& default_tenant() { return default_tenant_; }
   // Admission of calls (StateCacheServer::Shutdown drains through it). Once
@@ -196,8 +196,9 @@ class StateCacheService final : public v1::StateCache::Service {
   const std::unique_ptr<UpdateCoalescer> coalescer_;
   const TenantDirectory* tenants_ = nullptr;
   ModelStore* model_store_ = nullptr;
-  // What the operations run against (backend, staging, coalescer, data
-  // plane, limits, kernel metrics).
+  DataPlane* dataplane_ = nullptr;
+  // What the operations run against (backend, staging, coalescer, limits,
+  // kernel metrics, the data plane's attached-slot check).
   ops::Context ops_;
   Tenant default_tenant_;
   CallGate gate_;

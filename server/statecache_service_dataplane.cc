@@ -10,6 +10,7 @@ namespace statecache {
 
 using service_internal::ShuttingDown;
 using service_internal::StreamShutDown;
+using service_internal::ComputeLimitsOf;
 using service_internal::NoDataPlane;
 
 grpc::Status StateCacheService::SubmitUpdates(
@@ -22,7 +23,7 @@ grpc::Status StateCacheService::SubmitUpdates(
     if (metrics_) metrics_->ObserveRpc("SubmitUpdates", static_cast<int>(caller.status().code()), 0);
     return ToGrpcStatus(caller.status());
   }
-  if (ops_.dataplane == nullptr) return ToGrpcStatus(NoDataPlane());
+  if (dataplane_ == nullptr) return ToGrpcStatus(NoDataPlane());
   // A drain ends the stream like a half-close (submissions read before it
   // complete and are answered; one read after it is dropped unanswered, not
   // run), then the stream ends UNAVAILABLE.
@@ -43,8 +44,8 @@ grpc::Status StateCacheService::SubmitUpdates(
     if (metrics_) metrics_->ObserveRpc("SubmitUpdates", static_cast<int>(code), seconds);
   };
   io.cancelled = [ctx] { return ctx->IsCancelled(); };
-  absl::Status status = ops_.dataplane->SubmitUpdates((*caller)->name(), io,
-                                                     ops::ComputeLimitsOf(limits_), ops_.observe);
+  absl::Status status = dataplane_->SubmitUpdates((*caller)->name(), io,
+                                                 ComputeLimitsOf(limits_), ops_.observe);
   if (status.ok() && drained) status = StreamShutDown();
   return ToGrpcStatus(status);
 }
@@ -53,8 +54,8 @@ grpc::Status StateCacheService::SubmitUpdates(
   grpc::Status StateCacheService::Name(grpc::ServerContext* ctx, const v1::Request* req, \
                                        v1::Response* resp) {                             \
     return Run(ctx, #Name, [&](Tenant& caller) -> absl::Status {                         \
-      if (ops_.dataplane == nullptr) return NoDataPlane();                               \
-      return ops_.dataplane->Name(caller.name(), *req __VA_ARGS__);                      \
+      if (dataplane_ == nullptr) return NoDataPlane();                                   \
+      return dataplane_->Name(caller.name(), *req __VA_ARGS__);                          \
     });                                                                                  \
   }
 

@@ -1,6 +1,7 @@
 // StateCacheService, state operations: Update, UpdateStream, Prefill,
 // Export, Import. Each is an adapter over server/ops/state_ops.h: find the
-// caller's model, run the operation.
+// caller's model, run the operation; Update and Prefill naming a registered
+// buffer go to the data plane, whose tensor source runs the same sequence.
 #include <memory>
 #include <string>
 
@@ -13,13 +14,19 @@
 
 namespace statecache {
 
+using service_internal::ComputeLimitsOf;
 using service_internal::ShuttingDown;
 using service_internal::StreamShutDown;
 
 absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest& req,
                                          v1::UpdateResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
-  return ops::Update(ops_, caller.name(), *m, req, resp);
+  if (dataplane_ != nullptr && DataPlane::UsesBuffers(req)) {
+    return dataplane_->Update(caller.name(), *m, req, ComputeLimitsOf(limits_), ops_.observe,
+                              resp);
+  }
+  ops::RequestBytes source;
+  return ops::Update(ops_, source, *m, req, resp);
 }
 
 grpc::Status StateCacheService::Update(grpc::ServerContext* ctx, const v1::UpdateRequest* req,
@@ -71,7 +78,11 @@ grpc::Status StateCacheService::UpdateStream(
 absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillRequest& req,
                                           v1::PrefillResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
-  return ops::Prefill(ops_, caller.name(), *m, req, resp);
+  if (dataplane_ != nullptr && DataPlane::UsesBuffers(req)) {
+    return dataplane_->Prefill(caller.name(), *m, req, ComputeLimitsOf(limits_), ops_.observe,
+                               resp);
+  }
+  return ops::Prefill(ops_, *m, req, resp);
 }
 
 grpc::Status StateCacheService::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,

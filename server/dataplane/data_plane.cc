@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -15,6 +16,8 @@
 #include "server/dataplane/stream_wait.h"
 #include "server/log.h"
 #include "server/ops/checks.h"
+#include "server/ops/state_ops.h"
+#include "server/ops/tensor_source.h"
 #include "server/pool/staging.h"
 #include "server/proto_convert.h"
 
@@ -562,21 +565,6 @@ absl::StatusOr<DataPlane::Resolved> DataPlane::ResolveOutput(const std::string& 
   return r;
 }
 
-namespace {
-
-// Distinct referenced buffers: wait for the worker's writes.
-absl::Status BeforeReads(std::initializer_list<const std::shared_ptr<DataPlane::Buffer>*> bufs) {
-  std::vector<DataPlane::Buffer*> done;
-  for (const auto* b : bufs) {
-    if (*b == nullptr || std::find(done.begin(), done.end(), b->get()) != done.end()) continue;
-    RETURN_IF_ERROR((*b)->BeforeRead());
-    done.push_back(b->get());
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<std::shared_ptr<BackendBuffer>> DataPlane::StagedIndices(
     const std::vector<int32_t>& idx) {
   constexpr size_t kMaxCached = 256;
@@ -606,45 +594,165 @@ absl::Status DataPlane::HostValueCheck(const ComputeLimits& limits, absl::string
   return limits.host_value_check(prefix, view(q), view(k), view(v), d_k);
 }
 
+// The registered-buffer TensorSource: tensors are BufferRefs into the
+// caller's registered buffers or inline bytes staged into backend memory.
+class DataPlane::BufferSource final : public ops::TensorSource {
+ public:
+  // `before_read` (may be null: wait for the input buffers' worker events and
+  // publish o's write with the server event) is used during the call only.
+  BufferSource(DataPlane* plane, const std::string& tenant, const ComputeLimits& limits,
+               const std::function<absl::Status()>* before_read)
+      : plane_(plane), tenant_(tenant), limits_(limits), before_read_(before_read) {}
+
+  absl::Status CheckSanitize(bool sanitize, absl::string_view prefix) override {
+    if (!sanitize) return absl::OkStatus();
+    if (prefix.empty()) {
+      return absl::InvalidArgumentError(
+          "sanitize_non_finite: not supported with registered buffers (the inputs are rejected "
+          "with INVALID_ARGUMENT when not finite)");
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "sanitize_non_finite: not supported with registered buffers"));
+  }
+  absl::StatusOr<ops::SourcedTensor> Input(const v1::Tensor& t, absl::string_view field,
+                                           absl::Span<const DType> allowed,
+                                           absl::Span<const int64_t> shape) override {
+    ASSIGN_OR_RETURN(Resolved r, plane_->Resolve(tenant_, t, field, allowed, shape));
+    inputs_.push_back(std::move(r));
+    return View(inputs_.back());
+  }
+  absl::StatusOr<ops::SourcedTensor> Output(const v1::BufferRef* ref, absl::string_view field,
+                                            int64_t count, v1::Tensor*) override {
+    ASSIGN_OR_RETURN(output_, plane_->ResolveOutput(
+                                  tenant_, ref != nullptr,
+                                  ref != nullptr ? *ref : v1::BufferRef::default_instance(),
+                                  field, count));
+    return View(output_);
+  }
+  absl::Status Ready(const ops::Context&, absl::string_view prefix, bool, int d_k,
+                     ops::ComputeTensors*, int64_t*) override {
+    if (before_read_ != nullptr) {
+      RETURN_IF_ERROR((*before_read_)());
+    } else {
+      // Distinct referenced buffers: wait for the worker's writes.
+      std::vector<Buffer*> done;
+      for (const Resolved& r : inputs_) {
+        Buffer* b = r.buffer.get();
+        if (b == nullptr || std::find(done.begin(), done.end(), b) != done.end()) continue;
+        RETURN_IF_ERROR(b->BeforeRead());
+        done.push_back(b);
+      }
+    }
+    return plane_->HostValueCheck(limits_, prefix, inputs_[0], inputs_[1], inputs_[2], d_k);
+  }
+  absl::StatusOr<ops::Launch> RunUpdate(const ops::Context& ctx, Model& m, int layer,
+                                        const std::vector<int32_t>& slots,
+                                        const ops::ComputeTensors& t) override {
+    DecodeInputs in;
+    RETURN_IF_ERROR(Stage(slots, t, &in));
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(ctx.backend->DecodeUpdate(*m.prepared, m.slots->view(), layer, in));
+    return LaunchOf(start, in.batch);
+  }
+  absl::StatusOr<ops::Launch> RunPrefill(const ops::Context& ctx, Model& m, int layer, int tokens,
+                                         const std::vector<int32_t>& slots,
+                                         const ops::ComputeTensors& t) override {
+    PrefillInputs in;
+    RETURN_IF_ERROR(Stage(slots, t, &in));
+    in.tokens = tokens;
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(ctx.backend->Prefill(*m.prepared, m.slots->view(), layer, in));
+    return LaunchOf(start, in.batch);
+  }
+  absl::Status Finish(const ops::ComputeTensors&, const v1::BufferRef* ref,
+                      v1::Tensor* out) override {
+    if (output_.buffer != nullptr) {
+      *out->mutable_ref() = *ref;
+      return before_read_ == nullptr ? output_.buffer->AfterWrite() : absl::OkStatus();
+    }
+    std::string* data = out->mutable_data();
+    data->resize(output_.bytes);
+    return plane_->backend_->CopyOut(data->data(), output_.data, output_.bytes);
+  }
+
+  // Slot indices staged (cached by value) and the resolved tensors, as
+  // backend inputs: DecodeInputs or PrefillInputs (tokens left to the caller).
+  template <typename Inputs>
+  absl::Status Stage(const std::vector<int32_t>& slots, const ops::ComputeTensors& t,
+                     Inputs* in) {
+    ASSIGN_OR_RETURN(idx_, plane_->StagedIndices(slots));
+    in->batch = static_cast<int>(slots.size());
+    in->slots = StagedData<int32_t>(*idx_);
+    in->dtype = t.q.dtype;
+    in->q = t.q.data;
+    in->k = t.k.data;
+    in->v = t.v.data;
+    in->g = static_cast<const float*>(t.g.data);
+    in->beta = static_cast<const float*>(t.beta.data);
+    in->o = static_cast<float*>(t.o.data);
+    return absl::OkStatus();
+  }
+
+ private:
+  static ops::SourcedTensor View(const Resolved& r) {
+    const int64_t width = DTypeSize(r.dtype);
+    return ops::SourcedTensor{r.dtype, r.data, r.bytes / width, r.bytes};
+  }
+  static ops::Launch LaunchOf(absl::Time start, int batch) {
+    ops::Launch launch;
+    launch.kernel_seconds = SecondsSince(start);
+    launch.batch = batch;
+    return launch;
+  }
+
+  DataPlane* const plane_;
+  const std::string tenant_;
+  const ComputeLimits limits_;
+  const std::function<absl::Status()>* const before_read_;
+  std::deque<Resolved> inputs_;  // q, k, v, g, beta
+  Resolved output_;
+  std::shared_ptr<BackendBuffer> idx_;
+};
+
+ops::Context DataPlane::OpsContext(const ComputeLimits& limits,
+                                   const KernelObserver& observe) const {
+  ops::Context ctx;
+  ctx.backend = backend_;
+  ctx.limits.max_batch = limits.max_batch;
+  ctx.limits.max_work_heads = limits.max_work_heads;
+  ctx.limits.max_prefill_tokens = limits.max_prefill_tokens;
+  ctx.observe = observe;
+  ctx.not_attached = [this](const Model& m, absl::Span<const SlotHandle> handles,
+                            absl::string_view field) {
+    return CheckNotAttached(m, handles, field);
+  };
+  return ctx;
+}
+
 absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::UpdateRequest& req,
                                const ComputeLimits& limits, const KernelObserver& observe,
                                v1::UpdateResponse* resp) {
   return UpdateImpl(tenant, m, req, limits, observe, nullptr, resp);
 }
 
+absl::Status DataPlane::UpdateImpl(const std::string& tenant, Model& m,
+                                   const v1::UpdateRequest& req, const ComputeLimits& limits,
+                                   const KernelObserver& observe,
+                                   const std::function<absl::Status()>* before_read,
+                                   v1::UpdateResponse* resp) {
+  BufferSource source(this, tenant, limits, before_read);
+  return ops::Update(OpsContext(limits, observe), source, m, req, resp);
+}
+
 absl::Status DataPlane::PlanUpdate(const std::string& tenant, Model& m,
                                    const v1::UpdateRequest& req, const ComputeLimits& limits,
                                    const std::function<absl::Status()>* before_read,
                                    HeldSlots* held, UpdatePlan* plan) {
-  const ModelGeometry& g = m.layout.geometry();
-  RETURN_IF_ERROR(CheckLayer(req.layer(), g.layers, "layer"));
-  const int b = req.slots_size();
-  RETURN_IF_ERROR(CheckBatch(b, limits.max_batch, "slots"));
-  RETURN_IF_ERROR(CheckWork(int64_t{b} * g.h_v, limits.max_work_heads, "slots"));
-  if (req.sanitize_non_finite()) {
-    return absl::InvalidArgumentError(
-        "sanitize_non_finite: not supported with registered buffers (the inputs are rejected "
-        "with INVALID_ARGUMENT when not finite)");
-  }
-  ASSIGN_OR_RETURN(plan->q, Resolve(tenant, req.q(), "q", kInputDTypes, {b, g.h_qk, g.d_k}));
-  const DType dtype = plan->q.dtype;
-  ASSIGN_OR_RETURN(plan->k, Resolve(tenant, req.k(), "k", {dtype}, {b, g.h_qk, g.d_k}));
-  ASSIGN_OR_RETURN(plan->v, Resolve(tenant, req.v(), "v", {dtype}, {b, g.h_v, g.d_v}));
-  std::vector<int64_t> g_shape = {b, g.h_v};
-  if (g.arch == Arch::kKda) g_shape.push_back(g.d_k);
-  ASSIGN_OR_RETURN(plan->g, Resolve(tenant, req.g(), "g", kFp32Only, g_shape));
-  ASSIGN_OR_RETURN(plan->beta, Resolve(tenant, req.beta(), "beta", kFp32Only, {b, g.h_v}));
-  plan->o_count = int64_t{b} * g.h_v * g.d_v;
-  ASSIGN_OR_RETURN(plan->o,
-                   ResolveOutput(tenant, req.has_o_ref(), req.o_ref(), "o", plan->o_count));
-  if (before_read != nullptr) {
-    RETURN_IF_ERROR((*before_read)());
-  } else {
-    RETURN_IF_ERROR(BeforeReads(
-        {&plan->q.buffer, &plan->k.buffer, &plan->v.buffer, &plan->g.buffer, &plan->beta.buffer}));
-  }
-  RETURN_IF_ERROR(HostValueCheck(limits, "", plan->q, plan->k, plan->v, g.d_k));
-
+  plan->source = std::make_shared<BufferSource>(this, tenant, limits, before_read);
+  ops::ComputeTensors t;
+  v1::UpdateResponse unused;
+  RETURN_IF_ERROR(
+      ops::PrepareUpdate(OpsContext(limits, nullptr), *plan->source, m, req, &t, &unused));
   std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
   RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
   if (held != nullptr && held->model == &m && held->handles == handles) {
@@ -662,127 +770,19 @@ absl::Status DataPlane::PlanUpdate(const std::string& tenant, Model& m,
       held->access = plan->access;
     }
   }
-  ASSIGN_OR_RETURN(plan->idx, StagedIndices(plan->access->indices()));
-  DecodeInputs& in = plan->in;
-  in.batch = b;
-  in.slots = StagedData<int32_t>(*plan->idx);
-  in.dtype = dtype;
-  in.q = plan->q.data;
-  in.k = plan->k.data;
-  in.v = plan->v.data;
-  in.g = static_cast<const float*>(plan->g.data);
-  in.beta = static_cast<const float*>(plan->beta.data);
-  in.o = static_cast<float*>(plan->o.data);
-  return absl::OkStatus();
-}
-
-absl::Status DataPlane::UpdateImpl(const std::string& tenant, Model& m,
-                                   const v1::UpdateRequest& req, const ComputeLimits& limits,
-                                   const KernelObserver& observe,
-                                   const std::function<absl::Status()>* before_read,
-                                   v1::UpdateResponse* resp) {
-  const ModelGeometry& g = m.layout.geometry();
-  UpdatePlan plan;
-  RETURN_IF_ERROR(PlanUpdate(tenant, m, req, limits, before_read, /*held=*/nullptr, &plan));
-  const int b = plan.in.batch;
-  const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(backend_->DecodeUpdate(*m.prepared, m.slots->view(), req.layer(), plan.in));
-  const double kernel = SecondsSince(start);
-  v1::Tensor* out = resp->mutable_o();
-  out->set_dtype(v1::DTYPE_FP32);
-  for (int64_t d : {int64_t{b}, int64_t{g.h_v}, int64_t{g.d_v}}) out->add_shape(d);
-  if (plan.o.buffer != nullptr) {
-    *out->mutable_ref() = req.o_ref();
-    if (before_read == nullptr) RETURN_IF_ERROR(plan.o.buffer->AfterWrite());
-  } else {
-    std::string* data = out->mutable_data();
-    data->resize(plan.o_count * 4);
-    RETURN_IF_ERROR(backend_->CopyOut(data->data(), plan.o.data, plan.o_count * 4));
-  }
-  resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
-  if (observe) observe("decode_update", kernel, b);
-  return absl::OkStatus();
+  return plan->source->Stage(plan->access->indices(), t, &plan->in);
 }
 
 absl::Status DataPlane::Prefill(const std::string& tenant, Model& m, const v1::PrefillRequest& req,
                                 const ComputeLimits& limits, const KernelObserver& observe,
                                 v1::PrefillResponse* resp) {
-  const ModelGeometry& g = m.layout.geometry();
-  const int b = req.slots_size();
-  RETURN_IF_ERROR(CheckBatch(b, limits.max_batch, "slots"));
+  RETURN_IF_ERROR(CheckBatch(req.slots_size(), limits.max_batch, "slots"));
   if (req.input_case() != v1::PrefillRequest::kTokens) {
     return absl::InvalidArgumentError(
         "states.ref: a Prefill of states takes inline bytes only (use tokens with references)");
   }
-  const v1::PrefillTokens& t = req.tokens();
-  RETURN_IF_ERROR(CheckLayer(t.layer(), g.layers, "tokens.layer"));
-  if (t.q().shape_size() != 4) {
-    return absl::InvalidArgumentError("tokens.q.shape: want [B, T, h_qk, d_k]");
-  }
-  const int64_t tokens = t.q().shape(1);
-  if (tokens < 1 || tokens > limits.max_prefill_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens.q.shape[1]: T = ", tokens,
-                                                   " is outside 1..", limits.max_prefill_tokens));
-  }
-  RETURN_IF_ERROR(CheckWork(int64_t{b} * tokens * g.h_v, limits.max_work_heads, "tokens"));
-  if (t.sanitize_non_finite()) {
-    return absl::InvalidArgumentError(
-        "tokens.sanitize_non_finite: not supported with registered buffers");
-  }
-  ASSIGN_OR_RETURN(Resolved q, Resolve(tenant, t.q(), "tokens.q", kInputDTypes,
-                                       {b, tokens, g.h_qk, g.d_k}));
-  ASSIGN_OR_RETURN(Resolved k, Resolve(tenant, t.k(), "tokens.k", {q.dtype},
-                                       {b, tokens, g.h_qk, g.d_k}));
-  ASSIGN_OR_RETURN(Resolved v, Resolve(tenant, t.v(), "tokens.v", {q.dtype},
-                                       {b, tokens, g.h_v, g.d_v}));
-  std::vector<int64_t> g_shape = {b, tokens, g.h_v};
-  if (g.arch == Arch::kKda) g_shape.push_back(g.d_k);
-  ASSIGN_OR_RETURN(Resolved gt, Resolve(tenant, t.g(), "tokens.g", kFp32Only, g_shape));
-  ASSIGN_OR_RETURN(Resolved bt,
-                   Resolve(tenant, t.beta(), "tokens.beta", kFp32Only, {b, tokens, g.h_v}));
-  const int64_t o_count = t.want_output() ? int64_t{b} * tokens * g.h_v * g.d_v : 0;
-  Resolved o;
-  if (t.want_output()) {
-    ASSIGN_OR_RETURN(o, ResolveOutput(tenant, t.has_o_ref(), t.o_ref(), "tokens.o", o_count));
-  } else if (t.has_o_ref()) {
-    return absl::InvalidArgumentError("tokens.o_ref: set want_output to write o");
-  }
-  RETURN_IF_ERROR(BeforeReads({&q.buffer, &k.buffer, &v.buffer, &gt.buffer, &bt.buffer}));
-  RETURN_IF_ERROR(HostValueCheck(limits, "tokens.", q, k, v, g.d_k));
-  const std::vector<SlotHandle> handles = HandlesFromProto(req.slots());
-  RETURN_IF_ERROR(CheckNotAttached(m, handles, "slots"));
-  ASSIGN_OR_RETURN(SlotPool::SlotAccess access, m.slots->Acquire(handles, "slots"));
-  ASSIGN_OR_RETURN(std::shared_ptr<BackendBuffer> idx, StagedIndices(access.indices()));
-  PrefillInputs in;
-  in.batch = b;
-  in.tokens = static_cast<int>(tokens);
-  in.slots = StagedData<int32_t>(*idx);
-  in.dtype = q.dtype;
-  in.q = q.data;
-  in.k = k.data;
-  in.v = v.data;
-  in.g = static_cast<const float*>(gt.data);
-  in.beta = static_cast<const float*>(bt.data);
-  in.o = t.want_output() ? static_cast<float*>(o.data) : nullptr;
-  const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(backend_->Prefill(*m.prepared, m.slots->view(), t.layer(), in));
-  const double kernel = SecondsSince(start);
-  if (t.want_output()) {
-    v1::Tensor* out = resp->mutable_o();
-    out->set_dtype(v1::DTYPE_FP32);
-    for (int64_t d : {int64_t{b}, tokens, int64_t{g.h_v}, int64_t{g.d_v}}) out->add_shape(d);
-    if (o.buffer != nullptr) {
-      *out->mutable_ref() = t.o_ref();
-      RETURN_IF_ERROR(o.buffer->AfterWrite());
-    } else {
-      std::string* data = out->mutable_data();
-      data->resize(o_count * 4);
-      RETURN_IF_ERROR(backend_->CopyOut(data->data(), o.data, o_count * 4));
-    }
-  }
-  resp->set_kernel_micros(static_cast<int64_t>(kernel * 1e6));
-  if (observe) observe("prefill", kernel, b);
-  return absl::OkStatus();
+  BufferSource source(this, tenant, limits, nullptr);
+  return ops::PrefillTokens(OpsContext(limits, observe), source, m, req, resp);
 }
 
 }  // namespace statecache
