@@ -17,6 +17,11 @@
 // Updates of one model and layer share one launch. Thread-safe; handlers run
 // on gRPC's sync-server threads.
 //
+// Each RPC is an adapter: authentication, admission and the RPC metric
+// (Run), the caller's model, then the transport-free operation of
+// server/ops (state_ops.h, calibrate.h) or of the data plane. The RPC groups
+// live in statecache_service_{models,slots,state,checkpoints,dataplane}.cc.
+//
 //   StateCacheService service(backend, &registry, metrics, {});
 //   builder.RegisterService(&service);
 #ifndef STATECACHE_SERVER_STATECACHE_SERVICE_H_
