@@ -25,6 +25,7 @@ using prometheus::Histogram;
 using prometheus::Labels;
 
 constexpr const char* kTiers[] = {"hi_rows", "lo_codes", "metadata", "padding"};
+constexpr const char* kResults[] = {"hit", "miss"};
 
 int64_t Tier(const TierBytes& t, int i) {
   switch (i) {
@@ -34,6 +35,97 @@ int64_t Tier(const TierBytes& t, int i) {
     default: return t.padding;
   }
 }
+
+enum class SeriesType { kGauge, kCounter };
+// The label a family adds to {model, format}, one series per value.
+enum class SplitLabel { kNone, kTier, kResult };
+
+// One per-model family of pool or checkpoint series. Gauges are set to the
+// source field; counters advance by its growth since the last scrape (the
+// fields of a counter row are cumulative).
+struct PoolSeriesRow {
+  const char* name;
+  const char* help;
+  SeriesType type;
+  SplitLabel split;
+  // The source field of the series `part` (the tier / result index).
+  int64_t (*field)(const ModelStatsSnapshot& s, int part);
+};
+
+int Parts(SplitLabel split) {
+  switch (split) {
+    case SplitLabel::kTier: return 4;
+    case SplitLabel::kResult: return 2;
+    default: return 1;
+  }
+}
+
+#define SC_FIELD(expr) [](const ModelStatsSnapshot& s, int part) -> int64_t { \
+  (void)part;                                                                 \
+  return expr;                                                                \
+}
+
+// Every pool and checkpoint series, in registration (= exposition) order.
+const PoolSeriesRow kPoolSeries[] = {
+    {"statecache_state_bytes",
+     "Bytes of allocated (live) slots by storage tier: hi_rows = high-precision "
+     "(fp16) rows of mixed formats, lo_codes = low-precision codes (all rows of "
+     "uniform formats), metadata = group scales/zero points, padding = alignment",
+     SeriesType::kGauge, SplitLabel::kTier, SC_FIELD(Tier(s.slots.used_bytes, part))},
+    {"statecache_state_capacity_bytes", "Bytes of the model's preallocated slot arena",
+     SeriesType::kGauge, SplitLabel::kNone, SC_FIELD(s.slots.capacity_bytes)},
+    {"statecache_state_fp32_equivalent_bytes",
+     "Bytes the allocated slots would need as FP32 states", SeriesType::kGauge,
+     SplitLabel::kNone, SC_FIELD(s.slots.fp32_equivalent_bytes)},
+    {"statecache_slots_used", "Slots allocated to requests", SeriesType::kGauge,
+     SplitLabel::kNone, SC_FIELD(s.slots.allocated)},
+    {"statecache_slots_capacity", "Slots in the model's arena", SeriesType::kGauge,
+     SplitLabel::kNone, SC_FIELD(s.slots.capacity)},
+    {"statecache_checkpoints",
+     "Prefix-cache checkpoints held (indexed, or replaced but still leased)", SeriesType::kGauge,
+     SplitLabel::kNone, SC_FIELD(s.checkpoints.checkpoints)},
+    {"statecache_checkpoint_capacity", "Checkpoints the model's checkpoint arena can hold",
+     SeriesType::kGauge, SplitLabel::kNone, SC_FIELD(s.checkpoints.capacity)},
+    {"statecache_checkpoint_bytes",
+     "Packed bytes of held checkpoints by storage tier (as "
+     "statecache_state_bytes)",
+     SeriesType::kGauge, SplitLabel::kTier, SC_FIELD(Tier(s.checkpoints.used_bytes, part))},
+    {"statecache_checkpoint_capacity_bytes", "Bytes of the model's checkpoint arena",
+     SeriesType::kGauge, SplitLabel::kNone, SC_FIELD(s.checkpoints.capacity_bytes)},
+    {"statecache_checkpoint_aux_bytes",
+     "Worker auxiliary bytes (e.g. conv windows) held by checkpoints, "
+     "host memory",
+     SeriesType::kGauge, SplitLabel::kNone, SC_FIELD(s.checkpoints.aux_bytes)},
+    {"statecache_checkpoints_leased", "Checkpoints pinned by at least one LookupPrefix lease",
+     SeriesType::kGauge, SplitLabel::kNone, SC_FIELD(s.checkpoints.leased)},
+    {"statecache_leases_active", "LookupPrefix leases not yet consumed by Restore or expired",
+     SeriesType::kGauge, SplitLabel::kNone, SC_FIELD(s.checkpoints.leases_active)},
+    {"statecache_prefix_lookups_total",
+     "LookupPrefix requests by result (hit = some candidate prefix was cached)",
+     SeriesType::kCounter, SplitLabel::kResult,
+     SC_FIELD(part == 0 ? s.checkpoints.lookups_hit : s.checkpoints.lookups_miss)},
+    {"statecache_prefix_lookup_tokens_total",
+     "LookupPrefix tokens: hit = tokens covered by the cached prefix, miss = "
+     "candidate tokens not covered (must be recomputed)",
+     SeriesType::kCounter, SplitLabel::kResult,
+     SC_FIELD(part == 0 ? s.checkpoints.lookup_tokens_hit : s.checkpoints.lookup_tokens_miss)},
+    {"statecache_checkpoint_evictions_total",
+     "Checkpoints evicted (least recently used) to make room for a snapshot",
+     SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.evictions)},
+    {"statecache_leases_expired_total", "Leases that expired before a Restore consumed them",
+     SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.leases_expired)},
+    {"statecache_snapshots_total", "Successful Snapshot calls", SeriesType::kCounter,
+     SplitLabel::kNone, SC_FIELD(s.checkpoints.snapshots)},
+    {"statecache_restores_total", "Successful Restore calls", SeriesType::kCounter,
+     SplitLabel::kNone, SC_FIELD(s.checkpoints.restores)},
+    {"statecache_snapshot_bytes_total", "Packed state bytes copied into checkpoints",
+     SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.bytes_snapshotted)},
+    {"statecache_restore_bytes_total", "Packed state bytes copied from checkpoints into slots",
+     SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.bytes_restored)},
+};
+constexpr int kPoolRows = sizeof(kPoolSeries) / sizeof(kPoolSeries[0]);
+
+#undef SC_FIELD
 
 Family<Gauge>& G(prometheus::Registry& r, const char* name, const char* help) {
   return prometheus::BuildGauge().Name(name).Help(help).Register(r);
@@ -110,34 +202,29 @@ ProcessStats ReadProcessStats(const std::string& proc_self) {
   return out;
 }
 
-// Series of one model; pointers owned by the families.
+// Series of one model; pointers owned by the families. Indexed by
+// kPoolSeries row, then by label value (tier / result; one without).
 struct Metrics::ModelSeries {
   std::string format;
   int64_t registration = 0;
-  Gauge* state_bytes[4];
-  Gauge* checkpoint_bytes[4];
-  Gauge* state_capacity_bytes;
-  Gauge* state_fp32_bytes;
-  Gauge* slots_used;
-  Gauge* slots_capacity;
-  Gauge* checkpoints;
-  Gauge* checkpoint_capacity;
-  Gauge* checkpoint_capacity_bytes;
-  Gauge* checkpoint_aux_bytes;
-  Gauge* checkpoints_leased;
-  Gauge* leases_active;
-  Counter* lookups_hit;
-  Counter* lookups_miss;
-  Counter* lookup_tokens_hit;
-  Counter* lookup_tokens_miss;
-  Counter* evictions;
-  Counter* leases_expired;
-  Counter* snapshots;
-  Counter* restores;
-  Counter* snapshot_bytes;
-  Counter* restore_bytes;
-  CheckpointStats last;  // cumulative values already added to the counters
+  std::vector<std::vector<Gauge*>> gauges;      // gauge rows
+  std::vector<std::vector<Counter*>> counters;  // counter rows
+  // Counter rows: the cumulative field value already added.
+  std::vector<std::vector<int64_t>> last;
 };
+
+std::vector<Metrics::PoolFamily> Metrics::BuildPoolFamilies(prometheus::Registry& registry) {
+  std::vector<Metrics::PoolFamily> out(kPoolRows);
+  for (int r = 0; r < kPoolRows; ++r) {
+    const PoolSeriesRow& row = kPoolSeries[r];
+    if (row.type == SeriesType::kGauge) {
+      out[r].gauge = &G(registry, row.name, row.help);
+    } else {
+      out[r].counter = &C(registry, row.name, row.help);
+    }
+  }
+  return out;
+}
 
 const std::vector<std::string>& Metrics::MethodNames() {
   static const auto* names = [] {
@@ -157,47 +244,7 @@ Metrics::Metrics(StatsSource source) : Metrics(Options{std::move(source)}) {}
 Metrics::Metrics(Options options)
     : options_(std::move(options)),
       registry_(std::make_shared<prometheus::Registry>()),
-      state_bytes_(G(*registry_, "statecache_state_bytes",
-                     "Bytes of allocated (live) slots by storage tier: hi_rows = high-precision "
-                     "(fp16) rows of mixed formats, lo_codes = low-precision codes (all rows of "
-                     "uniform formats), metadata = group scales/zero points, padding = alignment")),
-      state_capacity_bytes_(G(*registry_, "statecache_state_capacity_bytes",
-                              "Bytes of the model's preallocated slot arena")),
-      state_fp32_bytes_(G(*registry_, "statecache_state_fp32_equivalent_bytes",
-                          "Bytes the allocated slots would need as FP32 states")),
-      slots_used_(G(*registry_, "statecache_slots_used", "Slots allocated to requests")),
-      slots_capacity_(G(*registry_, "statecache_slots_capacity", "Slots in the model's arena")),
-      checkpoints_(G(*registry_, "statecache_checkpoints",
-                     "Prefix-cache checkpoints held (indexed, or replaced but still leased)")),
-      checkpoint_capacity_(G(*registry_, "statecache_checkpoint_capacity",
-                             "Checkpoints the model's checkpoint arena can hold")),
-      checkpoint_bytes_(G(*registry_, "statecache_checkpoint_bytes",
-                          "Packed bytes of held checkpoints by storage tier (as "
-                          "statecache_state_bytes)")),
-      checkpoint_capacity_bytes_(G(*registry_, "statecache_checkpoint_capacity_bytes",
-                                   "Bytes of the model's checkpoint arena")),
-      checkpoint_aux_bytes_(G(*registry_, "statecache_checkpoint_aux_bytes",
-                              "Worker auxiliary bytes (e.g. conv windows) held by checkpoints, "
-                              "host memory")),
-      checkpoints_leased_(G(*registry_, "statecache_checkpoints_leased",
-                            "Checkpoints pinned by at least one LookupPrefix lease")),
-      leases_active_(G(*registry_, "statecache_leases_active",
-                       "LookupPrefix leases not yet consumed by Restore or expired")),
-      lookups_(C(*registry_, "statecache_prefix_lookups_total",
-                 "LookupPrefix requests by result (hit = some candidate prefix was cached)")),
-      lookup_tokens_(C(*registry_, "statecache_prefix_lookup_tokens_total",
-                       "LookupPrefix tokens: hit = tokens covered by the cached prefix, miss = "
-                       "candidate tokens not covered (must be recomputed)")),
-      evictions_(C(*registry_, "statecache_checkpoint_evictions_total",
-                   "Checkpoints evicted (least recently used) to make room for a snapshot")),
-      leases_expired_(C(*registry_, "statecache_leases_expired_total",
-                        "Leases that expired before a Restore consumed them")),
-      snapshots_(C(*registry_, "statecache_snapshots_total", "Successful Snapshot calls")),
-      restores_(C(*registry_, "statecache_restores_total", "Successful Restore calls")),
-      snapshot_bytes_(C(*registry_, "statecache_snapshot_bytes_total",
-                        "Packed state bytes copied into checkpoints")),
-      restore_bytes_(C(*registry_, "statecache_restore_bytes_total",
-                       "Packed state bytes copied from checkpoints into slots")),
+      pool_(BuildPoolFamilies(*registry_)),
       rpc_duration_(H(*registry_, "statecache_rpc_duration_seconds",
                       "Server-side wall time of each RPC (for UpdateStream: of each message)")),
       rpcs_(C(*registry_, "statecache_rpcs_total",
@@ -307,65 +354,33 @@ Metrics::ModelSeries& Metrics::SeriesFor(const ModelStatsSnapshot& s) const {
   series->format = s.format;
   series->registration = s.registration;
   const Labels base = {{"model", s.model_id}, {"format", s.format}};
-  auto with = [&base](const char* key, const char* value) {
-    Labels l = base;
-    l[key] = value;
-    return l;
-  };
-  for (int i = 0; i < 4; ++i) {
-    series->state_bytes[i] = &state_bytes_.Add(with("tier", kTiers[i]));
-    series->checkpoint_bytes[i] = &checkpoint_bytes_.Add(with("tier", kTiers[i]));
+  series->gauges.resize(kPoolRows);
+  series->counters.resize(kPoolRows);
+  series->last.resize(kPoolRows);
+  for (int r = 0; r < kPoolRows; ++r) {
+    const PoolSeriesRow& row = kPoolSeries[r];
+    for (int part = 0; part < Parts(row.split); ++part) {
+      Labels labels = base;
+      if (row.split == SplitLabel::kTier) labels["tier"] = kTiers[part];
+      if (row.split == SplitLabel::kResult) labels["result"] = kResults[part];
+      if (row.type == SeriesType::kGauge) {
+        series->gauges[r].push_back(&pool_[r].gauge->Add(labels));
+      } else {
+        series->counters[r].push_back(&pool_[r].counter->Add(labels));
+        series->last[r].push_back(0);
+      }
+    }
   }
-  series->state_capacity_bytes = &state_capacity_bytes_.Add(base);
-  series->state_fp32_bytes = &state_fp32_bytes_.Add(base);
-  series->slots_used = &slots_used_.Add(base);
-  series->slots_capacity = &slots_capacity_.Add(base);
-  series->checkpoints = &checkpoints_.Add(base);
-  series->checkpoint_capacity = &checkpoint_capacity_.Add(base);
-  series->checkpoint_capacity_bytes = &checkpoint_capacity_bytes_.Add(base);
-  series->checkpoint_aux_bytes = &checkpoint_aux_bytes_.Add(base);
-  series->checkpoints_leased = &checkpoints_leased_.Add(base);
-  series->leases_active = &leases_active_.Add(base);
-  series->lookups_hit = &lookups_.Add(with("result", "hit"));
-  series->lookups_miss = &lookups_.Add(with("result", "miss"));
-  series->lookup_tokens_hit = &lookup_tokens_.Add(with("result", "hit"));
-  series->lookup_tokens_miss = &lookup_tokens_.Add(with("result", "miss"));
-  series->evictions = &evictions_.Add(base);
-  series->leases_expired = &leases_expired_.Add(base);
-  series->snapshots = &snapshots_.Add(base);
-  series->restores = &restores_.Add(base);
-  series->snapshot_bytes = &snapshot_bytes_.Add(base);
-  series->restore_bytes = &restore_bytes_.Add(base);
   ModelSeries& ref = *series;
   models_[s.model_id] = std::move(series);
   return ref;
 }
 
 void Metrics::RemoveSeries(ModelSeries& m) const {
-  for (int i = 0; i < 4; ++i) {
-    state_bytes_.Remove(m.state_bytes[i]);
-    checkpoint_bytes_.Remove(m.checkpoint_bytes[i]);
+  for (int r = 0; r < kPoolRows; ++r) {
+    for (Gauge* g : m.gauges[r]) pool_[r].gauge->Remove(g);
+    for (Counter* c : m.counters[r]) pool_[r].counter->Remove(c);
   }
-  state_capacity_bytes_.Remove(m.state_capacity_bytes);
-  state_fp32_bytes_.Remove(m.state_fp32_bytes);
-  slots_used_.Remove(m.slots_used);
-  slots_capacity_.Remove(m.slots_capacity);
-  checkpoints_.Remove(m.checkpoints);
-  checkpoint_capacity_.Remove(m.checkpoint_capacity);
-  checkpoint_capacity_bytes_.Remove(m.checkpoint_capacity_bytes);
-  checkpoint_aux_bytes_.Remove(m.checkpoint_aux_bytes);
-  checkpoints_leased_.Remove(m.checkpoints_leased);
-  leases_active_.Remove(m.leases_active);
-  lookups_.Remove(m.lookups_hit);
-  lookups_.Remove(m.lookups_miss);
-  lookup_tokens_.Remove(m.lookup_tokens_hit);
-  lookup_tokens_.Remove(m.lookup_tokens_miss);
-  evictions_.Remove(m.evictions);
-  leases_expired_.Remove(m.leases_expired);
-  snapshots_.Remove(m.snapshots);
-  restores_.Remove(m.restores);
-  snapshot_bytes_.Remove(m.snapshot_bytes);
-  restore_bytes_.Remove(m.restore_bytes);
 }
 
 void Metrics::Refresh() const {
@@ -376,37 +391,21 @@ void Metrics::Refresh() const {
   for (const ModelStatsSnapshot& s : snapshots) {
     seen[s.model_id] = true;
     ModelSeries& m = SeriesFor(s);
-    for (int i = 0; i < 4; ++i) {
-      m.state_bytes[i]->Set(static_cast<double>(Tier(s.slots.used_bytes, i)));
-      m.checkpoint_bytes[i]->Set(static_cast<double>(Tier(s.checkpoints.used_bytes, i)));
+    for (int r = 0; r < kPoolRows; ++r) {
+      const PoolSeriesRow& row = kPoolSeries[r];
+      for (size_t part = 0; part < m.gauges[r].size(); ++part) {
+        m.gauges[r][part]->Set(static_cast<double>(row.field(s, static_cast<int>(part))));
+      }
+      // Counters advance by the growth of the cumulative stats since the
+      // last scrape (the stats never decrease for one registration of a
+      // model).
+      for (size_t part = 0; part < m.counters[r].size(); ++part) {
+        const int64_t now = row.field(s, static_cast<int>(part));
+        int64_t& before = m.last[r][part];
+        if (now > before) m.counters[r][part]->Increment(static_cast<double>(now - before));
+        before = now;
+      }
     }
-    m.state_capacity_bytes->Set(static_cast<double>(s.slots.capacity_bytes));
-    m.state_fp32_bytes->Set(static_cast<double>(s.slots.fp32_equivalent_bytes));
-    m.slots_used->Set(static_cast<double>(s.slots.allocated));
-    m.slots_capacity->Set(static_cast<double>(s.slots.capacity));
-    const CheckpointStats& c = s.checkpoints;
-    m.checkpoints->Set(static_cast<double>(c.checkpoints));
-    m.checkpoint_capacity->Set(static_cast<double>(c.capacity));
-    m.checkpoint_capacity_bytes->Set(static_cast<double>(c.capacity_bytes));
-    m.checkpoint_aux_bytes->Set(static_cast<double>(c.aux_bytes));
-    m.checkpoints_leased->Set(static_cast<double>(c.leased));
-    m.leases_active->Set(static_cast<double>(c.leases_active));
-    // Counters advance by the growth of the cumulative stats since the last
-    // scrape (the stats never decrease for one registration of a model).
-    auto add = [](Counter* counter, int64_t now, int64_t before) {
-      if (now > before) counter->Increment(static_cast<double>(now - before));
-    };
-    add(m.lookups_hit, c.lookups_hit, m.last.lookups_hit);
-    add(m.lookups_miss, c.lookups_miss, m.last.lookups_miss);
-    add(m.lookup_tokens_hit, c.lookup_tokens_hit, m.last.lookup_tokens_hit);
-    add(m.lookup_tokens_miss, c.lookup_tokens_miss, m.last.lookup_tokens_miss);
-    add(m.evictions, c.evictions, m.last.evictions);
-    add(m.leases_expired, c.leases_expired, m.last.leases_expired);
-    add(m.snapshots, c.snapshots, m.last.snapshots);
-    add(m.restores, c.restores, m.last.restores);
-    add(m.snapshot_bytes, c.bytes_snapshotted, m.last.bytes_snapshotted);
-    add(m.restore_bytes, c.bytes_restored, m.last.bytes_restored);
-    m.last = c;
   }
   for (auto it = models_.begin(); it != models_.end();) {
     if (!seen.contains(it->first)) {

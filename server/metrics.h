@@ -5,21 +5,15 @@
 // Pool and checkpoint series are pulled at scrape time: Collect() asks the
 // `StatsSource` for a snapshot of every model's SlotPoolStats and
 // CheckpointStats and maps each field 1:1 onto a series (cumulative fields
-// onto counters, current values onto gauges). RPC, batch and kernel series
-// are pushed by the service as calls complete.
+// onto counters, current values onto gauges). Those series come from one
+// table, kPoolSeries in metrics.cc: a row per family {name, help, type,
+// extra label, source field}; adding a pool series is adding a row. RPC,
+// batch and kernel series are pushed by the service as calls complete.
 //
 // Series (labels in braces):
-//   statecache_state_bytes{model,format,tier}          gauge
-//   statecache_state_capacity_bytes{model,format}      gauge
-//   statecache_state_fp32_equivalent_bytes{model,format} gauge
-//   statecache_slots_used / statecache_slots_capacity{model,format} gauges
-//   statecache_checkpoints / _checkpoint_capacity{model,format}, statecache_checkpoint_bytes{model,format,tier},
-//   statecache_checkpoint_capacity_bytes, statecache_checkpoint_aux_bytes,
-//   statecache_checkpoints_leased, statecache_leases_active{model,format} gauges
-//   statecache_prefix_lookups_total{model,format,result}, statecache_prefix_lookup_tokens_total{...,result}
-//   statecache_checkpoint_evictions_total, statecache_leases_expired_total,
-//   statecache_snapshots_total, statecache_restores_total,
-//   statecache_snapshot_bytes_total, statecache_restore_bytes_total{model,format} counters
+//   statecache_state_bytes{model,format,tier}, statecache_checkpoint_bytes{model,format,tier},
+//   statecache_prefix_lookups_total{model,format,result} and the other
+//   per-model pool series {model,format}      (kPoolSeries)
 //   statecache_rpc_duration_seconds{method}            histogram
 //   statecache_rpcs_total{method,code}                 counter
 //   statecache_update_batch_size                       histogram
@@ -144,27 +138,13 @@ class Metrics : public prometheus::Collectable,
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 
-  // Pool and checkpoint families.
-  prometheus::Family<prometheus::Gauge>& state_bytes_;
-  prometheus::Family<prometheus::Gauge>& state_capacity_bytes_;
-  prometheus::Family<prometheus::Gauge>& state_fp32_bytes_;
-  prometheus::Family<prometheus::Gauge>& slots_used_;
-  prometheus::Family<prometheus::Gauge>& slots_capacity_;
-  prometheus::Family<prometheus::Gauge>& checkpoints_;
-  prometheus::Family<prometheus::Gauge>& checkpoint_capacity_;
-  prometheus::Family<prometheus::Gauge>& checkpoint_bytes_;
-  prometheus::Family<prometheus::Gauge>& checkpoint_capacity_bytes_;
-  prometheus::Family<prometheus::Gauge>& checkpoint_aux_bytes_;
-  prometheus::Family<prometheus::Gauge>& checkpoints_leased_;
-  prometheus::Family<prometheus::Gauge>& leases_active_;
-  prometheus::Family<prometheus::Counter>& lookups_;
-  prometheus::Family<prometheus::Counter>& lookup_tokens_;
-  prometheus::Family<prometheus::Counter>& evictions_;
-  prometheus::Family<prometheus::Counter>& leases_expired_;
-  prometheus::Family<prometheus::Counter>& snapshots_;
-  prometheus::Family<prometheus::Counter>& restores_;
-  prometheus::Family<prometheus::Counter>& snapshot_bytes_;
-  prometheus::Family<prometheus::Counter>& restore_bytes_;
+  // Pool and checkpoint families, one per kPoolSeries row (in its order).
+  struct PoolFamily {
+    prometheus::Family<prometheus::Gauge>* gauge = nullptr;      // gauge rows
+    prometheus::Family<prometheus::Counter>* counter = nullptr;  // counter rows
+  };
+  static std::vector<PoolFamily> BuildPoolFamilies(prometheus::Registry& registry);
+  const std::vector<PoolFamily> pool_;
   // Call families.
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
   prometheus::Family<prometheus::Counter>& rpcs_;

@@ -58,6 +58,84 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// Registers the models saved in `store` again (a tenant's models only when
+// the tenants file still names it); failures are logged, not fatal. Returns
+// how many were registered.
+absl::StatusOr<int> ReloadModels(ModelStore& store, TenantDirectory* tenants,
+                                 StateCacheService& service) {
+  ASSIGN_OR_RETURN(std::vector<ModelStore::Entry> saved, store.LoadAll());
+  int reloaded = 0;
+  for (const ModelStore::Entry& e : saved) {
+    Tenant* tenant = &service.default_tenant();
+    if (!e.tenant.empty()) tenant = tenants ? tenants->Find(e.tenant) : nullptr;
+    absl::Status st = absl::NotFoundError(
+        absl::StrCat("tenant '", e.tenant, "' is not in the tenants file"));
+    v1::RegisterModelResponse ignored;
+    if (tenant != nullptr) st = service.DoRegisterModel(*tenant, e.request, &ignored);
+    if (st.ok()) {
+      ++reloaded;
+    } else {
+      LogEvent("model_reload_failed", absl::StrCat("file=", e.path, " error=\"",
+                                                   st.ToString(), "\""));
+    }
+  }
+  return reloaded;
+}
+
+// Every model's pool and checkpoint stats at scrape time (model "tenant/id"
+// for a tenant's models).
+Metrics::StatsSource StatsSourceOf(ModelRegistry* registry) {
+  return [registry] {
+    std::vector<ModelStatsSnapshot> out;
+    for (const auto& m : registry->List()) {
+      ModelStatsSnapshot snap;
+      snap.model_id = m->tenant.empty() ? m->id : absl::StrCat(m->tenant, "/", m->id);
+      snap.format = FormatSpecName(m->layout.format());
+      snap.registration = absl::ToUnixNanos(m->registered_at);
+      snap.slots = m->slots->stats();
+      if (m->checkpoints) snap.checkpoints = m->checkpoints->stats();
+      out.push_back(std::move(snap));
+    }
+    return out;
+  };
+}
+
+// gRPC's sync-server threads: completion queues and pollers per queue.
+void SetSyncServerThreads(const StateCacheServer::SocketOptions& sockets,
+                          grpc::ServerBuilder* builder) {
+  const int threads = sockets.grpc_threads > 0
+                          ? sockets.grpc_threads
+                          : StateCacheServer::SocketOptions::kDefaultGrpcThreads;
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cqs = std::min(threads, sockets.grpc_completion_queues > 0
+                                        ? sockets.grpc_completion_queues
+                                        : std::min(4, hw));
+  builder->SetSyncServerOption(grpc::ServerBuilder::NUM_CQS, cqs);
+  builder->SetSyncServerOption(grpc::ServerBuilder::MIN_POLLERS, 1);
+  builder->SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS,
+                               std::max(1, (threads + cqs - 1) / cqs));
+}
+
+// The "security" start-up line: transport, authentication, idle timeout,
+// persistence.
+void LogSecurity(const StateCacheServer::Options& options, const TenantDirectory* tenants,
+                 int models_reloaded) {
+  const StateCacheServer::SecurityOptions& sec = options.security;
+  LogEvent("security",
+           absl::StrCat("transport=",
+                        sec.tls_cert_file.empty() ? "plaintext"
+                        : sec.tls_client_ca_file.empty() ? "tls" : "mutual-tls",
+                        tenants ? absl::StrCat(" auth=bearer-token tenants=",
+                                               tenants->TenantNames().size(),
+                                               " tokens=", tenants->token_count())
+                                : " auth=NONE (single-tenant development mode: every caller "
+                                  "is the default tenant; give --tenants_file in production)",
+                        " slot_idle_timeout=", absl::FormatDuration(options.slot_idle_timeout),
+                        " data_dir=", options.persistence.data_dir.empty()
+                                          ? "none" : options.persistence.data_dir,
+                        " models_reloaded=", models_reloaded));
+}
+
 }  // namespace
 
 bool IsLoopbackAddress(absl::string_view listen) {
@@ -155,19 +233,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
     Backend* backend = s->backend_.get();
     mo.device_free_bytes = [backend] { return backend->AvailableBytes(); };
   }
-  mo.stats = [registry] {
-    std::vector<ModelStatsSnapshot> out;
-    for (const auto& m : registry->List()) {
-      ModelStatsSnapshot snap;
-      snap.model_id = m->tenant.empty() ? m->id : absl::StrCat(m->tenant, "/", m->id);
-      snap.format = FormatSpecName(m->layout.format());
-      snap.registration = absl::ToUnixNanos(m->registered_at);
-      snap.slots = m->slots->stats();
-      if (m->checkpoints) snap.checkpoints = m->checkpoints->stats();
-      out.push_back(std::move(snap));
-    }
-    return out;
-  };
+  mo.stats = StatsSourceOf(registry);
   s->metrics_ = std::make_shared<Metrics>(std::move(mo));
   if (options.metrics.port >= 0) {
     RETURN_IF_ERROR(
@@ -187,21 +253,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   }
   if (!options.persistence.data_dir.empty()) {
     ASSIGN_OR_RETURN(s->model_store_, ModelStore::Open(options.persistence.data_dir));
-    ASSIGN_OR_RETURN(std::vector<ModelStore::Entry> saved, s->model_store_->LoadAll());
-    for (const ModelStore::Entry& e : saved) {
-      Tenant* tenant = &s->service_->default_tenant();
-      if (!e.tenant.empty()) tenant = s->tenants_ ? s->tenants_->Find(e.tenant) : nullptr;
-      absl::Status st = absl::NotFoundError(
-          absl::StrCat("tenant '", e.tenant, "' is not in the tenants file"));
-      v1::RegisterModelResponse ignored;
-      if (tenant != nullptr) st = s->service_->DoRegisterModel(*tenant, e.request, &ignored);
-      if (st.ok()) {
-        ++s->models_reloaded_;
-      } else {
-        LogEvent("model_reload_failed", absl::StrCat("file=", e.path, " error=\"",
-                                                     st.ToString(), "\""));
-      }
-    }
+    ASSIGN_OR_RETURN(s->models_reloaded_,
+                     ReloadModels(*s->model_store_, s->tenants_.get(), *s->service_));
     s->service_->set_model_store(s->model_store_.get());
   }
 
@@ -211,18 +264,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   builder.AddListeningPort(options.sockets.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(options.sockets.max_message_bytes);
   builder.SetMaxSendMessageSize(options.sockets.max_message_bytes);
-  {
-    const int threads = options.sockets.grpc_threads > 0 ? options.sockets.grpc_threads
-                                                         : SocketOptions::kDefaultGrpcThreads;
-    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int cqs = std::min(threads, options.sockets.grpc_completion_queues > 0
-                                          ? options.sockets.grpc_completion_queues
-                                          : std::min(4, hw));
-    builder.SetSyncServerOption(grpc::ServerBuilder::NUM_CQS, cqs);
-    builder.SetSyncServerOption(grpc::ServerBuilder::MIN_POLLERS, 1);
-    builder.SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS,
-                                std::max(1, (threads + cqs - 1) / cqs));
-  }
+  SetSyncServerThreads(options.sockets, &builder);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr) {
@@ -249,20 +291,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                             : absl::StrCat("http://", options.metrics.host, ":",
                                            s->metrics_port(), "/metrics"),
                         " max_message_bytes=", options.sockets.max_message_bytes));
-  const SecurityOptions& sec = options.security;
-  LogEvent("security",
-           absl::StrCat("transport=",
-                        sec.tls_cert_file.empty() ? "plaintext"
-                        : sec.tls_client_ca_file.empty() ? "tls" : "mutual-tls",
-                        s->tenants_ ? absl::StrCat(" auth=bearer-token tenants=",
-                                                   s->tenants_->TenantNames().size(),
-                                                   " tokens=", s->tenants_->token_count())
-                                    : " auth=NONE (single-tenant development mode: every caller "
-                                      "is the default tenant; give --tenants_file in production)",
-                        " slot_idle_timeout=", absl::FormatDuration(options.slot_idle_timeout),
-                        " data_dir=", options.persistence.data_dir.empty()
-                                          ? "none" : options.persistence.data_dir,
-                        " models_reloaded=", s->models_reloaded_));
+  LogSecurity(options, s->tenants_.get(), s->models_reloaded_);
   if (options.slot_idle_timeout > absl::ZeroDuration()) {
     const absl::Duration idle = options.slot_idle_timeout;
     const absl::Duration period =

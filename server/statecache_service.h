@@ -12,10 +12,15 @@
 // so concurrent calls on distinct slots run in parallel (the backend takes no
 // backend-wide lock) and calls on the same slot are serialized. Update reads
 // its tensors from the request's bytes and writes o into the response
-// (server/host_update.h: in place on a host-memory backend, else through
+// (server/core/host_update.h: in place on a host-memory backend, else through
 // reused staging buffers); with ComputeOptions::coalesce_updates concurrent
 // Updates of one model and layer share one launch. Thread-safe; handlers run
 // on gRPC's sync-server threads.
+//
+// Each RPC is an adapter: authentication, admission and the RPC metric
+// (Run), the caller's model, then the transport-free operation of
+// server/ops (state_ops.h, calibrate.h) or of the data plane. The RPC groups
+// live in statecache_service_{models,slots,state,checkpoints,dataplane}.cc.
 //
 //   StateCacheService service(backend, &registry, metrics, {});
 //   builder.RegisterService(&service);
@@ -38,8 +43,9 @@
 #include "server/metrics.h"
 #include "server/core/model_registry.h"
 #include "server/model_store.h"
+#include "server/ops/state_ops.h"
 #include "server/pool/staging_cache.h"
-#include "server/update_coalescer.h"
+#include "server/core/update_coalescer.h"
 
 namespace statecache {
 
@@ -48,29 +54,14 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class StateCacheService final : public v1::StateCache::Service {
  public:
-  // Per-request work bounds (kInvalidArgument naming the field beyond them).
-  struct Limits {
-    int max_batch = 4096;               // slots per Update / Prefill
-    int max_allocate = 4096;            // slots per AllocateSlots
-    int64_t max_prefill_tokens = 1 << 16;
-    int64_t max_aux_bytes = 64 << 20;   // per checkpoint, all layers
-    int64_t max_lookup_tokens = 1 << 20;
-    // Head updates per request: B x h_v (Update), B x T x h_v (Prefill of
-    // tokens), B x layers x h_v (Prefill of states).
-    int64_t max_work_heads = int64_t{1} << 24;
-    // Largest |v| accepted by Update / Prefill (q and k must be
-    // L2-normalized); keeps the recurrence finite. 65504 = fp16 max.
-    float max_abs_value = 65504.f;
-    bool log_cache_events = false;      // one line per snapshot / restore / lookup
-    // Trajectory file bytes per Calibrate call, all messages together
-    // (kResourceExhausted naming "max_calibration_bytes" beyond it).
-    int64_t max_calibration_bytes = int64_t{1} << 30;
-  };
+  // Per-request work bounds (kInvalidArgument naming the field beyond them;
+  // server/ops/state_ops.h).
+  using Limits = ops::Limits;
 
   // How Update calls reach the backend (issue 33).
   struct ComputeOptions {
     // Merge concurrent Updates of one model, layer and dtype into one
-    // DecodeUpdate launch (server/update_coalescer.h; max_batch, max_delay).
+    // DecodeUpdate launch (server/core/update_coalescer.h; max_batch, max_delay).
     bool coalesce_updates = false;
     UpdateCoalescer::Options coalescer;
     // Staging buffers kept for reuse across calls (server/pool/staging_cache.h).
@@ -149,7 +140,7 @@ class StateCacheService final : public v1::StateCache::Service {
   void set_model_store(ModelStore* store) { model_store_ = store; }
   // Registered buffers and attached mode (issue 10). Set before serving; must
   // outlive the service. Without it buffer references are rejected.
-  void set_dataplane(DataPlane* dataplane) { dataplane_ = dataplane; }
+  void set_dataplane(DataPlane* dataplane);
   DataPlane* dataplane() const { return dataplane_; }
   // The tenant of the unauthenticated mode.
   Tenant& default_tenant() { return default_tenant_; }
@@ -211,12 +202,9 @@ class StateCacheService final : public v1::StateCache::Service {
   const TenantDirectory* tenants_ = nullptr;
   ModelStore* model_store_ = nullptr;
   DataPlane* dataplane_ = nullptr;
-  // kFailedPrecondition when a slot is attached to a data-plane session.
-  absl::Status CheckNotAttached(const Model& m,
-                                const google::protobuf::RepeatedPtrField<v1::SlotHandle>& slots,
-                                absl::string_view field) const;
-  absl::Status CheckNotAttached(const Model& m, const v1::SlotHandle& slot,
-                                absl::string_view field) const;
+  // What the operations run against (backend, staging, coalescer, limits,
+  // kernel metrics, the data plane's attached-slot check).
+  ops::Context ops_;
   Tenant default_tenant_;
   CallGate gate_;
 };

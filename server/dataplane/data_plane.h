@@ -75,6 +75,7 @@
 #include "proto/statecache/v1/statecache.pb.h"
 #include "server/core/model_registry.h"
 #include "server/core/proto_convert.h"
+#include "server/ops/context.h"
 #include "server/pool/slot_handle.h"
 
 namespace statecache {
@@ -246,12 +247,14 @@ class DataPlane {
   // An Update resolved and checked, its slots held and indices staged:
   // ready for Backend::DecodeUpdate or a DecodeQueue. Holding it keeps the
   // referenced buffers mapped and the slots busy.
+  // The ops::TensorSource of registered buffers (data_plane.cc): resolves
+  // references and inline bytes into backend memory, waits for the worker's
+  // events, publishes o. Holding it keeps the resolved tensors alive.
+  class BufferSource;
   struct UpdatePlan {
     std::shared_ptr<Model> model;  // async path: outlives the slot access below
-    Resolved q, k, v, g, beta, o;
-    int64_t o_count = 0;
+    std::shared_ptr<BufferSource> source;
     std::shared_ptr<SlotPool::SlotAccess> access;
-    std::shared_ptr<BackendBuffer> idx;
     DecodeInputs in;
     std::atomic<int64_t> enqueue_micros{0};  // async: host time of the enqueue
   };
@@ -264,9 +267,10 @@ class DataPlane {
     std::weak_ptr<SlotPool::SlotAccess> access;
   };
   // Everything of an Update with references before the backend call:
-  // checks, references, `before_read` (null: the buffers' events), the value
-  // contract, attach check, slot access (shared through `held` when not
-  // null), staged indices. Errors name the request's fields.
+  // ops::PrepareUpdate over a BufferSource (checks, references,
+  // `before_read` (null: the buffers' events), the value contract), then the
+  // attach check, the slot access (shared through `held` when not null) and
+  // the staged indices. Errors name the request's fields.
   absl::Status PlanUpdate(const std::string& tenant, Model& model, const v1::UpdateRequest& req,
                           const ComputeLimits& limits,
                           const std::function<absl::Status()>* before_read, HeldSlots* held,
@@ -289,6 +293,8 @@ class DataPlane {
   void RunSubmission(const std::string& tenant, SubmitStream& s,
                      const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
                      const KernelObserver& observe);
+  // The operations layer's context for a call on registered buffers.
+  ops::Context OpsContext(const ComputeLimits& limits, const KernelObserver& observe) const;
   absl::Status HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
                               const Resolved& q, const Resolved& k, const Resolved& v,
                               int d_k) const;

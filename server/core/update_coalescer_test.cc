@@ -1,7 +1,7 @@
 // UpdateCoalescer on the CPU backend: merged launches give the same bytes
 // (states and o) as the calls run one by one; a merged launch that fails
 // validation falls back to per-call verdicts; keys do not mix.
-#include "server/update_coalescer.h"
+#include "server/core/update_coalescer.h"
 
 #include <cmath>
 #include <cstring>
@@ -14,7 +14,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
-#include "server/host_update.h"
+#include "server/core/host_update.h"
 #include "server/pool/staging_cache.h"
 
 namespace statecache {

@@ -1,4 +1,4 @@
-#include "server/update_coalescer.h"
+#include "server/core/update_coalescer.h"
 
 #include <cstring>
 #include <utility>

@@ -37,7 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/backend/backend.h"
-#include "server/host_update.h"
+#include "server/core/host_update.h"
 #include "server/pool/staging_cache.h"
 
 namespace statecache {

@@ -1,4 +1,4 @@
-#include "server/host_update.h"
+#include "server/core/host_update.h"
 
 #include <cstring>
 #include <vector>

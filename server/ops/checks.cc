@@ -1,0 +1,124 @@
+#include "server/ops/checks.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/formats/numeric.h"
+
+namespace statecache {
+namespace {
+
+float ElementAt(const TensorBytes& t, int64_t i) {
+  if (t.dtype == DType::kFp32) {
+    float x;
+    std::memcpy(&x, static_cast<const char*>(t.data) + 4 * i, 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, static_cast<const char*>(t.data) + 2 * i, 2);
+  return t.dtype == DType::kBf16 ? Bf16BitsToFloat(h) : HalfBitsToFloat(h);
+}
+
+}  // namespace
+
+absl::Status CheckLayer(int layer, int layers, absl::string_view field) {
+  if (layer < 0 || layer >= layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", layer, " is outside 0..", layers - 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBatch(int batch, int max_batch, absl::string_view field) {
+  if (batch < 1) return absl::InvalidArgumentError(absl::StrCat(field, ": no slot handles given"));
+  if (batch > max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", batch, " slots exceed the limit of ", max_batch, " per call"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWork(int64_t heads, int64_t max_heads, absl::string_view field) {
+  if (heads > max_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", heads,
+        " head updates (batch x tokens x heads) exceed the per-request limit of ", max_heads,
+        " (--max_work_heads)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMagnitudes(absl::string_view prefix, const TensorBytes& q, const TensorBytes& k,
+                             const TensorBytes& v, int d_k, float max_abs_value) {
+  for (const auto& [name, t] : {std::pair<const char*, const TensorBytes*>{"q", &q}, {"k", &k}}) {
+    const int64_t rows = t->count / d_k;
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (int j = 0; j < d_k; ++j) {
+        const double x = ElementAt(*t, r * d_k + j);
+        sum += x * x;
+      }
+      if (sum > 1.0201) {  // (1 + 1e-2)^2
+        return absl::InvalidArgumentError(absl::StrCat(
+            prefix, name, ": row ", r, " has L2 norm ", std::sqrt(sum),
+            " > 1 (q and k must be L2-normalized per head)"));
+      }
+    }
+  }
+  for (int64_t i = 0; i < v.count; ++i) {
+    const float x = ElementAt(v, i);
+    if (std::fabs(x) > max_abs_value) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "v: element ", i, " = ", x,
+                                                     " exceeds |v| <= ", max_abs_value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t SanitizeTensor(TensorBytes* t, std::string* storage) {
+  auto bad = [&](int64_t i) {
+    if (t->dtype == DType::kFp32) {
+      float x;
+      std::memcpy(&x, static_cast<const char*>(t->data) + 4 * i, 4);
+      return !std::isfinite(x);
+    }
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(t->data) + 2 * i, 2);
+    const uint16_t exp = t->dtype == DType::kBf16 ? 0x7f80 : 0x7c00;
+    return (h & exp) == exp;
+  };
+  int64_t n = 0;
+  for (int64_t i = 0; i < t->count; ++i) n += bad(i);
+  if (n == 0) return 0;
+  storage->assign(static_cast<const char*>(t->data), t->bytes);
+  const int64_t width = t->dtype == DType::kFp32 ? 4 : 2;
+  for (int64_t i = 0; i < t->count; ++i) {
+    if (bad(i)) std::memset(storage->data() + width * i, 0, width);
+  }
+  t->data = storage->data();
+  return n;
+}
+
+int64_t SanitizeFloats(std::vector<float>* v) {
+  int64_t n = 0;
+  for (float& x : *v) {
+    if (!std::isfinite(x)) {
+      x = 0.f;
+      ++n;
+    }
+  }
+  return n;
+}
+
+std::vector<float> Floats(const TensorBytes& t) {
+  std::vector<float> out(t.count);
+  if (t.bytes > 0) std::memcpy(out.data(), t.data, t.bytes);
+  return out;
+}
+
+double SecondsSince(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+}  // namespace statecache
