@@ -105,13 +105,13 @@ std::vector<int8_t> HeadRowBits(Arch arch, StateFormat f, int h) {
   if (arch == Arch::kGdn) {
     // 32 heads: stepquant-6 10 x 8, 12 x 6, 10 x 4; stepquant-4 6 x 8, 2 x 4, 24 x 3.
     int b;
-    if (f == kStepQuant6) {
+    if (f == StateFormat::kStepQuant6) {
       b = h < 10 ? 8 : h < 22 ? 6 : 4;
     } else {
       b = h < 6 ? 8 : h < 8 ? 4 : 3;
     }
     counts = {{b, 128}};
-  } else if (f == kStepQuant6) {
+  } else if (f == StateFormat::kStepQuant6) {
     counts = {{16, 1}, {8, 38}, {6, 51}, {4, 38}};
   } else {
     counts = {{16, 1}, {8, 3}, {6, 27}, {4, 30}, {3, 67}};
@@ -131,7 +131,7 @@ absl::StatusOr<BenchKernel> MakeBenchKernel(const std::string& name, Arch arch, 
     return k;
   }
   const bool six = absl::StartsWith(name, "stepquant-6");
-  const StateFormat f = six ? kStepQuant6 : kStepQuant4;
+  const StateFormat f = six ? StateFormat::kStepQuant6 : StateFormat::kStepQuant4;
   const std::string suffix = name.substr(std::string("stepquant-6").size());
   if (suffix == "-uniform") {
     ASSIGN_OR_RETURN(k.layout, StateLayout::Identity(g, {f, 0}));

@@ -346,7 +346,7 @@ TEST_P(StepCudaTest, UnpackMatchesCpuExactly) {
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const ModelGeometry& g = std::get<0>(info.param);
   return absl::StrCat(g.arch == Arch::kGdn ? "Gdn" : "Kda", g.d_k, "x", g.d_v,
-                      std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4");
+                      std::get<1>(info.param) == StateFormat::kStepQuant6 ? "Step6" : "Step4");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -354,7 +354,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(ModelGeometry{Arch::kGdn, 2, 1, 4, 128, 128},
                                          ModelGeometry{Arch::kKda, 2, 2, 2, 128, 128},
                                          ModelGeometry{Arch::kKda, 2, 3, 3, 64, 32}),
-                       ::testing::Values(kStepQuant6, kStepQuant4)),
+                       ::testing::Values(StateFormat::kStepQuant6, StateFormat::kStepQuant4)),
     ParamName);
 
 // Sets STATECACHE_STEPQUANT_FAST for the scope (the launcher reads it at
@@ -508,13 +508,13 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
 INSTANTIATE_TEST_SUITE_P(
     Paths, StepFastDecodeBatchTest,
     ::testing::Combine(::testing::Values(Arch::kGdn, Arch::kKda),
-                       ::testing::Values(kStepQuant6, kStepQuant4),
+                       ::testing::Values(StateFormat::kStepQuant6, StateFormat::kStepQuant4),
                        ::testing::Values(DType::kFp32, DType::kBf16),
                        ::testing::Values(std::string("h2"), std::string("c2"), std::string("c3"))),
     [](const ::testing::TestParamInfo<FastParam>& info) {
       const std::string& v = std::get<3>(info.param);
       return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",
-                          std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4",
+                          std::get<1>(info.param) == StateFormat::kStepQuant6 ? "Step6" : "Step4",
                           std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32",
                           v == "c2" ? "C2" : v == "c3" ? "C3" : "H2");
     });
@@ -685,15 +685,15 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Tile, StepTileDecodeTest,
-    ::testing::Values(TileParam{Arch::kGdn, kStepQuant6, DType::kFp32, false},
-                      TileParam{Arch::kGdn, kStepQuant4, DType::kBf16, false},
-                      TileParam{Arch::kKda, kStepQuant6, DType::kBf16, false},
-                      TileParam{Arch::kKda, kStepQuant4, DType::kFp32, false},
-                      TileParam{Arch::kKda, kStepQuant4, DType::kBf16, true},
-                      TileParam{Arch::kKda, kStepQuant6, DType::kFp32, true}),
+    ::testing::Values(TileParam{Arch::kGdn, StateFormat::kStepQuant6, DType::kFp32, false},
+                      TileParam{Arch::kGdn, StateFormat::kStepQuant4, DType::kBf16, false},
+                      TileParam{Arch::kKda, StateFormat::kStepQuant6, DType::kBf16, false},
+                      TileParam{Arch::kKda, StateFormat::kStepQuant4, DType::kFp32, false},
+                      TileParam{Arch::kKda, StateFormat::kStepQuant4, DType::kBf16, true},
+                      TileParam{Arch::kKda, StateFormat::kStepQuant6, DType::kFp32, true}),
     [](const ::testing::TestParamInfo<TileParam>& info) {
       return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",
-                          std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4",
+                          std::get<1>(info.param) == StateFormat::kStepQuant6 ? "Step6" : "Step4",
                           std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32",
                           std::get<3>(info.param) ? "AllWidths" : "");
     });
@@ -731,7 +731,7 @@ std::vector<float> OutlierState(int d_k, int d_v, uint32_t seed) {
 
 TEST(StepTileReferenceTest, DefaultArgumentsKeepTheCpuCodec) {
   const ModelGeometry geo{Arch::kKda, 1, 2, 2, 128, 128};
-  const StateLayout layout = AllWidthsLayout(geo, kStepQuant4, 5);
+  const StateLayout layout = AllWidthsLayout(geo, StateFormat::kStepQuant4, 5);
   const StepHeadLayout& l = layout.step_head(0, 1);
   const std::vector<float> w = OutlierState(128, 128, 9);
   std::vector<uint8_t> a(l.head_bytes), b(l.head_bytes);
@@ -752,7 +752,7 @@ TEST(StepTileReferenceTest, DefaultArgumentsKeepTheCpuCodec) {
 
 TEST(StepTileReferenceTest, TileOrderDiffersFromSerialOnlyInRounding) {
   const ModelGeometry geo{Arch::kKda, 1, 2, 2, 128, 128};
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     const StateLayout layout = AllWidthsLayout(geo, f, 13);
     int64_t differing = 0, total = 0;
     for (int h = 0; h < 2; ++h) {
@@ -790,7 +790,7 @@ TEST(StepTileReferenceTest, TreeSumIsWarpTreeSum) {
 // the kernel existed).
 TEST(StepCudaPrepareTest, AcceptsStepQuantLayouts) {
   STATECACHE_SKIP_WITHOUT_GPU();
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     const StateLayout layout = MixedLayout(ModelGeometry{Arch::kGdn, 1, 1, 2, 128, 128}, f, 3);
     absl::StatusOr<std::unique_ptr<PreparedModel>> m = TestGpu()->Prepare(layout);
     EXPECT_TRUE(m.ok()) << m.status();

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "kernels/cuda/internal/format_dispatch.cuh"
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/recurrence_kernels.cuh"
 #include "kernels/cuda/internal/stage_layout.h"
@@ -355,15 +356,8 @@ int Launch(const RecurrenceParams& p, void* stream) {
 
 }  // namespace
 
-// The formats whose kernels recurrence_kernel_affine.cu compiles: their rows
-// are affine codes, which run about 1% faster with ptxas's default
-// register-usage level, while the others prefer level 10 (kernels/cuda/BUILD).
-constexpr bool IsAffineRecurrenceFormat(StateFormat f) {
-  return f == StateFormat::kInt8 || f == StateFormat::kInt8Hadamard ||
-         f == StateFormat::kInt4 || f == StateFormat::kInt4Hadamard || f == StateFormat::kDamp;
-}
-
-// LaunchRecurrence (launchers.h) for those formats.
+// LaunchRecurrence (launchers.h) for the formats of CUDA unit kRecurrenceAffine
+// (the format table; recurrence_kernel_affine.cu).
 int LaunchAffineRecurrence(const RecurrenceParams& p, void* stream);
 
 }  // namespace cuda_internal

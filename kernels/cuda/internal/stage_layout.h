@@ -103,15 +103,14 @@ SC_HD StageLayout StageOffsets(int64_t head_bytes, int d_k, int d_v, int ds,
   return sl;
 }
 
-// The formats whose fixed-shape heads run the staged kernel
-// (StagedFpDecodeKernel): fp32. Its rows hold FP values only, so a head's
-// columns are independent (no group parameters across a row, no global
+// IsStagedFormat (the format table's staged column, format.h): the formats
+// whose fixed-shape heads run the staged kernel (StagedFpDecodeKernel):
+// fp32. Its rows hold FP values only, so a head's columns are independent (no group parameters across a row, no global
 // scale, no value-axis map) and the updated tile is written back into its
 // stage as is. fp16 / bf16 qualify too but measured slower there (H200,
 // B = 256: bf16 155 -> 159 us, fp16 151 -> 150; their whole heads already
 // have two stages per CTA and compute weighs more per byte), so they stay
 // on the pipelined kernel.
-SC_HD constexpr bool IsStagedFormat(StateFormat f) { return f == StateFormat::kFp32; }
 
 // The column parts a head of format f is split into: a staged kernel's work
 // item is a fixed-shape head's column half (two stripes, four compute
