@@ -195,7 +195,7 @@ class CudaDecodeQueue;
 
 class CudaBackend : public Backend {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create() {
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const LaunchOptions& options) {
     int count = 0;
     if (ci::GetDeviceCount(&count) != 0 || count == 0) {
       return absl::UnavailableError("cuda: no CUDA device is usable");
@@ -208,7 +208,7 @@ class CudaBackend : public Backend {
                                                  info.cc_minor, "; kernels are built for 9.0"));
     }
     RETURN_IF_ERROR(CudaStatus(ci::SetDevice(0), "set device"));
-    std::unique_ptr<CudaBackend> b(new CudaBackend(info));
+    std::unique_ptr<CudaBackend> b(new CudaBackend(info, options));
     RETURN_IF_ERROR(CudaStatus(ci::StreamCreate(&b->stream_), "create stream"));
     return b;
   }
@@ -336,8 +336,8 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(ValidateOnDevice(*c, layout, pool, in.batch, in.tokens, in.slots, in.dtype,
                                      in.q, in.k, in.v, in.g, in.beta));
     RETURN_IF_ERROR(EnqueueRecurrenceOn(*m, pool, layer, in.batch, in.tokens, in.slots, in.dtype,
-                                        in.q, in.k, in.v, in.g, in.beta, in.o, c->errors(), ci::RecurrenceStart::kEarlyHeads,
-                                        c->stream()));
+                                        in.q, in.k, in.v, in.g, in.beta, in.o, c->errors(),
+                                        ci::RecurrenceStart::kEarlyHeads, options_, c->stream()));
     return c->FinishValidation(in.slots, nullptr, pool.num_slots, 0);
   }
 
@@ -410,7 +410,7 @@ class CudaBackend : public Backend {
                                in.g, in.beta, in.o, nullptr,
                                early_heads ? ci::RecurrenceStart::kEarlyHeads
                                            : ci::RecurrenceStart::kWaitFirst,
-                               stream_);
+                               options_, stream_);
   }
   absl::Status EnqueueCopyUnchecked(const PoolView& src, const int32_t* src_slots,
                                     const PoolView& dst, const int32_t* dst_slots, int n) {
@@ -452,7 +452,8 @@ class CudaBackend : public Backend {
     std::unique_ptr<CallContext> ctx_;
   };
 
-  explicit CudaBackend(const ci::DeviceInfo& info) : info_(info) {}
+  CudaBackend(const ci::DeviceInfo& info, const LaunchOptions& options)
+      : info_(info), options_(options), stream_ops_(options) {}
 
   static absl::StatusOr<const CudaPreparedModel*> Cast(const PreparedModel& model) {
     return ci::AsCudaModel(model);
@@ -506,8 +507,8 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(ValidateOnDevice(*c, layout, pool, in.batch, 1, in.slots, in.dtype, in.q,
                                      in.k, in.v, in.g, in.beta));
     RETURN_IF_ERROR(EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q,
-                                        in.k, in.v, in.g, in.beta, in.o, c->errors(), ci::RecurrenceStart::kEarlyHeads,
-                                        c->stream()));
+                                        in.k, in.v, in.g, in.beta, in.o, c->errors(),
+                                        ci::RecurrenceStart::kEarlyHeads, options_, c->stream()));
     RETURN_IF_ERROR(c->EnqueueErrorReadback());
     if (o_bytes > 0) {
       // Behind the kernel on the same stream (returns once done: pageable
@@ -573,6 +574,7 @@ class CudaBackend : public Backend {
   }
 
   const ci::DeviceInfo info_;
+  const LaunchOptions options_;  // every launch of this backend and its queues
   // The backend stream: benchmark hooks and CudaStreamOf; every call's
   // context orders itself after it (Acquire).
   void* stream_ = nullptr;
@@ -594,8 +596,8 @@ class CudaBackend : public Backend {
 // kRing updates are in flight).
 class CudaDecodeQueue : public DecodeQueue {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaDecodeQueue>> Create() {
-    std::unique_ptr<CudaDecodeQueue> q(new CudaDecodeQueue());
+  static absl::StatusOr<std::unique_ptr<CudaDecodeQueue>> Create(const LaunchOptions& options) {
+    std::unique_ptr<CudaDecodeQueue> q(new CudaDecodeQueue(options));
     RETURN_IF_ERROR(CudaStatus(ci::StreamCreate(&q->stream_), "create queue stream"));
     void* errors = nullptr;
     RETURN_IF_ERROR(CudaStatus(ci::Malloc(&errors, kErrorBytes), "allocate error block"));
@@ -690,7 +692,7 @@ class CudaDecodeQueue : public DecodeQueue {
     if (st.ok()) {
       st = EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
                                in.g, in.beta, in.o, errors_, ci::RecurrenceStart::kEarlyHeads,
-                               stream_);
+                               options_, stream_);
     }
     if (st.ok()) {
       st = CudaStatus(ci::CopyDeviceToHostAsync(host_errors_ + entry * ci::kNumValidationFields,
@@ -730,7 +732,7 @@ class CudaDecodeQueue : public DecodeQueue {
     Done done;
   };
 
-  CudaDecodeQueue() = default;
+  explicit CudaDecodeQueue(const LaunchOptions& options) : options_(options) {}
 
   int TakeEntry() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -814,10 +816,11 @@ class CudaDecodeQueue : public DecodeQueue {
   int next_entry_ = 0;
   bool running_ = false;       // a callback is running
   bool stop_ = false;
+  const LaunchOptions options_;  // the backend's
 };
 
 absl::StatusOr<std::unique_ptr<DecodeQueue>> CudaBackend::NewDecodeQueue() {
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeQueue> q, CudaDecodeQueue::Create());
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeQueue> q, CudaDecodeQueue::Create(options_));
   return std::unique_ptr<DecodeQueue>(std::move(q));
 }
 
@@ -829,8 +832,8 @@ absl::StatusOr<CudaBackend*> AsCuda(Backend& backend) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend() {
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::Create());
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LaunchOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::Create(options));
   return std::unique_ptr<Backend>(std::move(b));
 }
 

@@ -13,12 +13,12 @@ bool TilingSupported(int d_k, int d_v) {
   return MakeDecodeTiling(d_k, d_v).threads <= kMaxTileThreads;
 }
 
-int LaunchRecurrence(const RecurrenceParams& p, void* stream) {
+int LaunchRecurrence(const RecurrenceParams& p, const LaunchOptions& o, void* stream) {
   if (TraitsOf(p.geo.format).unit == CudaUnit::kRecurrenceAffine) {
-    return LaunchAffineRecurrence(p, stream);
+    return LaunchAffineRecurrence(p, o, stream);
   }
   return DispatchFormat<CudaUnit::kRecurrence>(
-      p.geo.format, [&](auto f) { return Launch<decltype(f)::value>(p, stream); });
+      p.geo.format, [&](auto f) { return Launch<decltype(f)::value>(p, o, stream); });
 }
 
 }  // namespace cuda_internal

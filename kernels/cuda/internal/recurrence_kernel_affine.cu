@@ -8,9 +8,9 @@
 namespace statecache {
 namespace cuda_internal {
 
-int LaunchAffineRecurrence(const RecurrenceParams& p, void* stream) {
+int LaunchAffineRecurrence(const RecurrenceParams& p, const LaunchOptions& o, void* stream) {
   return DispatchFormat<CudaUnit::kRecurrenceAffine>(
-      p.geo.format, [&](auto f) { return Launch<decltype(f)::value>(p, stream); });
+      p.geo.format, [&](auto f) { return Launch<decltype(f)::value>(p, o, stream); });
 }
 
 }  // namespace cuda_internal

@@ -814,26 +814,21 @@ int LaunchFastT(const StepKernelParams& p, int64_t items, void* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchStepFastDecode(const StepKernelParams& p, void* stream) {
+int LaunchStepFastDecode(const StepKernelParams& p, StepQuantVariant v, void* stream) {
   const int64_t items = int64_t{p.batch} * p.h_v;
   if (items == 0) return 0;
-  const char* e = std::getenv("STATECACHE_STEPQUANT_VARIANT");
-  const std::string v = e != nullptr ? e : "";
-  if (v == "c3") return LaunchFastT<1, 3>(p, items, stream);
-  if (v == "c2") return LaunchFastT<1, 2>(p, items, stream);
-  if (v == "h2" || !StepTileDecodeEligible(p)) {
-    return LaunchFastT<2, 2>(p, items, stream);  // h2 (B = 256: 746 us vs c2 1,152 us)
+  if (v == StepQuantVariant::kC3) return LaunchFastT<1, 3>(p, items, stream);
+  if (v == StepQuantVariant::kC2) return LaunchFastT<1, 2>(p, items, stream);
+  if (v == StepQuantVariant::kH2 || !StepTileDecodeEligible(p)) {
+    return LaunchFastT<2, 2>(p, items, stream);
   }
-  return LaunchStepTileDecode(p, stream);  // default ("" or "tile")
+  return LaunchStepTileDecode(p, stream);
 }
 
-bool StepFastDecodeEnabled() {
-  const char* e = std::getenv("STATECACHE_STEPQUANT_FAST");
-  return e == nullptr || e[0] != '0';
-}
-
-int LaunchStepRecurrence(const StepKernelParams& p, void* stream) {
-  if (StepFastDecodeEnabled() && StepFastDecodeEligible(p)) return LaunchStepFastDecode(p, stream);
+int LaunchStepRecurrence(const StepKernelParams& p, const LaunchOptions& o, void* stream) {
+  if (o.stepquant_fast && StepFastDecodeEligible(p)) {
+    return LaunchStepFastDecode(p, o.stepquant_variant, stream);
+  }
   return LaunchWith(StepRecurrenceKernel, p, int64_t{p.batch} * p.h_v, stream);
 }
 
