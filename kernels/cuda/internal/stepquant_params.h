@@ -84,6 +84,9 @@ bool StepShapeSupported(int d_k, int d_v);
 int LaunchStepRecurrence(const StepKernelParams& p, const LaunchOptions& o, void* stream);
 // Whether `p` is a decode step the fast kernels take (with o.stepquant_fast).
 bool StepFastDecodeEligible(const StepKernelParams& p);
+// The fast decode kernel of variant v for an eligible `p` (kTile: the tiled
+// kernel when StepTileDecodeEligible, else kH2's build).
+int LaunchStepFastDecode(const StepKernelParams& p, StepQuantVariant v, void* stream);
 // The tiled decode kernel (StepTileDecodeKernel, stepquant_tile_kernel.cu:
 // damp's thread map and TokenStep; bytes equal the tile reference - StepDecodeHead
 // with the decay folded in, decode_math.h's ReferenceHeadStep, StepEncodeHead
