@@ -11,7 +11,7 @@
 // kernels' format switches (kernels/cuda: ForEachFormat) all derive from it.
 // Adding a format: a row here, its row codec if it needs a new one
 // (head_layout.h sizes, head_codec.h, kernels/cuda/internal/tile_codec.cuh),
-// and its tests (docs/ARCHITECTURE.md has the checklist).
+// and its tests (format_test.cc, head_codec_test.cc's error bound).
 //
 //   ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec("damp:16"));
 //   PackedHeadLayout layout = MakeHeadLayout(spec, /*d_k=*/128, /*d_v=*/128);

@@ -227,6 +227,53 @@ __device__ __forceinline__ void StoreItemTile(const PackedHeadLayout& l, uint8_t
   }
 }
 
+// Every lane of a KDA producer warp, its next item's gates complete in
+// `gates` (the warp's slot of the scratch, GatesAheadFloats): their decays
+// into the gate inputs of `stage` (each channel's DecayExp once per item).
+__device__ __forceinline__ void DecayGates(uint8_t* stage, const StageLayout& sl,
+                                           const float* gates, int lane, int d_k) {
+  float* decays = reinterpret_cast<float*>(stage + sl.g);
+  for (int c = 4 * lane; c < d_k; c += 128) {
+    const float4 g = *reinterpret_cast<const float4*>(gates + c);
+    *reinterpret_cast<float4*>(decays + c) =
+        make_float4(DecayExp(g.x), DecayExp(g.y), DecayExp(g.z), DecayExp(g.w));
+  }
+  __syncwarp();  // every lane's decays before lane 0's arrival publishes them
+}
+
+// The end of an item: the last row warp maps its readout o' back and
+// stores it to o (the item's [d_v] row); every lane stores its tile of the
+// updated head (s) to the pool, requantized (wred: TokenStep's reduction
+// buffer, free by now); thread 0 its global scale.
+template <StateFormat F, bool kFixed>
+__device__ __forceinline__ void WriteBackItem(const RecurrenceParams& p, const HeadGeometry& geo,
+                                              const LaneMap& m, const DecodeTiling& t,
+                                              float* scratch,
+                                              const float (&s)[kTileSteps][kTileColsPerLane],
+                                              float os, float* o, int h, int32_t slot,
+                                              int32_t head_row, float* wred) {
+  constexpr ValueTransform kVt = ValueTransformOf(F);
+  const PackedHeadLayout& l = geo.layout;
+  if (m.row_warp == t.row_warps - 1) {  // o' -> o (see vp)
+    // damp-sr: the stage is released by now; its maps are per-layer
+    // constants, read from global memory (L2-resident) instead.
+    StoreOutput<kVt>(m, os, o,
+                     kVt == ValueTransform::kScaleReorder ? p.maps.value_order + h * geo.d_v
+                                                          : nullptr,
+                     kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
+                                                          : nullptr);
+  }
+  // The fixed shape's heads arrive by tensor-map copies (their row in the
+  // header: one product instead of HeadPtr's).
+  uint8_t* head = kFixed ? p.pool.base + uint64_t{static_cast<uint32_t>(head_row)} * 128
+                         : HeadPtr(p, geo, slot, h);
+  const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
+  StoreItemTile<F, kFixed>(l, head, m, gs, s, wred);
+  if (l.has_global_scale && threadIdx.x == 0) {
+    *reinterpret_cast<float*>(head + l.global_offset) = gs;
+  }
+}
+
 // PipelinedDecodeKernel<F, kFixed, kDtype>: one decode step (T = 1) of the
 // CTA's items (batch item, value head) blockIdx.x, blockIdx.x + gridDim.x,
 // ...: the next items' heads and inputs are copied into shared-memory
@@ -359,22 +406,12 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
     }
     CpAsyncCommit();
   };
-  // Every lane, its gates complete: their decays into `stage`.
-  const auto decay_gates = [&](uint8_t* stage) {
-    float* decays = reinterpret_cast<float*>(stage + sl.g);
-    for (int c = 4 * m.lane; c < geo.d_k; c += 128) {
-      const float4 g = *reinterpret_cast<const float4*>(gates_ahead() + c);
-      *reinterpret_cast<float4*>(decays + c) =
-          make_float4(DecayExp(g.x), DecayExp(g.y), DecayExp(g.z), DecayExp(g.w));
-    }
-    __syncwarp();  // every lane's decays before lane 0's arrival publishes them
-  };
   // The producer of the CTA's j-th item (j >= stages; lane 0, and with
   // producer_decays the whole warp): stages it into stage s (its decays
   // first), then fetches the scalars (and gates) of its next one.
   const auto stage_item = [&](int s, int j) {
     CpAsyncWaitAll();
-    if (producer_decays) decay_gates(stage_base + s * sl.bytes);
+    if (producer_decays) DecayGates(stage_base + s * sl.bytes, sl, gates_ahead(), m.lane, geo.d_k);
     if (m.lane == 0) {
       issue(s, m.warp, j, producer_decays);
       fetch_ahead(m.warp, j + producers);
@@ -567,24 +604,7 @@ __global__ void __launch_bounds__(kMaxTileThreads, 2)
       return;
     }
     refill();
-    if (m.row_warp == t.row_warps - 1) {  // o' -> o (see vp)
-      // damp-sr: the stage is released by now; its maps are per-layer
-      // constants, read from global memory (L2-resident) instead.
-      StoreOutput<kVt>(m, os, o,
-                       kVt == ValueTransform::kScaleReorder ? p.maps.value_order + h * geo.d_v
-                                                            : nullptr,
-                       kVt == ValueTransform::kScaleReorder ? p.maps.value_scale + h * geo.d_v
-                                                            : nullptr);
-    }
-    // The fixed shape's heads arrive by tensor-map copies (their row in the
-    // header: one product instead of HeadPtr's).
-    uint8_t* head = kFixed ? p.pool.base + uint64_t{static_cast<uint32_t>(head_row)} * 128
-                           : HeadPtr(p, geo, slot, h);
-    const float gs = TileGlobalScale<F>(l, m, s, GlobalScaleScratch(scratch, t, geo.d_v), t.warps);
-    StoreItemTile<F, kFixed>(l, head, m, gs, s, sc.wred);  // wred: free after TokenStep
-    if (l.has_global_scale && threadIdx.x == 0) {
-      *reinterpret_cast<float*>(head + l.global_offset) = gs;
-    }
+    WriteBackItem<F, kFixed>(p, geo, m, t, scratch, s, os, o, h, slot, head_row, sc.wred);
   }
   if (threadIdx.x == 0 && (SmemAddr(stage_base) & 1023u) != 0) __trap();
 }
