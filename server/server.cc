@@ -198,7 +198,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   if (options.backend != nullptr) {
     s->backend_ = std::move(options.backend);
   } else {
-    ASSIGN_OR_RETURN(s->backend_, CreateBackend(mem.backend));
+    ASSIGN_OR_RETURN(s->backend_, CreateBackend(mem.backend, mem.cuda_launch));
   }
   int64_t state_bytes = mem.state_memory_bytes;
   int64_t checkpoint_bytes = mem.checkpoint_memory_bytes;

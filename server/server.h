@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/backend/backend.h"
+#include "kernels/cuda/launch_options.h"
 #include "server/metrics.h"
 #include "server/auth/tenants.h"
 #include "server/dataplane/data_plane.h"
@@ -76,6 +77,9 @@ class StateCacheServer {
   struct MemoryOptions {
     // "auto", "cuda" or "cpu".
     std::string backend = "auto";
+    // Launch paths of a CUDA backend's kernels (kernels/cuda/launch_options.h;
+    // statecached_main reads them from the environment, once).
+    LaunchOptions cuda_launch;
     // State-memory budget for live slots; 0 = memory_fraction of the
     // backend's available memory.
     int64_t state_memory_bytes = 0;

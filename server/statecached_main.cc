@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cuda/launch_options.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "server/core/log.h"
@@ -171,6 +172,7 @@ int Main() {
   options.sockets.listen = absl::GetFlag(FLAGS_listen);
   options.sockets.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.memory.backend = absl::GetFlag(FLAGS_backend);
+  options.memory.cuda_launch = LaunchOptionsFromEnvironment();
   options.memory.state_memory_bytes = absl::GetFlag(FLAGS_state_memory_bytes);
   options.memory.checkpoint_memory_bytes = absl::GetFlag(FLAGS_checkpoint_memory_bytes);
   options.memory.memory_fraction = absl::GetFlag(FLAGS_memory_fraction);

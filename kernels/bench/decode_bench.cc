@@ -221,7 +221,9 @@ struct Row {
 
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
-  absl::StatusOr<std::unique_ptr<Backend>> be_or = CreateCudaBackend();
+  // The process edge: the launch switches of docs/BENCHMARKS.md's A/B runs
+  // (STATECACHE_CUDA_PDL / _PIPELINE / _STAGES, launch_options.h).
+  absl::StatusOr<std::unique_ptr<Backend>> be_or = CreateCudaBackend(LaunchOptionsFromEnvironment());
   if (!be_or.ok()) {
     std::printf("no GPU: %s\n", be_or.status().ToString().c_str());
     return 0;

@@ -8,11 +8,12 @@
 
 namespace statecache {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name,
+                                                       const LaunchOptions& cuda_launch) {
   if (name == "cpu") return std::unique_ptr<Backend>(CpuBackend::Create({}));
-  if (name == "cuda") return CreateCudaBackend();
+  if (name == "cuda") return CreateCudaBackend(cuda_launch);
   if (name == "auto") {
-    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend();
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(cuda_launch);
     if (cuda.ok()) return cuda;
     return std::unique_ptr<Backend>(CpuBackend::Create({}));
   }

@@ -12,12 +12,16 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend/backend.h"
 #include "kernels/backend/interprocess.h"
+#include "kernels/cuda/launch_options.h"
 
 namespace statecache {
 
 // "cpu", "cuda" or "auto" (CUDA when a GPU is usable, else CPU).
 // kInvalidArgument for other names; kUnavailable for "cuda" without a GPU.
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name);
+// A CUDA backend launches its kernels with `cuda_launch` (the defaults are
+// the production paths; a process edge may read LaunchOptionsFromEnvironment).
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name,
+                                                       const LaunchOptions& cuda_launch = {});
 
 // The Interprocess capability (kernels/backend/interprocess.h) that backend
 // `name` ("cpu" or "cuda") hands out, without making the backend: for a

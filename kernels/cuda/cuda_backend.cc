@@ -52,7 +52,7 @@ class DeviceBuffer : public BackendBuffer {
 
 class CudaBackend : public Backend {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create() {
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const LaunchOptions& options) {
     int count = 0;
     if (ci::GetDeviceCount(&count) != 0 || count == 0) {
       return absl::UnavailableError("cuda: no CUDA device is usable");
@@ -65,7 +65,7 @@ class CudaBackend : public Backend {
                                                  info.cc_minor, "; kernels are built for 9.0"));
     }
     RETURN_IF_ERROR(CudaStatus(ci::SetDevice(0), "set device"));
-    std::unique_ptr<CudaBackend> b(new CudaBackend(info));
+    std::unique_ptr<CudaBackend> b(new CudaBackend(info, options));
     RETURN_IF_ERROR(CudaStatus(ci::StreamCreate(&b->stream_), "create stream"));
     return b;
   }
@@ -193,8 +193,8 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(ValidateOnDevice(*c, layout, pool, in.batch, in.tokens, in.slots, in.dtype,
                                      in.q, in.k, in.v, in.g, in.beta));
     RETURN_IF_ERROR(EnqueueRecurrenceOn(*m, pool, layer, in.batch, in.tokens, in.slots, in.dtype,
-                                        in.q, in.k, in.v, in.g, in.beta, in.o, c->errors(), ci::RecurrenceStart::kEarlyHeads,
-                                        c->stream()));
+                                        in.q, in.k, in.v, in.g, in.beta, in.o, c->errors(),
+                                        ci::RecurrenceStart::kEarlyHeads, options_, c->stream()));
     return c->FinishValidation(in.slots, nullptr, pool.num_slots, 0);
   }
 
@@ -239,7 +239,7 @@ class CudaBackend : public Backend {
   }
 
   absl::StatusOr<std::unique_ptr<DecodeQueue>> NewDecodeQueue() override {
-    return ci::NewCudaDecodeQueue();
+    return ci::NewCudaDecodeQueue(options_);
   }
 
   StreamOps& stream_ops() override { return stream_ops_; }
@@ -272,7 +272,7 @@ class CudaBackend : public Backend {
                                in.g, in.beta, in.o, nullptr,
                                early_heads ? ci::RecurrenceStart::kEarlyHeads
                                            : ci::RecurrenceStart::kWaitFirst,
-                               stream_);
+                               options_, stream_);
   }
   absl::Status EnqueueCopyUnchecked(const PoolView& src, const int32_t* src_slots,
                                     const PoolView& dst, const int32_t* dst_slots, int n) {
@@ -292,7 +292,8 @@ class CudaBackend : public Backend {
  private:
   using Lease = ci::CallContextPool::Lease;
 
-  explicit CudaBackend(const ci::DeviceInfo& info) : info_(info) {}
+  CudaBackend(const ci::DeviceInfo& info, const LaunchOptions& options)
+      : info_(info), options_(options), stream_ops_(options) {}
 
   static absl::StatusOr<const CudaPreparedModel*> Cast(const PreparedModel& model) {
     return ci::AsCudaModel(model);
@@ -324,8 +325,8 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(ValidateOnDevice(*c, layout, pool, in.batch, 1, in.slots, in.dtype, in.q,
                                      in.k, in.v, in.g, in.beta));
     RETURN_IF_ERROR(EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q,
-                                        in.k, in.v, in.g, in.beta, in.o, c->errors(), ci::RecurrenceStart::kEarlyHeads,
-                                        c->stream()));
+                                        in.k, in.v, in.g, in.beta, in.o, c->errors(),
+                                        ci::RecurrenceStart::kEarlyHeads, options_, c->stream()));
     RETURN_IF_ERROR(c->EnqueueErrorReadback());
     if (o_bytes > 0) {
       // Behind the kernel on the same stream (returns once done: pageable
@@ -391,6 +392,7 @@ class CudaBackend : public Backend {
   }
 
   const ci::DeviceInfo info_;
+  const LaunchOptions options_;  // every launch of this backend and its queues
   // The backend stream: native_stream() and the benchmark hooks; every
   // call's context orders itself after it (Acquire).
   void* stream_ = nullptr;
@@ -407,8 +409,8 @@ absl::StatusOr<CudaBackend*> AsCuda(Backend& backend) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend() {
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::Create());
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LaunchOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::Create(options));
   return std::unique_ptr<Backend>(std::move(b));
 }
 

@@ -37,12 +37,15 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend/backend.h"
+#include "kernels/cuda/launch_options.h"
 
 namespace statecache {
 
 // A CudaBackend on device 0, or kUnavailable when no usable GPU (compute
-// capability 9.0, the kernels are built for sm_90a) is present.
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend();
+// capability 9.0, the kernels are built for sm_90a) is present. Its kernels
+// launch with `options` (launch_options.h; the defaults are the production
+// paths).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const LaunchOptions& options = {});
 
 // Benchmark hooks on a Backend made by CreateCudaBackend: enqueue the decode
 // kernel without validation or synchronization on the backend stream

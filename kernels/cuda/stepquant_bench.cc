@@ -14,16 +14,19 @@
 //                            the default decode kernel (the tiled kernel,
 //                            StepTileDecodeKernel)
 //   stepquant-6-tile, stepquant-4-tile  the tiled kernel explicitly
-//                            (STATECACHE_STEPQUANT_VARIANT=tile)
+//                            (StepQuantVariant::kTile)
 //   stepquant-6-uniform, stepquant-4-uniform  every row at 6 / 4 bits
 //   stepquant-6-c2, stepquant-4-c2  fast kernel, one thread per column
-//                            (STATECACHE_STEPQUANT_VARIANT=c2)
+//                            (StepQuantVariant::kC2)
 //   stepquant-6-c3, stepquant-4-c3  fast kernel sized for 3 CTAs / SM
-//                            (STATECACHE_STEPQUANT_VARIANT=c3)
+//                            (StepQuantVariant::kC3)
 //   stepquant-6-h2, stepquant-4-h2  fast kernel with two row halves per
-//                            column (256 threads; STATECACHE_STEPQUANT_VARIANT=h2)
+//                            column (256 threads; StepQuantVariant::kH2)
 //   stepquant-6-slow, stepquant-4-slow  the one-CTA-per-head kernel
-//                            (STATECACHE_STEPQUANT_FAST=0)
+//                            (LaunchOptions::stepquant_fast = false)
+// Each kernel runs on a backend of its own LaunchOptions: the environment's
+// (LaunchOptionsFromEnvironment, read once) with the STEPQuant switches
+// above.
 // STEPQuant allocations follow the calibrated shipped models (kernels/
 // stepquant/README.md): GDN whole heads, stepquant-6 10 / 12 / 10 heads at
 // 8 / 6 / 4 bits, stepquant-4 6 / 2 / 24 heads at 8 / 4 / 3 bits; KDA rows
@@ -77,12 +80,11 @@ namespace {
 
 namespace ci = cuda_internal;
 
-// A kernel under test: its layout and the environment its launcher reads.
+// A kernel under test: its layout and the launch switches of its backend.
 struct BenchKernel {
   std::string name;
   StateLayout layout;
-  std::string fast_env;  // STATECACHE_STEPQUANT_FAST value ("" = unset)
-  std::string variant_env;  // STATECACHE_STEPQUANT_VARIANT value ("" = unset)
+  LaunchOptions options;
 };
 
 ModelGeometry BenchGeometry(Arch arch) {
@@ -106,13 +108,13 @@ std::vector<int8_t> HeadRowBits(Arch arch, StateFormat f, int h) {
   if (arch == Arch::kGdn) {
     // 32 heads: stepquant-6 10 x 8, 12 x 6, 10 x 4; stepquant-4 6 x 8, 2 x 4, 24 x 3.
     int b;
-    if (f == kStepQuant6) {
+    if (f == StateFormat::kStepQuant6) {
       b = h < 10 ? 8 : h < 22 ? 6 : 4;
     } else {
       b = h < 6 ? 8 : h < 8 ? 4 : 3;
     }
     counts = {{b, 128}};
-  } else if (f == kStepQuant6) {
+  } else if (f == StateFormat::kStepQuant6) {
     counts = {{16, 1}, {8, 38}, {6, 51}, {4, 38}};
   } else {
     counts = {{16, 1}, {8, 3}, {6, 27}, {4, 30}, {3, 67}};
@@ -122,9 +124,12 @@ std::vector<int8_t> HeadRowBits(Arch arch, StateFormat f, int h) {
   return bits;
 }
 
-absl::StatusOr<BenchKernel> MakeBenchKernel(const std::string& name, Arch arch, std::mt19937& rng) {
+absl::StatusOr<BenchKernel> MakeBenchKernel(const std::string& name, Arch arch,
+                                            const LaunchOptions& base, std::mt19937& rng) {
   const ModelGeometry g = BenchGeometry(arch);
-  BenchKernel k{name, StateLayout::Identity(g, {StateFormat::kFp32, 0}).value(), "", ""};
+  BenchKernel k{name, StateLayout::Identity(g, {StateFormat::kFp32, 0}).value(), base};
+  k.options.stepquant_fast = true;
+  k.options.stepquant_variant = StepQuantVariant::kTile;
   if (name == "fp32") return k;
   if (name == "damp") {
     ASSIGN_OR_RETURN(k.layout, StateLayout::Create(g, {StateFormat::kDamp, kDefaultKHi},
@@ -132,7 +137,7 @@ absl::StatusOr<BenchKernel> MakeBenchKernel(const std::string& name, Arch arch, 
     return k;
   }
   const bool six = absl::StartsWith(name, "stepquant-6");
-  const StateFormat f = six ? kStepQuant6 : kStepQuant4;
+  const StateFormat f = six ? StateFormat::kStepQuant6 : StateFormat::kStepQuant4;
   const std::string suffix = name.substr(std::string("stepquant-6").size());
   if (suffix == "-uniform") {
     ASSIGN_OR_RETURN(k.layout, StateLayout::Identity(g, {f, 0}));
@@ -143,10 +148,10 @@ absl::StatusOr<BenchKernel> MakeBenchKernel(const std::string& name, Arch arch, 
        suffix != "-tile" && suffix != "-slow")) {
     return absl::InvalidArgumentError(absl::StrCat("kernels: unknown kernel '", name, "'"));
   }
-  if (suffix == "-c2" || suffix == "-c3" || suffix == "-h2" || suffix == "-tile") {
-    k.variant_env = suffix.substr(1);
-  }
-  if (suffix == "-slow") k.fast_env = "0";
+  if (suffix == "-c2") k.options.stepquant_variant = StepQuantVariant::kC2;
+  if (suffix == "-c3") k.options.stepquant_variant = StepQuantVariant::kC3;
+  if (suffix == "-h2") k.options.stepquant_variant = StepQuantVariant::kH2;
+  if (suffix == "-slow") k.options.stepquant_fast = false;
   std::vector<int8_t> bits;
   std::vector<float> impact;
   std::uniform_real_distribution<float> u(0.05f, 1.0f);
@@ -158,14 +163,6 @@ absl::StatusOr<BenchKernel> MakeBenchKernel(const std::string& name, Arch arch, 
   ASSIGN_OR_RETURN(k.layout, StateLayout::CreateStepQuant(g, {f, 0}, RandomPerms(g, rng),
                                                           std::move(bits), std::move(impact)));
   return k;
-}
-
-void SetEnv(const char* var, const std::string& value) {
-  if (value.empty()) {
-    unsetenv(var);
-  } else {
-    setenv(var, value.c_str(), 1);
-  }
 }
 
 template <typename T>
@@ -298,7 +295,8 @@ absl::Status Run() {
     if (!absl::SimpleAtoi(b, &x) || x < 1) return absl::InvalidArgumentError("batches: not a list of B >= 1");
     batches.push_back(x);
   }
-  absl::StatusOr<std::unique_ptr<Backend>> be_or = CreateCudaBackend();
+  const LaunchOptions env_options = LaunchOptionsFromEnvironment();  // the process edge
+  absl::StatusOr<std::unique_ptr<Backend>> be_or = CreateCudaBackend(env_options);
   if (!be_or.ok()) {
     std::printf("no GPU: %s\n", be_or.status().ToString().c_str());
     return absl::OkStatus();
@@ -321,19 +319,20 @@ absl::Status Run() {
   for (absl::string_view arch_name : absl::StrSplit(absl::GetFlag(FLAGS_arches), ',')) {
     ASSIGN_OR_RETURN(const Arch arch, ParseArch(arch_name));
     for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_kernels), ',')) {
-      ASSIGN_OR_RETURN(const BenchKernel k, MakeBenchKernel(std::string(name), arch, rng));
-      SetEnv("STATECACHE_STEPQUANT_FAST", k.fast_env);
-      SetEnv("STATECACHE_STEPQUANT_VARIANT", k.variant_env);
+      ASSIGN_OR_RETURN(const BenchKernel k,
+                       MakeBenchKernel(std::string(name), arch, env_options, rng));
+      ASSIGN_OR_RETURN(std::unique_ptr<Backend> kernel_be, CreateCudaBackend(k.options));
+      void* kernel_stream = kernel_be->native_stream();
+      EventTimer kernel_timer(kernel_stream);
       if (IsStepQuantFormat(k.layout.format().format)) {
         std::printf("layout %s %s: %.4f bits/value payload, slot %lld bytes\n",
                     std::string(arch_name).c_str(), k.name.c_str(), k.layout.PayloadBitsPerValue(),
                     static_cast<long long>(k.layout.slot_bytes()));
       }
-      RETURN_IF_ERROR(RunKernel(be, stream, timer, k, std::string(arch_name), batches, rng));
+      RETURN_IF_ERROR(RunKernel(*kernel_be, kernel_stream, kernel_timer, k,
+                                std::string(arch_name), batches, rng));
     }
   }
-  SetEnv("STATECACHE_STEPQUANT_FAST", "");
-  SetEnv("STATECACHE_STEPQUANT_VARIANT", "");
   return absl::OkStatus();
 }
 

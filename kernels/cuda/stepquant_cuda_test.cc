@@ -15,7 +15,7 @@
 // and every code width 2..8. The CPU-order tests (StepCudaTest decode) pin the
 // fast kernel's h2 build (StepFastDecodeKernel: persistent CTAs, bulk-copy
 // prefetch); StepFastDecodeBatchTest pins each of its builds (c2, c3, h2) to
-// the one-CTA-per-head kernel (STATECACHE_STEPQUANT_FAST=0) bit for bit, with
+// the one-CTA-per-head kernel (LaunchOptions::stepquant_fast = false) bit for bit, with
 // bf16 inputs, and with more items than the persistent grid (stage reuse,
 // barrier parities), -1 entries and untouched slots.
 // StepTileReferenceTest runs without a GPU (the reference's CPU-side checks).
@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -168,12 +169,29 @@ int ExpectUnusedSlotsUntouched(const std::vector<uint8_t>& pool, const std::vect
 
 using Param = std::tuple<ModelGeometry, StateFormat>;
 
+// A CUDA backend whose STEPQuant decode steps launch with these switches
+// (LaunchOptions; one backend per option set, kept for the process). Pools
+// and models made on TestGpu() work with it: both drive device 0 in one
+// context.
+Backend& GpuWith(bool stepquant_fast, StepQuantVariant variant) {
+  static std::map<std::pair<bool, StepQuantVariant>, std::unique_ptr<Backend>> backends;
+  std::unique_ptr<Backend>& b = backends[{stepquant_fast, variant}];
+  if (b == nullptr) {
+    LaunchOptions o;
+    o.stepquant_fast = stepquant_fast;
+    o.stepquant_variant = variant;
+    b = CreateCudaBackend(o).value();
+  }
+  return *b;
+}
+
+// The CPU-order decode kernel (the default tiled kernel has its own test).
+Backend& H2Gpu() { return GpuWith(true, StepQuantVariant::kH2); }
+
 class StepCudaTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     STATECACHE_SKIP_WITHOUT_GPU();
-    // CPU-order decode kernel (the default tiled kernel has its own test).
-    setenv("STATECACHE_STEPQUANT_VARIANT", "h2", 1);
     std::tie(geo_, format_) = GetParam();
     layout_ = std::make_unique<StateLayout>(MixedLayout(geo_, format_, 7));
     cpu_ = CpuBackend::Create({2});
@@ -188,8 +206,6 @@ class StepCudaTest : public ::testing::TestWithParam<Param> {
     start_ = cpu_pool_.Bytes();
     gpu_pool_.SetBytes(start_);
   }
-
-  void TearDown() override { unsetenv("STATECACHE_STEPQUANT_VARIANT"); }
 
   static constexpr int kSlots = 4;
   ModelGeometry geo_;
@@ -224,13 +240,13 @@ TEST_P(StepCudaTest, DecodeStepsMatchCpuBytes) {
                                                   b.beta.data(), cpu_o.data()})
                       .ok());
     }
-    absl::Status st = TestGpu()->DecodeUpdate(
+    absl::Status st = H2Gpu().DecodeUpdate(
         *gpu_pool_.model, gpu_pool_.view, 0,
         GpuDecodeInputs(batch, *gpu_slots, DType::kFp32, *gb.q, *gb.k, *gb.v, *gb.g, *gb.beta,
                         *gpu_o));
     ASSERT_TRUE(st.ok()) << st;
     if (layer != 0) {
-      st = TestGpu()->DecodeUpdate(
+      st = H2Gpu().DecodeUpdate(
           *gpu_pool_.model, gpu_pool_.view, layer,
           GpuDecodeInputs(batch, *gpu_slots, DType::kFp32, *gb.q, *gb.k, *gb.v, *gb.g,
                           *gb.beta, *gpu_o));
@@ -346,7 +362,7 @@ TEST_P(StepCudaTest, UnpackMatchesCpuExactly) {
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const ModelGeometry& g = std::get<0>(info.param);
   return absl::StrCat(g.arch == Arch::kGdn ? "Gdn" : "Kda", g.d_k, "x", g.d_v,
-                      std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4");
+                      std::get<1>(info.param) == StateFormat::kStepQuant6 ? "Step6" : "Step4");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -354,16 +370,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(ModelGeometry{Arch::kGdn, 2, 1, 4, 128, 128},
                                          ModelGeometry{Arch::kKda, 2, 2, 2, 128, 128},
                                          ModelGeometry{Arch::kKda, 2, 3, 3, 64, 32}),
-                       ::testing::Values(kStepQuant6, kStepQuant4)),
+                       ::testing::Values(StateFormat::kStepQuant6, StateFormat::kStepQuant4)),
     ParamName);
-
-// Sets STATECACHE_STEPQUANT_FAST for the scope (the launcher reads it at
-// every launch).
-class ScopedFastPath {
- public:
-  explicit ScopedFastPath(bool fast) { setenv("STATECACHE_STEPQUANT_FAST", fast ? "1" : "0", 1); }
-  ~ScopedFastPath() { unsetenv("STATECACHE_STEPQUANT_FAST"); }
-};
 
 // Parameters of a 128 x 128 decode step whose pointers all point at `buf`
 // (16-byte aligned): eligible for both fast kernels.
@@ -401,22 +409,12 @@ TEST(StepFastDecodeTest, EligibilityFollowsShapeTokensAndAlignment) {
   t.kda = true;
   t.g = reinterpret_cast<const float*>(buf + 8);
   EXPECT_FALSE(cuda_internal::StepFastDecodeEligible(t));
-  {
-    ScopedFastPath off(false);
-    EXPECT_FALSE(cuda_internal::StepFastDecodeEnabled());
-  }
-  EXPECT_TRUE(cuda_internal::StepFastDecodeEnabled());
 }
 
-// Sets STATECACHE_STEPQUANT_VARIANT (fast-kernel build: "" = default h2,
-// c2, c3) for the scope.
-class ScopedVariant {
- public:
-  explicit ScopedVariant(const char* v) {
-    if (*v != 0) setenv("STATECACHE_STEPQUANT_VARIANT", v, 1);
-  }
-  ~ScopedVariant() { unsetenv("STATECACHE_STEPQUANT_VARIANT"); }
-};
+// The fast-kernel build of a test parameter ("h2", "c2", "c3").
+StepQuantVariant VariantNamed(const std::string& v) {
+  return v == "c2" ? StepQuantVariant::kC2 : v == "c3" ? StepQuantVariant::kC3 : StepQuantVariant::kH2;
+}
 
 // Many items (more than the persistent grid), shuffled slots with -1 entries,
 // bf16 or fp32 inputs: every fast-kernel variant vs CPU (bytes, outputs) and
@@ -428,7 +426,6 @@ class StepFastDecodeBatchTest : public ::testing::TestWithParam<FastParam> {};
 TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
   STATECACHE_SKIP_WITHOUT_GPU();
   const auto [arch, format, dtype, variant] = GetParam();
-  ScopedVariant scoped_variant(variant.c_str());
   const ModelGeometry geo{arch, 2, arch == Arch::kGdn ? 2 : 4, 4, 128, 128};
   const StateLayout layout = MixedLayout(geo, format, 19);
   constexpr int kSlots = 300;
@@ -476,9 +473,8 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
     auto dbeta = ToGpu(b.beta);
     std::vector<float> outs[2];
     for (int fast = 1; fast >= 0; --fast) {
-      ScopedFastPath path(fast == 1);
       TestPool& pool = fast == 1 ? fast_pool : slow_pool;
-      const absl::Status st = TestGpu()->DecodeUpdate(
+      const absl::Status st = GpuWith(fast == 1, VariantNamed(variant)).DecodeUpdate(
           *pool.model, pool.view, layer,
           GpuDecodeInputs(kBatch, *gpu_slots, dtype, *dq, *dk, *dv, *dg, *dbeta, *gpu_o));
       ASSERT_TRUE(st.ok()) << st;
@@ -508,13 +504,13 @@ TEST_P(StepFastDecodeBatchTest, MatchesCpuAndSlowKernel) {
 INSTANTIATE_TEST_SUITE_P(
     Paths, StepFastDecodeBatchTest,
     ::testing::Combine(::testing::Values(Arch::kGdn, Arch::kKda),
-                       ::testing::Values(kStepQuant6, kStepQuant4),
+                       ::testing::Values(StateFormat::kStepQuant6, StateFormat::kStepQuant4),
                        ::testing::Values(DType::kFp32, DType::kBf16),
                        ::testing::Values(std::string("h2"), std::string("c2"), std::string("c3"))),
     [](const ::testing::TestParamInfo<FastParam>& info) {
       const std::string& v = std::get<3>(info.param);
       return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",
-                          std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4",
+                          std::get<1>(info.param) == StateFormat::kStepQuant6 ? "Step6" : "Step4",
                           std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32",
                           v == "c2" ? "C2" : v == "c3" ? "C3" : "H2");
     });
@@ -632,7 +628,7 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
   auto gpu_slots = ToGpu(slots);
   const int64_t o_count = int64_t{kBatch} * geo.h_v * geo.d_v;
   auto gpu_o = TestGpu()->Allocate(o_count * 4).value();
-  ScopedFastPath fast(true);
+  Backend& tile_gpu = GpuWith(true, StepQuantVariant::kTile);
   for (int step = 0; step < 3; ++step) {
     const int layer = step % geo.layers;
     TokenBatch b = RandomTokenBatch(geo, kBatch, 300 + step);
@@ -654,7 +650,7 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
     auto dbeta = ToGpu(b.beta);
     std::vector<float> ref_o(o_count, -1.0f);
     TileReferenceStep(layout, layer, slots, b, ref, ref_o);
-    const absl::Status st = TestGpu()->DecodeUpdate(
+    const absl::Status st = tile_gpu.DecodeUpdate(
         *gpu_pool.model, gpu_pool.view, layer,
         GpuDecodeInputs(kBatch, *gpu_slots, dtype, *dq, *dk, *dv, *dg, *dbeta, *gpu_o));
     ASSERT_TRUE(st.ok()) << st;
@@ -685,15 +681,15 @@ TEST_P(StepTileDecodeTest, MatchesTileReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Tile, StepTileDecodeTest,
-    ::testing::Values(TileParam{Arch::kGdn, kStepQuant6, DType::kFp32, false},
-                      TileParam{Arch::kGdn, kStepQuant4, DType::kBf16, false},
-                      TileParam{Arch::kKda, kStepQuant6, DType::kBf16, false},
-                      TileParam{Arch::kKda, kStepQuant4, DType::kFp32, false},
-                      TileParam{Arch::kKda, kStepQuant4, DType::kBf16, true},
-                      TileParam{Arch::kKda, kStepQuant6, DType::kFp32, true}),
+    ::testing::Values(TileParam{Arch::kGdn, StateFormat::kStepQuant6, DType::kFp32, false},
+                      TileParam{Arch::kGdn, StateFormat::kStepQuant4, DType::kBf16, false},
+                      TileParam{Arch::kKda, StateFormat::kStepQuant6, DType::kBf16, false},
+                      TileParam{Arch::kKda, StateFormat::kStepQuant4, DType::kFp32, false},
+                      TileParam{Arch::kKda, StateFormat::kStepQuant4, DType::kBf16, true},
+                      TileParam{Arch::kKda, StateFormat::kStepQuant6, DType::kFp32, true}),
     [](const ::testing::TestParamInfo<TileParam>& info) {
       return absl::StrCat(std::get<0>(info.param) == Arch::kGdn ? "Gdn" : "Kda",
-                          std::get<1>(info.param) == kStepQuant6 ? "Step6" : "Step4",
+                          std::get<1>(info.param) == StateFormat::kStepQuant6 ? "Step6" : "Step4",
                           std::get<2>(info.param) == DType::kBf16 ? "Bf16" : "Fp32",
                           std::get<3>(info.param) ? "AllWidths" : "");
     });
@@ -731,7 +727,7 @@ std::vector<float> OutlierState(int d_k, int d_v, uint32_t seed) {
 
 TEST(StepTileReferenceTest, DefaultArgumentsKeepTheCpuCodec) {
   const ModelGeometry geo{Arch::kKda, 1, 2, 2, 128, 128};
-  const StateLayout layout = AllWidthsLayout(geo, kStepQuant4, 5);
+  const StateLayout layout = AllWidthsLayout(geo, StateFormat::kStepQuant4, 5);
   const StepHeadLayout& l = layout.step_head(0, 1);
   const std::vector<float> w = OutlierState(128, 128, 9);
   std::vector<uint8_t> a(l.head_bytes), b(l.head_bytes);
@@ -752,7 +748,7 @@ TEST(StepTileReferenceTest, DefaultArgumentsKeepTheCpuCodec) {
 
 TEST(StepTileReferenceTest, TileOrderDiffersFromSerialOnlyInRounding) {
   const ModelGeometry geo{Arch::kKda, 1, 2, 2, 128, 128};
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     const StateLayout layout = AllWidthsLayout(geo, f, 13);
     int64_t differing = 0, total = 0;
     for (int h = 0; h < 2; ++h) {
@@ -790,7 +786,7 @@ TEST(StepTileReferenceTest, TreeSumIsWarpTreeSum) {
 // the kernel existed).
 TEST(StepCudaPrepareTest, AcceptsStepQuantLayouts) {
   STATECACHE_SKIP_WITHOUT_GPU();
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     const StateLayout layout = MixedLayout(ModelGeometry{Arch::kGdn, 1, 1, 2, 128, 128}, f, 3);
     absl::StatusOr<std::unique_ptr<PreparedModel>> m = TestGpu()->Prepare(layout);
     EXPECT_TRUE(m.ok()) << m.status();

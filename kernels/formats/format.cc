@@ -7,21 +7,9 @@
 namespace statecache {
 
 const char* FormatName(StateFormat format) {
-  switch (format) {
-    case StateFormat::kFp32: return "fp32";
-    case StateFormat::kFp16: return "fp16";
-    case StateFormat::kBf16: return "bf16";
-    case StateFormat::kInt8: return "int8";
-    case StateFormat::kInt8Hadamard: return "int8-hadamard";
-    case StateFormat::kInt4: return "int4";
-    case StateFormat::kInt4Hadamard: return "int4-hadamard";
-    case StateFormat::kFp8E4m3: return "fp8-e4m3";
-    case StateFormat::kNvfp4: return "nvfp4";
-    case StateFormat::kDamp: return "damp";
-    case StateFormat::kDampSr: return "damp-sr";
+  for (StateFormat f : kAllFormats) {
+    if (f == format) return TraitsOf(f).name;
   }
-  if (format == kStepQuant6) return "stepquant-6";
-  if (format == kStepQuant4) return "stepquant-4";
   return "unknown";
 }
 
@@ -34,14 +22,17 @@ std::string FormatSpecName(const FormatSpec& spec) {
 
 std::vector<StateFormat> AllStateFormats() {
   std::vector<StateFormat> all;
-  for (int i = 0; i < kNumStateFormats; ++i) all.push_back(static_cast<StateFormat>(i));
+  for (StateFormat f : kAllFormats) {
+    if (!IsStepQuantFormat(f)) all.push_back(f);
+  }
   return all;
 }
 
 std::vector<StateFormat> AllFormatsWithStepQuant() {
   std::vector<StateFormat> all = AllStateFormats();
-  all.push_back(kStepQuant6);
-  all.push_back(kStepQuant4);
+  for (StateFormat f : kAllFormats) {
+    if (IsStepQuantFormat(f)) all.push_back(f);
+  }
   return all;
 }
 

@@ -5,6 +5,14 @@
 // lo_codec" (uniform formats have K_hi = 0), optionally in a value-axis
 // transformed domain (ValueTransform). DESIGN.md section 3 is the source.
 //
+// Every format is one row of STATECACHE_FORMAT_TABLE below; the enum, the
+// names ParseFormatSpec accepts, the row codecs, the head sizes
+// (head_layout.h), the CPU codec (head_codec.h, by row codec) and the CUDA
+// kernels' format switches (kernels/cuda: ForEachFormat) all derive from it.
+// Adding a format: a row here, its row codec if it needs a new one
+// (head_layout.h sizes, head_codec.h, kernels/cuda/internal/tile_codec.cuh),
+// and its tests (format_test.cc, head_codec_test.cc's error bound).
+//
 //   ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec("damp:16"));
 //   PackedHeadLayout layout = MakeHeadLayout(spec, /*d_k=*/128, /*d_v=*/128);
 #ifndef STATECACHE_KERNELS_FORMATS_FORMAT_H_
@@ -19,41 +27,6 @@
 #include "kernels/common/host_device.h"
 
 namespace statecache {
-
-enum class StateFormat : uint8_t {
-  kFp32 = 0,
-  kFp16 = 1,
-  kBf16 = 2,
-  kInt8 = 3,
-  kInt8Hadamard = 4,
-  kInt4 = 5,
-  kInt4Hadamard = 6,
-  kFp8E4m3 = 7,
-  kNvfp4 = 8,
-  kDamp = 9,
-  kDampSr = 10,
-  // STEPQuant (issue 9, seed 002) formats 11 and 12 are the constants
-  // kStepQuant6 / kStepQuant4 below, not enumerators: see there.
-};
-// Formats listed by AllStateFormats(): the uniform-head formats of DESIGN.md
-// section 3 that every backend, table and sweep handles.
-inline constexpr int kNumStateFormats = 11;
-
-// STEPQuant (seed 002): per-unit code widths (whole heads for GDN, key rows
-// for KDA) from a calibrated bit map at a nominal budget of 6 or 4 bits per
-// value, FP16 pivot units, and dual-axis FP16 row x column scales per head
-// (kernels/formats/stepquant_codec.h). Heads have per-(layer, head) sizes.
-//
-// They are constants of the enum type rather than enumerators on purpose:
-// kernels/cuda dispatches with exhaustive `switch (format)` statements and is
-// compiled with nvcc -Werror=all-warnings, so a new enumerator breaks that
-// build (-Werror=switch) until the CUDA kernel handles it. When the fused
-// STEPQuant kernel lands, its owner moves these into the enum (same values).
-// Not listed by AllStateFormats(); see AllFormatsWithStepQuant().
-inline constexpr StateFormat kStepQuant6 = static_cast<StateFormat>(11);
-inline constexpr StateFormat kStepQuant4 = static_cast<StateFormat>(12);
-// Every format code ParseFormatSpec / ValidateFormatSpec accept.
-inline constexpr int kNumAllStateFormats = 13;
 
 // How one key row of d_v values is stored.
 enum class RowCodec : uint8_t {
@@ -78,6 +51,143 @@ enum class ValueTransform : uint8_t {
   kScaleReorder = 2,   // damp-sr: M = D^-1 P^T from the calibrated layout
 };
 
+// The CUDA translation unit that compiles a format's kernels (kernels/cuda/
+// BUILD states why each is compiled as it is):
+//   kRecurrence        internal/recurrence_kernel.cu (ptxas register-usage
+//                      level 10), pack_kernel.cu
+//   kRecurrenceAffine  internal/recurrence_kernel_affine.cu (ptxas default
+//                      level: affine rows run faster with it), pack_kernel.cu
+//   kStepQuant         internal/stepquant_*kernel.cu (per-head layouts)
+enum class CudaUnit : uint8_t { kRecurrence, kRecurrenceAffine, kStepQuant };
+
+// The format table. Columns:
+//   enumerator  StateFormat value: the code stored in layout files and
+//               StateLayout fingerprints (never renumber)
+//   code        its value
+//   name        the wire name (FormatName / ParseFormatSpec)
+//   mixed       takes k_hi: K_hi rows of `hi`, then rows of `lo` (damp,
+//               damp-sr; default k_hi kDefaultKHi); else every row is `lo`
+//   hi, lo      RowCodec of the hi rows (fp32 when not mixed: unused) and
+//               of the other rows
+//   transform   ValueTransform of the stored head
+//   bits        nominal code bits per lo value (STEPQuant: the average
+//               budget its calibrated bit map meets)
+//   lane        columns per lane pair of the tile kernels (LaneWidth,
+//               kernels/cuda/internal/tile_common.cuh)
+//   staged      fixed-shape heads run the staged kernel (IsStagedFormat,
+//               kernels/cuda/internal/stage_layout.h)
+//   unit        CudaUnit that compiles its kernels
+#define STATECACHE_FORMAT_TABLE(X)                                                              \
+  /* enumerator     code  name             mixed  hi     lo          transform      bits lane staged unit */ \
+  X(kFp32,          0,  "fp32",          false, kFp32, kFp32,      kNone,         32,  4,  true,  kRecurrence)       \
+  X(kFp16,          1,  "fp16",          false, kFp32, kFp16,      kNone,         16,  8,  false, kRecurrence)       \
+  X(kBf16,          2,  "bf16",          false, kFp32, kBf16,      kNone,         16,  8,  false, kRecurrence)       \
+  X(kInt8,          3,  "int8",          false, kFp32, kAffineU8,  kNone,         8,   16, false, kRecurrenceAffine) \
+  X(kInt8Hadamard,  4,  "int8-hadamard", false, kFp32, kAffineU8,  kHadamard32,   8,   16, false, kRecurrenceAffine) \
+  X(kInt4,          5,  "int4",          false, kFp32, kAffineU4,  kNone,         4,   16, false, kRecurrenceAffine) \
+  X(kInt4Hadamard,  6,  "int4-hadamard", false, kFp32, kAffineU4,  kHadamard32,   4,   16, false, kRecurrenceAffine) \
+  X(kFp8E4m3,       7,  "fp8-e4m3",      false, kFp32, kFp8E4m3,   kNone,         8,   16, false, kRecurrence)       \
+  X(kNvfp4,         8,  "nvfp4",         false, kFp32, kNvfp4,     kNone,         4,   16, false, kRecurrence)       \
+  X(kDamp,          9,  "damp",          true,  kFp16, kAffineU8,  kHadamard32,   8,   16, false, kRecurrenceAffine) \
+  X(kDampSr,        10, "damp-sr",       true,  kFp16, kSymI8,     kScaleReorder, 8,   16, false, kRecurrence)       \
+  X(kStepQuant6,    11, "stepquant-6",   false, kFp32, kStepQuant, kNone,         6,   16, false, kStepQuant)        \
+  X(kStepQuant4,    12, "stepquant-4",   false, kFp32, kStepQuant, kNone,         4,   16, false, kStepQuant)
+
+enum class StateFormat : uint8_t {
+#define STATECACHE_FORMAT_ENUMERATOR(e, code, ...) e = code,
+  STATECACHE_FORMAT_TABLE(STATECACHE_FORMAT_ENUMERATOR)
+#undef STATECACHE_FORMAT_ENUMERATOR
+};
+
+// One row of the table.
+struct FormatTraits {
+  StateFormat format;
+  const char* name;
+  bool mixed;
+  RowCodec hi;
+  RowCodec lo;
+  ValueTransform transform;
+  int bits;
+  int lane;
+  bool staged;
+  CudaUnit unit;
+};
+
+// The row of `f` (a valid format: ValidateFormatSpec; an unknown code gets
+// fp32's row).
+SC_HD_CONSTEXPR FormatTraits TraitsOf(StateFormat f) {
+  switch (f) {
+#define STATECACHE_FORMAT_TRAITS(e, code, name, mixed, hi, lo, transform, bits, lane, staged,  \
+                                 unit)                                                          \
+  case StateFormat::e:                                                                          \
+    return FormatTraits{StateFormat::e, name,      mixed,  RowCodec::hi, RowCodec::lo,          \
+                        ValueTransform::transform, bits,   lane,         staged,                \
+                        CudaUnit::unit};
+    STATECACHE_FORMAT_TABLE(STATECACHE_FORMAT_TRAITS)
+#undef STATECACHE_FORMAT_TRAITS
+  }
+  return TraitsOf(StateFormat::kFp32);
+}
+
+// One column of the table as a switch of its own (STATECACHE_FORMAT_COLUMN
+// (Fn, Type, column, fallback) defines SC_HD_CONSTEXPR Type Fn(StateFormat)):
+// the accessors that device code calls, small enough for the CUDA compiler
+// to fold like a hand-written switch.
+#define STATECACHE_FORMAT_COLUMN(Fn, Type, column, fallback)                                   \
+  SC_HD_CONSTEXPR Type Fn(StateFormat f) {                                                     \
+    switch (f) {                                                                               \
+      STATECACHE_FORMAT_TABLE(STATECACHE_FORMAT_COLUMN_##column)                               \
+    }                                                                                          \
+    return fallback;                                                                           \
+  }
+#define STATECACHE_FORMAT_COLUMN_mixed(e, code, name, mixed, ...) \
+  case StateFormat::e: return mixed;
+#define STATECACHE_FORMAT_COLUMN_hi(e, code, name, mixed, hi, ...) \
+  case StateFormat::e: return RowCodec::hi;
+#define STATECACHE_FORMAT_COLUMN_lo(e, code, name, mixed, hi, lo, ...) \
+  case StateFormat::e: return RowCodec::lo;
+#define STATECACHE_FORMAT_COLUMN_transform(e, code, name, mixed, hi, lo, transform, ...) \
+  case StateFormat::e: return ValueTransform::transform;
+#define STATECACHE_FORMAT_COLUMN_staged(e, code, name, mixed, hi, lo, transform, bits, lane, \
+                                        staged, ...)                                          \
+  case StateFormat::e: return staged;
+
+// Every format of the table, in code order.
+inline constexpr StateFormat kAllFormats[] = {
+#define STATECACHE_FORMAT_LIST(e, ...) StateFormat::e,
+    STATECACHE_FORMAT_TABLE(STATECACHE_FORMAT_LIST)
+#undef STATECACHE_FORMAT_LIST
+};
+// Every format code ParseFormatSpec / ValidateFormatSpec accept (codes are
+// 0 .. kNumAllStateFormats - 1).
+inline constexpr int kNumAllStateFormats = sizeof(kAllFormats) / sizeof(kAllFormats[0]);
+
+// Codec of the remaining rows (all rows for uniform formats).
+STATECACHE_FORMAT_COLUMN(LoRowCodec, RowCodec, lo, RowCodec::kFp32)
+
+SC_HD_CONSTEXPR bool IsStepQuantFormat(StateFormat f) {
+  return LoRowCodec(f) == RowCodec::kStepQuant;
+}
+
+// Formats listed by AllStateFormats(): the uniform-head formats of DESIGN.md
+// section 3 that every backend, table and sweep handles (not STEPQuant,
+// whose heads have per-(layer, head) sizes from a calibrated bit map).
+constexpr int CountUniformHeadFormats() {
+  int n = 0;
+  for (StateFormat f : kAllFormats) n += IsStepQuantFormat(f) ? 0 : 1;
+  return n;
+}
+inline constexpr int kNumStateFormats = CountUniformHeadFormats();
+
+// STEPQuant (seed 002): per-unit code widths (whole heads for GDN, key rows
+// for KDA) from a calibrated bit map at a nominal budget of 6 or 4 bits per
+// value, FP16 pivot units, and dual-axis FP16 row x column scales per head
+// (kernels/formats/stepquant_codec.h). Heads have per-(layer, head) sizes.
+// Nominal average code width of a STEPQuant format (6 or 4); 0 otherwise.
+SC_HD_CONSTEXPR int StepQuantNominalBits(StateFormat f) {
+  return IsStepQuantFormat(f) ? TraitsOf(f).bits : 0;
+}
+
 inline constexpr int kDefaultKHi = 16;
 
 // A format plus its parameters. k_hi is meaningful for damp / damp-sr only
@@ -92,15 +202,15 @@ struct FormatSpec {
   bool operator!=(const FormatSpec& o) const { return !(*this == o); }
 };
 
-// Canonical names: "fp32", "fp16", "bf16", "int8", "int8-hadamard", "int4",
+// The table's name: "fp32", "fp16", "bf16", "int8", "int8-hadamard", "int4",
 // "int4-hadamard", "fp8-e4m3", "nvfp4", "damp", "damp-sr", "stepquant-6",
-// "stepquant-4".
+// "stepquant-4"; "unknown" for a code outside the table.
 const char* FormatName(StateFormat format);
 // "damp:16" for mixed formats, the plain name otherwise.
 std::string FormatSpecName(const FormatSpec& spec);
-// The kNumStateFormats uniform-head formats in enum order (no STEPQuant).
+// The kNumStateFormats uniform-head formats in code order (no STEPQuant).
 std::vector<StateFormat> AllStateFormats();
-// AllStateFormats() followed by kStepQuant6, kStepQuant4.
+// AllStateFormats() followed by the STEPQuant formats: every format.
 std::vector<StateFormat> AllFormatsWithStepQuant();
 
 // Parses "<name>" or "<name>:<k_hi>" (the suffix only for damp/damp-sr).
@@ -112,52 +222,15 @@ absl::StatusOr<FormatSpec> ParseFormatSpec(absl::string_view text);
 // and its spec ("format: 'damp:999': k_hi 999 is outside 0..128 ...").
 absl::Status ValidateFormatSpec(const FormatSpec& spec, int d_k);
 
-SC_HD_CONSTEXPR bool IsStepQuantFormat(StateFormat f) {
-  return f == kStepQuant6 || f == kStepQuant4;
-}
-
-// Nominal average code width of a STEPQuant format (6 or 4); 0 otherwise.
-SC_HD_CONSTEXPR int StepQuantNominalBits(StateFormat f) {
-  return f == kStepQuant6 ? 6 : (f == kStepQuant4 ? 4 : 0);
-}
-
-SC_HD_CONSTEXPR bool IsMixedFormat(StateFormat f) {
-  return f == StateFormat::kDamp || f == StateFormat::kDampSr;
-}
+STATECACHE_FORMAT_COLUMN(IsMixedFormat, bool, mixed, false)
 
 // Codec of the first k_hi rows (mixed formats) - fp16 for damp and damp-sr.
-SC_HD_CONSTEXPR RowCodec HiRowCodec(StateFormat f) {
-  return IsMixedFormat(f) ? RowCodec::kFp16 : RowCodec::kFp32;
-}
+STATECACHE_FORMAT_COLUMN(HiRowCodec, RowCodec, hi, RowCodec::kFp32)
 
-// Codec of the remaining rows (all rows for uniform formats).
-SC_HD_CONSTEXPR RowCodec LoRowCodec(StateFormat f) {
-  switch (f) {
-    case StateFormat::kFp32: return RowCodec::kFp32;
-    case StateFormat::kFp16: return RowCodec::kFp16;
-    case StateFormat::kBf16: return RowCodec::kBf16;
-    case StateFormat::kInt8:
-    case StateFormat::kInt8Hadamard:
-    case StateFormat::kDamp: return RowCodec::kAffineU8;
-    case StateFormat::kInt4:
-    case StateFormat::kInt4Hadamard: return RowCodec::kAffineU4;
-    case StateFormat::kFp8E4m3: return RowCodec::kFp8E4m3;
-    case StateFormat::kNvfp4: return RowCodec::kNvfp4;
-    case StateFormat::kDampSr: return RowCodec::kSymI8;
-  }
-  if (IsStepQuantFormat(f)) return RowCodec::kStepQuant;
-  return RowCodec::kFp32;
-}
+STATECACHE_FORMAT_COLUMN(ValueTransformOf, ValueTransform, transform, ValueTransform::kNone)
 
-SC_HD_CONSTEXPR ValueTransform ValueTransformOf(StateFormat f) {
-  switch (f) {
-    case StateFormat::kInt8Hadamard:
-    case StateFormat::kInt4Hadamard:
-    case StateFormat::kDamp: return ValueTransform::kHadamard32;
-    case StateFormat::kDampSr: return ValueTransform::kScaleReorder;
-    default: return ValueTransform::kNone;
-  }
-}
+// Fixed-shape heads run the staged kernel (kernels/cuda/internal/stage_layout.h).
+STATECACHE_FORMAT_COLUMN(IsStagedFormat, bool, staged, false)
 
 }  // namespace statecache
 

@@ -1,5 +1,8 @@
 #include "kernels/formats/format.h"
 
+#include <set>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -17,7 +20,7 @@ TEST(FormatTest, NamesRoundTrip) {
     EXPECT_EQ(*again, *spec);
   }
   EXPECT_EQ(AllStateFormats().size(), 11u);
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     absl::StatusOr<FormatSpec> spec = ParseFormatSpec(FormatName(f));
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_EQ(*spec, (FormatSpec{f, 0}));
@@ -25,10 +28,34 @@ TEST(FormatTest, NamesRoundTrip) {
     EXPECT_EQ(ParseFormatSpec(absl::StrCat(FormatName(f), ":4")).status().code(),
               absl::StatusCode::kInvalidArgument);
   }
-  EXPECT_EQ(FormatName(kStepQuant6), std::string("stepquant-6"));
-  EXPECT_EQ(FormatName(kStepQuant4), std::string("stepquant-4"));
-  EXPECT_EQ(StepQuantNominalBits(kStepQuant4), 4);
+  EXPECT_EQ(FormatName(StateFormat::kStepQuant6), std::string("stepquant-6"));
+  EXPECT_EQ(FormatName(StateFormat::kStepQuant4), std::string("stepquant-4"));
+  EXPECT_EQ(StepQuantNominalBits(StateFormat::kStepQuant4), 4);
   EXPECT_EQ(AllFormatsWithStepQuant().size(), 13u);
+}
+
+// The format table (STATECACHE_FORMAT_TABLE): codes 0..n-1 in order, one
+// row per format, distinct names, and the accessors read their row.
+TEST(FormatTest, TableRowsAreConsistent) {
+  static_assert(kNumAllStateFormats == 13 && kNumStateFormats == 11, "format count");
+  std::set<std::string> names;
+  for (int i = 0; i < kNumAllStateFormats; ++i) {
+    const StateFormat f = kAllFormats[i];
+    const FormatTraits t = TraitsOf(f);
+    EXPECT_EQ(static_cast<int>(f), i);
+    EXPECT_EQ(t.format, f);
+    EXPECT_TRUE(names.insert(t.name).second) << t.name;
+    EXPECT_EQ(IsMixedFormat(f), t.mixed) << t.name;
+    EXPECT_EQ(HiRowCodec(f), t.hi) << t.name;
+    EXPECT_EQ(LoRowCodec(f), t.lo) << t.name;
+    EXPECT_EQ(ValueTransformOf(f), t.transform) << t.name;
+    EXPECT_EQ(IsStagedFormat(f), t.staged) << t.name;
+    EXPECT_EQ(IsStepQuantFormat(f), t.unit == CudaUnit::kStepQuant) << t.name;
+    EXPECT_EQ(t.mixed, f == StateFormat::kDamp || f == StateFormat::kDampSr) << t.name;
+  }
+  EXPECT_EQ(StepQuantNominalBits(StateFormat::kStepQuant6), 6);
+  EXPECT_EQ(StepQuantNominalBits(StateFormat::kDamp), 0);
+  EXPECT_EQ(FormatName(static_cast<StateFormat>(42)), std::string("unknown"));
 }
 
 TEST(FormatTest, KHiSuffix) {

@@ -54,12 +54,12 @@ TEST(StepQuantLayoutTest, UniformSixBitHeadAndNominalLayoutAgree) {
   EXPECT_EQ(l.col_scale_offset, 12288 + 256);
   EXPECT_EQ(l.head_bytes, 12800);
   EXPECT_DOUBLE_EQ(l.PayloadBitsPerValue(), 6.25);  // 6 + 16/128 + 16/128
-  const PackedHeadLayout nominal = MakeHeadLayout(FormatSpec{kStepQuant6, 0}, 128, 128);
+  const PackedHeadLayout nominal = MakeHeadLayout(FormatSpec{StateFormat::kStepQuant6, 0}, 128, 128);
   EXPECT_EQ(nominal.head_bytes, l.head_bytes);
   EXPECT_EQ(nominal.lo_meta_offset, l.row_scale_offset);
   EXPECT_EQ(nominal.global_offset, l.col_scale_offset);
   EXPECT_DOUBLE_EQ(nominal.PayloadBitsPerValue(), 6.25);
-  EXPECT_DOUBLE_EQ(MakeHeadLayout(FormatSpec{kStepQuant4, 0}, 128, 128).PayloadBitsPerValue(), 4.25);
+  EXPECT_DOUBLE_EQ(MakeHeadLayout(FormatSpec{StateFormat::kStepQuant4, 0}, 128, 128).PayloadBitsPerValue(), 4.25);
 }
 
 TEST(StepQuantLayoutTest, MixedWidthsSectionsAndRowOffsets) {
@@ -271,7 +271,7 @@ TEST(StepQuantCodecTest, AdversarialStatesStayFinite) {
 }
 
 TEST(StepQuantCodecTest, HeadCodecDelegatesForTheNominalLayout) {
-  const PackedHeadLayout nominal = MakeHeadLayout(FormatSpec{kStepQuant4, 0}, 128, 128);
+  const PackedHeadLayout nominal = MakeHeadLayout(FormatSpec{StateFormat::kStepQuant4, 0}, 128, 128);
   const StepHeadLayout l = MakeUniformStepHeadLayout(128, 128, 4);
   const std::vector<float> w = OutlierState(128, 128, 7);
   std::vector<uint8_t> a(nominal.head_bytes), b(l.head_bytes);

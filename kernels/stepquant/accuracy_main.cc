@@ -114,7 +114,7 @@ absl::Status Report(const std::vector<Trajectory>& cal, const std::vector<std::v
     RETURN_IF_ERROR(add("damp:16 (E-only rows)",
                         StateLayout::Create(geo, {StateFormat::kDamp, 16}, damp_perm, {}, {})));
   }
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     const std::string n = FormatName(f);
     if (all) {
       RETURN_IF_ERROR(add(n + " uniform (spatial only)", StateLayout::Identity(geo, {f, 0})));
@@ -125,7 +125,7 @@ absl::Status Report(const std::vector<Trajectory>& cal, const std::vector<std::v
     }
     const auto start = std::chrono::steady_clock::now();
     StepQuantOptions fopts = opts;
-    if (f == kStepQuant4 && !absl::GetFlag(FLAGS_candidates4).empty()) {
+    if (f == StateFormat::kStepQuant4 && !absl::GetFlag(FLAGS_candidates4).empty()) {
       for (absl::string_view b : absl::StrSplit(absl::GetFlag(FLAGS_candidates4), ',')) {
         int v = 0;
         if (!absl::SimpleAtoi(b, &v)) return absl::InvalidArgumentError("--candidates4: not a list of widths");

@@ -55,7 +55,7 @@ TEST_P(OrderingTest, AllocationBeatsUniformAndInt4) {
   StepQuantOptions seed;
   seed.risk_weight = StepQuantOptions::RiskWeight::kLifetime;
   seed.horizon = 256;
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     absl::StatusOr<StepQuantCalibration> c = CalibrateStepQuant(cal, {f, 0}, seed);
     ASSERT_TRUE(c.ok()) << c.status();
     absl::StatusOr<StepQuantCalibration> d = CalibrateStepQuant(cal, {f, 0}, {});
@@ -65,7 +65,7 @@ TEST_P(OrderingTest, AllocationBeatsUniformAndInt4) {
     const double defaults = StateRrmse(*backend, d->layout, eval);
     std::printf("%s %s: int4 %.4f uniform %.4f seed risk %.4f default risk %.4f\n", ArchName(arch),
                 FormatName(f), int4, uniform, calibrated[i], defaults);
-    const bool kda4 = arch == Arch::kKda && f == kStepQuant4;
+    const bool kda4 = arch == Arch::kKda && f == StateFormat::kStepQuant4;
     if (kda4) {
       StepQuantOptions short_horizon = seed;
       short_horizon.horizon = 16;
@@ -75,7 +75,7 @@ TEST_P(OrderingTest, AllocationBeatsUniformAndInt4) {
     } else {
       EXPECT_LT(calibrated[i], 0.6 * uniform) << FormatName(f);
     }
-    EXPECT_LT(defaults, (kda4 ? 0.95 : f == kStepQuant4 ? 0.7 : 0.6) * uniform) << FormatName(f);
+    EXPECT_LT(defaults, (kda4 ? 0.95 : f == StateFormat::kStepQuant4 ? 0.7 : 0.6) * uniform) << FormatName(f);
     EXPECT_LT(calibrated[i], int4) << FormatName(f);
     EXPECT_LT(defaults, int4) << FormatName(f);
     EXPECT_GT(calibrated[i], 0.0);

@@ -89,8 +89,8 @@ double LifetimeWeight(double mean_log_retention, int horizon) {
 }  // namespace
 
 std::vector<int> StepQuantCandidateBits(StateFormat format) {
-  if (format == kStepQuant6) return {4, 6, 8};
-  if (format == kStepQuant4) return {3, 4, 6, 8};
+  if (format == StateFormat::kStepQuant6) return {4, 6, 8};
+  if (format == StateFormat::kStepQuant4) return {3, 4, 6, 8};
   return {};
 }
 

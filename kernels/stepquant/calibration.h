@@ -37,7 +37,7 @@
 //
 //   StepQuantOptions opts;
 //   ASSIGN_OR_RETURN(StepQuantCalibration cal,
-//                    CalibrateStepQuant(trajectories, {kStepQuant6, 0}, opts));
+//                    CalibrateStepQuant(trajectories, {StateFormat::kStepQuant6, 0}, opts));
 //   RETURN_IF_ERROR(WriteLayoutFile(cal.layout, cal.Info(), {}, path));
 #ifndef STATECACHE_KERNELS_STEPQUANT_CALIBRATION_H_
 #define STATECACHE_KERNELS_STEPQUANT_CALIBRATION_H_

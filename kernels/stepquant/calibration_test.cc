@@ -79,7 +79,7 @@ TEST(CalibrateStepQuantTest, GdnHeadsGetOneWidthAndBeatUniformAllocation) {
   const std::vector<Trajectory> trajs = Synthetic(Arch::kGdn, 2, 256);
   StepQuantOptions opts;
   opts.pivot_fraction = 0;
-  absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant(trajs, {kStepQuant4, 0}, opts);
+  absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant(trajs, {StateFormat::kStepQuant4, 0}, opts);
   ASSERT_TRUE(cal.ok()) << cal.status();
   const StateLayout& l = cal->layout;
   ASSERT_EQ(cal->unit_bits.size(), 8u);
@@ -116,7 +116,7 @@ TEST(CalibrateStepQuantTest, KdaRowsArePermutedByWidthWithPivotsFirst) {
   const std::vector<Trajectory> trajs = Synthetic(Arch::kKda, 1, 256);
   StepQuantOptions opts;
   opts.pivot_fraction = 4.0 / 256;  // 4 of 2 x 2 x 64 rows
-  absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant(trajs, {kStepQuant6, 0}, opts);
+  absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant(trajs, {StateFormat::kStepQuant6, 0}, opts);
   ASSERT_TRUE(cal.ok()) << cal.status();
   EXPECT_EQ(cal->num_pivots, 4);
   const StateLayout& l = cal->layout;
@@ -174,8 +174,8 @@ TEST(CalibrateStepQuantTest, HeadRelativeRisksIgnoreAHeadsScale) {
   for (W w : {W::kLifetime, W::kHeadRelative, W::kReadout}) {
     StepQuantOptions opts;
     opts.risk_weight = w;
-    absl::StatusOr<StepQuantCalibration> a = CalibrateStepQuant(trajs, {kStepQuant4, 0}, opts);
-    absl::StatusOr<StepQuantCalibration> b = CalibrateStepQuant(scaled, {kStepQuant4, 0}, opts);
+    absl::StatusOr<StepQuantCalibration> a = CalibrateStepQuant(trajs, {StateFormat::kStepQuant4, 0}, opts);
+    absl::StatusOr<StepQuantCalibration> b = CalibrateStepQuant(scaled, {StateFormat::kStepQuant4, 0}, opts);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_LE(a->nominal_code_bits, 4.0 + 1e-12);
     // Bits given to head 0 of each layer (KDA units: [layer][head][row]).
@@ -203,26 +203,26 @@ TEST(CalibrateStepQuantTest, AblationsAndBadInput) {
   StepQuantOptions opts;
   opts.allocate = false;
   opts.use_row_impact = false;
-  absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant(trajs, {kStepQuant4, 0}, opts);
+  absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant(trajs, {StateFormat::kStepQuant4, 0}, opts);
   ASSERT_TRUE(cal.ok()) << cal.status();
   EXPECT_EQ(cal->layout.Fingerprint(),
-            StateLayout::Identity(trajs[0].geometry, {kStepQuant4, 0})->Fingerprint());
+            StateLayout::Identity(trajs[0].geometry, {StateFormat::kStepQuant4, 0})->Fingerprint());
 
   EXPECT_EQ(CalibrateStepQuant(trajs, {StateFormat::kDamp, 16}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CalibrateStepQuant({}, {kStepQuant4, 0}, {}).status().code(),
+  EXPECT_EQ(CalibrateStepQuant({}, {StateFormat::kStepQuant4, 0}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   std::vector<Trajectory> mixed = trajs;
   mixed.push_back(Synthetic(Arch::kGdn, 1, 64)[0]);
-  EXPECT_EQ(CalibrateStepQuant(mixed, {kStepQuant4, 0}, {}).status().code(),
+  EXPECT_EQ(CalibrateStepQuant(mixed, {StateFormat::kStepQuant4, 0}, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   StepQuantOptions bad;
   bad.horizon = 0;
-  EXPECT_EQ(CalibrateStepQuant(trajs, {kStepQuant4, 0}, bad).status().code(),
+  EXPECT_EQ(CalibrateStepQuant(trajs, {StateFormat::kStepQuant4, 0}, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
   bad = StepQuantOptions{};
   bad.sample_every = 1000;  // no sample in 64 tokens
-  EXPECT_EQ(CalibrateStepQuant(trajs, {kStepQuant4, 0}, bad).status().code(),
+  EXPECT_EQ(CalibrateStepQuant(trajs, {StateFormat::kStepQuant4, 0}, bad).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -91,7 +91,7 @@ TEST_P(StepCpuTest, PackUnpackRoundTripsAndIsDeterministic) {
   }
   const double rrmse = std::sqrt(e / r);
   EXPECT_GT(rrmse, 0.0);
-  EXPECT_LT(rrmse, f == kStepQuant6 ? 0.08 : 0.15);  // widths {4,6,8} / {3,4,6,8} mixed
+  EXPECT_LT(rrmse, f == StateFormat::kStepQuant6 ? 0.08 : 0.15);  // widths {4,6,8} / {3,4,6,8} mixed
   // Packing the unpacked states again is byte-stable after one more round.
   ASSERT_TRUE(b2->PackStates(*p2.model, p2.view, slots, 3, back.data()).ok());
   std::vector<float> back2(states.size());
@@ -192,21 +192,21 @@ TEST_P(StepCpuTest, DecodeTracksTheFp32Recurrence) {
   }
   const double rrmse = std::sqrt(e / r);
   EXPECT_GT(rrmse, 0.0);
-  EXPECT_LT(rrmse, f == kStepQuant6 ? 0.15 : 0.3) << FormatName(f);
+  EXPECT_LT(rrmse, f == StateFormat::kStepQuant6 ? 0.15 : 0.3) << FormatName(f);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, StepCpuTest,
     ::testing::Combine(::testing::Values(kGdnSmall, kKdaSmall),
-                       ::testing::Values(kStepQuant6, kStepQuant4)),
+                       ::testing::Values(StateFormat::kStepQuant6, StateFormat::kStepQuant4)),
     [](const auto& info) {
       return std::string(std::get<0>(info.param).arch == Arch::kGdn ? "gdn" : "kda") + "_" +
-             (std::get<1>(info.param) == kStepQuant6 ? "sq6" : "sq4");
+             (std::get<1>(info.param) == StateFormat::kStepQuant6 ? "sq6" : "sq4");
     });
 
 TEST(StepCpuErrorsTest, BadInputIsRejectedAndNothingIsWritten) {
   const ModelGeometry geo = kKdaSmall;
-  const StateLayout layout = MixedLayout(geo, kStepQuant4, 11);
+  const StateLayout layout = MixedLayout(geo, StateFormat::kStepQuant4, 11);
   auto backend = CpuBackend::Create({2});
   TestPool pool = MakeTestPool(*backend, layout, 3);
   const int32_t slots[2] = {0, 2};
@@ -221,7 +221,7 @@ TEST(StepCpuErrorsTest, BadInputIsRejectedAndNothingIsWritten) {
   EXPECT_NE(s.message().find("v["), absl::string_view::npos) << s;
   // A pool sized for the nominal head instead of the layout's stride.
   PoolView wrong = pool.view;
-  wrong.head_bytes = MakeHeadLayout({kStepQuant4, 0}, geo.d_k, geo.d_v).head_bytes;
+  wrong.head_bytes = MakeHeadLayout({StateFormat::kStepQuant4, 0}, geo.d_k, geo.d_v).head_bytes;
   if (wrong.head_bytes != pool.view.head_bytes) {
     s = backend->DecodeUpdate(*pool.model, wrong, 0, DecodeInputsFor(good, geo, slots, 2, o.data()));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -246,7 +246,7 @@ TEST(StepCpuCalibratedTest, CalibratedLayoutRunsOnTheBackend) {
   ASSERT_TRUE(t.ok());
   StepQuantOptions opts;
   opts.pivot_fraction = 0.02;
-  absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant({*t}, {kStepQuant6, 0}, opts);
+  absl::StatusOr<StepQuantCalibration> cal = CalibrateStepQuant({*t}, {StateFormat::kStepQuant6, 0}, opts);
   ASSERT_TRUE(cal.ok()) << cal.status();
   auto backend = CpuBackend::Create({2});
   TestPool pool = MakeTestPool(*backend, cal->layout, 1);

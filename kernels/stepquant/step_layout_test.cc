@@ -34,7 +34,7 @@ Maps UniformMaps(const ModelGeometry& g, int bits) {
 
 TEST(StepLayoutTest, IdentityIsTheNominalUniformHead) {
   const ModelGeometry g = Kda(2, 4);
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     absl::StatusOr<StateLayout> l = StateLayout::Identity(g, {f, 0});
     ASSERT_TRUE(l.ok()) << l.status();
     const PackedHeadLayout nominal = MakeHeadLayout({f, 0}, 128, 128);
@@ -61,7 +61,7 @@ TEST(StepLayoutTest, VariableHeadsArePackedBackToBack) {
   Maps m = UniformMaps(g, 6);
   for (int r = 0; r < 128; ++r) m.bits[r] = r < 8 ? 16 : 8;       // head 0: 8 pivots, 8-bit
   for (int r = 0; r < 128; ++r) m.bits[256 + r] = r < 64 ? 4 : 3;  // head 2: narrow
-  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(g, {kStepQuant6, 0}, m.perm, m.bits, m.impact);
+  absl::StatusOr<StateLayout> l = StateLayout::CreateStepQuant(g, {StateFormat::kStepQuant6, 0}, m.perm, m.bits, m.impact);
   ASSERT_TRUE(l.ok()) << l.status();
   const int64_t h0 = l->step_head(0, 0).head_bytes, h1 = l->step_head(0, 1).head_bytes,
                 h2 = l->step_head(0, 2).head_bytes;
@@ -79,7 +79,7 @@ TEST(StepLayoutTest, VariableHeadsArePackedBackToBack) {
 
 TEST(StepLayoutTest, BadMapsAreInvalidArgumentNamingTheField) {
   const ModelGeometry g = Kda(2, 2);
-  auto create = [&](const Maps& m, StateFormat f = kStepQuant4) {
+  auto create = [&](const Maps& m, StateFormat f = StateFormat::kStepQuant4) {
     return StateLayout::CreateStepQuant(g, {f, 0}, m.perm, m.bits, m.impact).status();
   };
   auto expect = [](const absl::Status& s, const std::string& field) {
@@ -121,14 +121,14 @@ TEST(StepLayoutTest, BadMapsAreInvalidArgumentNamingTheField) {
 TEST(StepLayoutTest, FingerprintCoversTheMapsAndLayoutFilesRoundTrip) {
   const ModelGeometry g = Kda(2, 2);
   Maps m = UniformMaps(g, 6);
-  const StateLayout a = *StateLayout::CreateStepQuant(g, {kStepQuant6, 0}, m.perm, m.bits, m.impact);
+  const StateLayout a = *StateLayout::CreateStepQuant(g, {StateFormat::kStepQuant6, 0}, m.perm, m.bits, m.impact);
   m.bits[0] = 16;
-  const StateLayout b = *StateLayout::CreateStepQuant(g, {kStepQuant6, 0}, m.perm, m.bits, m.impact);
+  const StateLayout b = *StateLayout::CreateStepQuant(g, {StateFormat::kStepQuant6, 0}, m.perm, m.bits, m.impact);
   m.impact[200] = 0.5f;
-  const StateLayout c = *StateLayout::CreateStepQuant(g, {kStepQuant6, 0}, m.perm, m.bits, m.impact);
+  const StateLayout c = *StateLayout::CreateStepQuant(g, {StateFormat::kStepQuant6, 0}, m.perm, m.bits, m.impact);
   EXPECT_NE(a.Fingerprint(), b.Fingerprint());
   EXPECT_NE(b.Fingerprint(), c.Fingerprint());
-  EXPECT_EQ(a.Fingerprint(), StateLayout::Identity(g, {kStepQuant6, 0})->Fingerprint());
+  EXPECT_EQ(a.Fingerprint(), StateLayout::Identity(g, {StateFormat::kStepQuant6, 0})->Fingerprint());
 
   absl::StatusOr<std::string> image = SerializeLayout(c, {{"tool", "test"}}, {});
   ASSERT_TRUE(image.ok()) << image.status();
@@ -155,7 +155,7 @@ TEST(StepLayoutTest, KdaBitsPerValueMatchSeed002AppendixD) {
   const ModelGeometry g = Kda(20, 32);
   const double n = 640.0 * 128 * 128;
   ASSERT_EQ(n, 40.0 * 1024 * 1024 / 4);
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     const int bbar = StepQuantNominalBits(f);
     // An allocation that spends the budget exactly: 512 pivot rows (16 per
     // head in the first 32 heads), the rest at bbar with a few narrower rows
@@ -201,7 +201,7 @@ TEST(StepLayoutTest, KdaBitsPerValueMatchSeed002AppendixD) {
 TEST(StepLayoutTest, AllocatorMeetsTheBudgetAtKimiScale) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<double> u(0.0, 1.0);
-  for (StateFormat f : {kStepQuant6, kStepQuant4}) {
+  for (StateFormat f : {StateFormat::kStepQuant6, StateFormat::kStepQuant4}) {
     AllocationProblem p;
     p.candidates = StepQuantCandidateBits(f);
     p.nominal_bits = StepQuantNominalBits(f);

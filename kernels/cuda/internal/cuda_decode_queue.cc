@@ -33,8 +33,8 @@ namespace {
 // kRing updates are in flight).
 class CudaDecodeQueue : public DecodeQueue {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaDecodeQueue>> Create() {
-    std::unique_ptr<CudaDecodeQueue> q(new CudaDecodeQueue());
+  static absl::StatusOr<std::unique_ptr<CudaDecodeQueue>> Create(const LaunchOptions& options) {
+    std::unique_ptr<CudaDecodeQueue> q(new CudaDecodeQueue(options));
     RETURN_IF_ERROR(CudaStatus(StreamCreate(&q->stream_), "create queue stream"));
     void* errors = nullptr;
     RETURN_IF_ERROR(CudaStatus(Malloc(&errors, kErrorBytes), "allocate error block"));
@@ -129,7 +129,7 @@ class CudaDecodeQueue : public DecodeQueue {
     if (st.ok()) {
       st = EnqueueRecurrenceOn(*m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v,
                                in.g, in.beta, in.o, errors_, RecurrenceStart::kEarlyHeads,
-                               stream_);
+                               options_, stream_);
     }
     if (st.ok()) {
       st = CudaStatus(CopyDeviceToHostAsync(host_errors_ + entry * kNumValidationFields,
@@ -169,7 +169,7 @@ class CudaDecodeQueue : public DecodeQueue {
     Done done;
   };
 
-  CudaDecodeQueue() = default;
+  explicit CudaDecodeQueue(const LaunchOptions& options) : options_(options) {}
 
   int TakeEntry() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -253,12 +253,13 @@ class CudaDecodeQueue : public DecodeQueue {
   int next_entry_ = 0;
   bool running_ = false;       // a callback is running
   bool stop_ = false;
+  const LaunchOptions options_;  // the backend's
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DecodeQueue>> NewCudaDecodeQueue() {
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeQueue> q, CudaDecodeQueue::Create());
+absl::StatusOr<std::unique_ptr<DecodeQueue>> NewCudaDecodeQueue(const LaunchOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaDecodeQueue> q, CudaDecodeQueue::Create(options));
   return std::unique_ptr<DecodeQueue>(std::move(q));
 }
 

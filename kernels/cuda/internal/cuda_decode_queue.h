@@ -7,13 +7,14 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend/backend.h"
+#include "kernels/cuda/launch_options.h"
 
 namespace statecache {
 namespace cuda_internal {
 
 // A new queue on the current device (its own stream, validation block,
 // slot bitmap, pinned read-back ring and completion thread).
-absl::StatusOr<std::unique_ptr<DecodeQueue>> NewCudaDecodeQueue();
+absl::StatusOr<std::unique_ptr<DecodeQueue>> NewCudaDecodeQueue(const LaunchOptions& options);
 
 }  // namespace cuda_internal
 }  // namespace statecache

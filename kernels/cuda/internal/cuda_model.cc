@@ -21,7 +21,8 @@ absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& poo
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error,
-                                 RecurrenceStart start, void* stream) {
+                                 RecurrenceStart start, const LaunchOptions& options,
+                                 void* stream) {
   // The token inputs have the same names in both kernels' parameters.
   const auto set_inputs = [&](auto& kp) {
     kp.layer = layer;
@@ -40,7 +41,7 @@ absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& poo
   if (IsStepQuantFormat(m.layout().format().format)) {
     StepKernelParams sp = m.StepParams(pool);
     set_inputs(sp);
-    return CudaStatus(LaunchStepRecurrence(sp, stream), "stepquant recurrence kernel");
+    return CudaStatus(LaunchStepRecurrence(sp, options, stream), "stepquant recurrence kernel");
   }
   RecurrenceParams p;
   p.geo = m.Geometry();
@@ -49,7 +50,7 @@ absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& poo
   set_inputs(p);
   p.early_heads = start == RecurrenceStart::kEarlyHeads;
   p.defer_writes = start == RecurrenceStart::kDeferWrites && abort_if_error != nullptr;
-  return CudaStatus(LaunchRecurrence(p, stream), "recurrence kernel");
+  return CudaStatus(LaunchRecurrence(p, options, stream), "recurrence kernel");
 }
 
 ValueChecks TokenValueChecks(const StateLayout& layout, int batch, int tokens, DType dtype,

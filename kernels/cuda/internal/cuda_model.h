@@ -151,12 +151,14 @@ enum class RecurrenceStart {
 // when an entry of `abort_if_error` (the validation block written earlier on
 // the same stream; nullptr = the unchecked benchmark hook) is set. `start`:
 // what the previous kernel of the stream guarantees (RecurrenceStart; the
-// STEPQuant kernels always wait first).
+// STEPQuant kernels always wait first). `options`: the backend's launch
+// switches.
 absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& pool, int layer,
                                  int batch, int tokens, const int32_t* slots, DType dtype,
                                  const void* q, const void* k, const void* v, const float* g,
                                  const float* beta, float* o, const int32_t* abort_if_error,
-                                 RecurrenceStart start, void* stream);
+                                 RecurrenceStart start, const LaunchOptions& options,
+                                 void* stream);
 
 // The value checks of a decode / prefill batch of `batch` x `tokens` rows:
 // finite q, k, v (dtype), g finite and <= 0, beta finite and in [0, 2].

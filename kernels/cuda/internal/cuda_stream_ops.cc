@@ -62,13 +62,14 @@ absl::Status LaunchPackOrUnpack(const CudaPreparedModel& m, const PoolView& pool
 absl::Status EnqueueTokenOp(StreamOp op, const CudaPreparedModel& m, const PoolView& pool,
                             int layer, int batch, int tokens, const int32_t* slots, DType dtype,
                             const void* q, const void* k, const void* v, const float* g,
-                            const float* beta, float* o, const OpRecord& record, void* stream) {
+                            const float* beta, float* o, const OpRecord& record,
+                            const LaunchOptions& options, void* stream) {
   if (batch == 0) return absl::OkStatus();
   OpValidationParams p = ValidationOf(record, op, layer, pool, slots, batch);
   p.values = TokenValueChecks(m.layout(), batch, tokens, dtype, q, k, v, g, beta);
   RETURN_IF_ERROR(CudaStatus(LaunchValidateOp(p, stream), "validation kernel"));
   return EnqueueRecurrenceOn(m, pool, layer, batch, tokens, slots, dtype, q, k, v, g, beta, o,
-                             Verdict(record), RecurrenceStart::kDeferWrites, stream);
+                             Verdict(record), RecurrenceStart::kDeferWrites, options, stream);
 }
 
 }  // namespace
@@ -93,7 +94,7 @@ absl::Status CudaStreamOps::EnqueueDecode(const PreparedModel& model, const Pool
       CheckTokenPointers(in.batch, 1, in.slots, in.dtype, in.q, in.k, in.v, in.g, in.beta));
   if (in.batch > 0 && in.o == nullptr) return absl::InvalidArgumentError("o: null");
   return EnqueueTokenOp(StreamOp::kDecode, *m, pool, layer, in.batch, 1, in.slots, in.dtype, in.q,
-                        in.k, in.v, in.g, in.beta, in.o, record, stream);
+                        in.k, in.v, in.g, in.beta, in.o, record, options_, stream);
 }
 
 absl::Status CudaStreamOps::EnqueuePrefill(const PreparedModel& model, const PoolView& pool,
@@ -105,7 +106,7 @@ absl::Status CudaStreamOps::EnqueuePrefill(const PreparedModel& model, const Poo
   RETURN_IF_ERROR(CheckTokenPointers(in.batch, in.tokens, in.slots, in.dtype, in.q, in.k, in.v,
                                      in.g, in.beta));
   return EnqueueTokenOp(StreamOp::kPrefill, *m, pool, layer, in.batch, in.tokens, in.slots,
-                        in.dtype, in.q, in.k, in.v, in.g, in.beta, in.o, record, stream);
+                        in.dtype, in.q, in.k, in.v, in.g, in.beta, in.o, record, options_, stream);
 }
 
 absl::Status CudaStreamOps::EnqueuePack(const PreparedModel& model, const PoolView& pool,

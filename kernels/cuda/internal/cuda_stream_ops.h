@@ -8,16 +8,20 @@
 // (RecurrenceParams::defer_writes, grid_dependency.cuh). No host wait,
 // allocation or host-to-device copy; capturable in CUDA graphs.
 // Thread-safe (no mutable state); the record orders calls that share it.
+// Launches use the LaunchOptions given at construction (the backend's).
 #ifndef STATECACHE_KERNELS_CUDA_INTERNAL_CUDA_STREAM_OPS_H_
 #define STATECACHE_KERNELS_CUDA_INTERNAL_CUDA_STREAM_OPS_H_
 
 #include "kernels/backend/stream_ops.h"
+#include "kernels/cuda/launch_options.h"
 
 namespace statecache {
 namespace cuda_internal {
 
 class CudaStreamOps : public StreamOps {
  public:
+  explicit CudaStreamOps(const LaunchOptions& options) : options_(options) {}
+
   int64_t RecordBytes(int64_t num_slots) const override;
   absl::Status InitRecord(const OpRecord& record, void* stream) override;
   absl::Status EnqueueDecode(const PreparedModel& model, const PoolView& pool, int layer,
@@ -36,6 +40,9 @@ class CudaStreamOps : public StreamOps {
                                 const int32_t* dst_slots, int n, const OpRecord& record,
                                 void* stream) override;
   absl::Status CheckRecord(const OpRecord& record, void* stream, bool reset) override;
+
+ private:
+  const LaunchOptions options_;
 };
 
 }  // namespace cuda_internal

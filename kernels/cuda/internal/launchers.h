@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/internal/kernel_params.h"
+#include "kernels/cuda/launch_options.h"
 
 namespace statecache {
 namespace cuda_internal {
@@ -19,8 +20,10 @@ namespace cuda_internal {
 bool TilingSupported(int d_k, int d_v);
 
 // Fused decode / prefill: dequantize, p.tokens recurrence steps in FP32,
-// readout, requantize in place. One CTA per (batch item, value head).
-int LaunchRecurrence(const RecurrenceParams& p, void* stream);
+// readout, requantize in place. Which kernel runs (persistent pipelined /
+// staged, or one CTA per (batch item, value head)) and how it is launched:
+// recurrence_launch.cuh, with `o`'s switches.
+int LaunchRecurrence(const RecurrenceParams& p, const LaunchOptions& o, void* stream);
 
 // FP32 natural-order states -> packed slots (pack) and back (unpack).
 int LaunchPack(const PackParams& p, void* stream);

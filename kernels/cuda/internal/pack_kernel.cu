@@ -4,6 +4,7 @@
 // value_transform.h), encode. Unpack: decode, map back (M^-T), scatter rows.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/internal/format_dispatch.cuh"
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/tile_common.cuh"
 #include "kernels/cuda/internal/validation_block.cuh"
@@ -164,20 +165,8 @@ int LaunchPackT(const PackParams& p, bool pack, void* stream) {
 }
 
 int Dispatch(const PackParams& p, bool pack, void* stream) {
-  switch (p.geo.format) {
-    case StateFormat::kFp32: return LaunchPackT<StateFormat::kFp32>(p, pack, stream);
-    case StateFormat::kFp16: return LaunchPackT<StateFormat::kFp16>(p, pack, stream);
-    case StateFormat::kBf16: return LaunchPackT<StateFormat::kBf16>(p, pack, stream);
-    case StateFormat::kInt8: return LaunchPackT<StateFormat::kInt8>(p, pack, stream);
-    case StateFormat::kInt8Hadamard: return LaunchPackT<StateFormat::kInt8Hadamard>(p, pack, stream);
-    case StateFormat::kInt4: return LaunchPackT<StateFormat::kInt4>(p, pack, stream);
-    case StateFormat::kInt4Hadamard: return LaunchPackT<StateFormat::kInt4Hadamard>(p, pack, stream);
-    case StateFormat::kFp8E4m3: return LaunchPackT<StateFormat::kFp8E4m3>(p, pack, stream);
-    case StateFormat::kNvfp4: return LaunchPackT<StateFormat::kNvfp4>(p, pack, stream);
-    case StateFormat::kDamp: return LaunchPackT<StateFormat::kDamp>(p, pack, stream);
-    case StateFormat::kDampSr: return LaunchPackT<StateFormat::kDampSr>(p, pack, stream);
-  }
-  return cudaErrorInvalidValue;
+  return DispatchFormat<CudaUnit::kRecurrence, CudaUnit::kRecurrenceAffine>(
+      p.geo.format, [&](auto f) { return LaunchPackT<decltype(f)::value>(p, pack, stream); });
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // LaunchRecurrence (launchers.h): the fused decode / prefill kernels of the
-// formats without affine rows; those with them are compiled and launched by
+// formats of CUDA unit kRecurrence (the format table, kernels/formats/
+// format.h); those of kRecurrenceAffine are compiled and launched by
 // recurrence_kernel_affine.cu (the kernels: recurrence_kernels.cuh, their
 // launch: recurrence_launch.cuh).
 #include "kernels/cuda/internal/recurrence_launch.cuh"
@@ -12,17 +13,12 @@ bool TilingSupported(int d_k, int d_v) {
   return MakeDecodeTiling(d_k, d_v).threads <= kMaxTileThreads;
 }
 
-int LaunchRecurrence(const RecurrenceParams& p, void* stream) {
-  if (IsAffineRecurrenceFormat(p.geo.format)) return LaunchAffineRecurrence(p, stream);
-  switch (p.geo.format) {
-    case StateFormat::kFp32: return Launch<StateFormat::kFp32>(p, stream);
-    case StateFormat::kFp16: return Launch<StateFormat::kFp16>(p, stream);
-    case StateFormat::kBf16: return Launch<StateFormat::kBf16>(p, stream);
-    case StateFormat::kFp8E4m3: return Launch<StateFormat::kFp8E4m3>(p, stream);
-    case StateFormat::kNvfp4: return Launch<StateFormat::kNvfp4>(p, stream);
-    case StateFormat::kDampSr: return Launch<StateFormat::kDampSr>(p, stream);
-    default: return cudaErrorInvalidValue;
+int LaunchRecurrence(const RecurrenceParams& p, const LaunchOptions& o, void* stream) {
+  if (TraitsOf(p.geo.format).unit == CudaUnit::kRecurrenceAffine) {
+    return LaunchAffineRecurrence(p, o, stream);
   }
+  return DispatchFormat<CudaUnit::kRecurrence>(
+      p.geo.format, [&](auto f) { return Launch<decltype(f)::value>(p, o, stream); });
 }
 
 }  // namespace cuda_internal

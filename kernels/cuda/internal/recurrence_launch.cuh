@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 
+#include "kernels/cuda/internal/format_dispatch.cuh"
 #include "kernels/cuda/internal/launchers.h"
 #include "kernels/cuda/internal/recurrence_kernels.cuh"
 #include "kernels/cuda/internal/stage_layout.h"
@@ -47,43 +47,11 @@ bool PipelineEligible(const RecurrenceParams& p) {
   return !geo.kda || Aligned16(p.g);
 }
 
-// Environment switches of the launch path for A/B benchmarks, each read
-// once per process: a flag is on unless set to a value starting with '0'.
-bool EnvFlagOn(const char* name) {
-  const char* e = std::getenv(name);
-  return e == nullptr || e[0] != '0';
-}
-
-// The persistent kernels are launched as programmatic dependents of the
-// previous kernel in their stream (grid_dependency.cuh); STATECACHE_CUDA_PDL=0
-// launches them plainly.
-bool ProgrammaticLaunchEnabled() {
-  static const bool enabled = EnvFlagOn("STATECACHE_CUDA_PDL");
-  return enabled;
-}
-
-// STATECACHE_CUDA_PIPELINE=0 forces the unpipelined kernel.
-bool PipelineEnabled() {
-  static const bool enabled = EnvFlagOn("STATECACHE_CUDA_PIPELINE");
-  return enabled;
-}
-
-// STATECACHE_CUDA_STAGES=1..3 forces the stage count of the persistent
-// kernels (then large heads may run one CTA per SM; never more stages than
-// one CTA holds); for A/B benchmarks. 0: not forced.
-int ForcedStages() {
-  static const int forced = [] {
-    const char* e = std::getenv("STATECACHE_CUDA_STAGES");
-    return e == nullptr ? 0 : std::atoi(e);
-  }();
-  return forced;
-}
-
 // The pipelined kernel's stage. fixed: the fixed-shape kernels' stage
 // (FixedShapeStageOffsets). max_smem_per_block: the opt-in limit of one
-// CTA's shared memory.
+// CTA's shared memory. forced_stages: LaunchOptions::forced_stages.
 StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
-                            int max_smem_per_block, bool fixed) {
+                            int max_smem_per_block, bool fixed, int forced_stages) {
   const HeadGeometry& geo = p.geo;
   const int ds = p.dtype == 0 ? 4 : 2;
   StageLayout sl = fixed ? FixedShapeStageOffsets(geo.format, ds)
@@ -91,7 +59,7 @@ StageLayout MakeStageLayout(const RecurrenceParams& p, int max_smem_per_sm,
                                         p.maps.key_perm != nullptr,
                                         p.maps.value_order != nullptr);
   ChooseStages(MakeDecodeTiling(geo.d_k, geo.d_v), geo.d_v, max_smem_per_sm, max_smem_per_block,
-               ForcedStages(), &sl);
+               forced_stages, &sl);
   return sl;
 }
 
@@ -207,8 +175,8 @@ bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, i
 // Launches a persistent decode kernel (kKernel: PipelinedDecodeKernel or
 // StagedFpDecodeKernel, both (params, stage layout, tensor map)) on as
 // many CTAs as are resident, at most one per item, as a programmatic
-// dependent of the stream's previous kernel (ProgrammaticLaunchEnabled);
-// cudaErrorNotSupported when none can be (the caller falls back to
+// dependent of the stream's previous kernel (unless
+// !LaunchOptions::programmatic_launch: plainly); cudaErrorNotSupported when none can be (the caller falls back to
 // RecurrenceKernel).
 // The shared-memory attribute (only ever raised, under a lock, so a launch
 // never sees it below its size) and the occupancy query run once per
@@ -217,7 +185,8 @@ bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, i
 // DeviceLimits, this assumes the process drives one device.
 template <auto kKernel>
 int LaunchPersistent(const RecurrenceParams& p, const StageLayout& sl, const CUtensorMap& tmap,
-                     size_t smem, int sms, int threads, int64_t items, cudaStream_t st) {
+                     size_t smem, int sms, int threads, int64_t items, bool programmatic,
+                     cudaStream_t st) {
   static std::mutex mu;
   static size_t attribute_smem = 0;            // guarded by mu
   static std::atomic<uint64_t> last_config{0};  // (smem << 32) | blocks per SM; 0 = none
@@ -248,7 +217,7 @@ int LaunchPersistent(const RecurrenceParams& p, const StageLayout& sl, const CUt
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  if (ProgrammaticLaunchEnabled()) {
+  if (programmatic) {
     config.attrs = attribute;
     config.numAttrs = 1;
   }
@@ -267,25 +236,26 @@ int ForInputDtype(int dtype, Launch launch) {
 }
 
 // StagedFpDecodeKernel<F> for a fixed-shape call whose pool has the parts
-// tensor map `tmap`: `items` column halves (StagedStageLayout, ForcedStages).
+// tensor map `tmap`: `items` column halves (StagedStageLayout).
 template <StateFormat F>
-int LaunchStaged(const RecurrenceParams& p, const CUtensorMap& tmap, int sms,
-                 int max_smem_per_sm, int max_smem_per_block, int64_t items, cudaStream_t st) {
+int LaunchStaged(const RecurrenceParams& p, const LaunchOptions& o, const CUtensorMap& tmap,
+                 int sms, int max_smem_per_sm, int max_smem_per_block, int64_t items,
+                 cudaStream_t st) {
   const StageLayout sl = StagedStageLayout(F, p.dtype == 0 ? 4 : 2, max_smem_per_sm,
-                                           max_smem_per_block, ForcedStages());
+                                           max_smem_per_block, o.forced_stages);
   const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
   return ForInputDtype(p.dtype, [&](auto dtype) {
     return LaunchPersistent<StagedFpDecodeKernel<F, decltype(dtype)::value>>(
-        p, sl, tmap, smem, sms, kStagedThreads, items, st);
+        p, sl, tmap, smem, sms, kStagedThreads, items, o.programmatic_launch, st);
   });
 }
 
 template <StateFormat F, bool kFixed>
-int LaunchT(const RecurrenceParams& p, void* stream) {
+int LaunchT(const RecurrenceParams& p, const LaunchOptions& o, void* stream) {
   const DecodeTiling t = MakeDecodeTiling(p.geo.d_k, p.geo.d_v);
   const int64_t items = int64_t{p.batch} * p.geo.h_v;  // heads
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (PipelineEnabled() && PipelineEligible(p)) {
+  if (o.pipeline && PipelineEligible(p)) {
     // Read once per process (thread-safe static initialization: launches
     // come from several threads, e.g. the data plane's decode queues).
     struct DeviceLimits {
@@ -312,14 +282,14 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
                                                    &tmap, &tma_rows);
     if constexpr (kParts > 1) {
       if (fixed) {
-        const int e = LaunchStaged<F>(p, tmap, sms, limits.max_smem_per_sm,
+        const int e = LaunchStaged<F>(p, o, tmap, sms, limits.max_smem_per_sm,
                                       limits.max_smem_per_block, items * kParts, st);
         if (e != cudaErrorNotSupported) return e;
       }
     }
     const bool pipelined_fixed = fixed && kParts == 1;
-    StageLayout sl =
-        MakeStageLayout(p, limits.max_smem_per_sm, limits.max_smem_per_block, pipelined_fixed);
+    StageLayout sl = MakeStageLayout(p, limits.max_smem_per_sm, limits.max_smem_per_block,
+                                     pipelined_fixed, o.forced_stages);
     sl.tma_rows = tma_rows;
     const size_t smem = sl.scratch_bytes + static_cast<size_t>(sl.stages) * sl.bytes;
     // A head too large for one stage per CTA takes the direct kernel.
@@ -327,12 +297,12 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
     int e = cudaErrorNotSupported;
     if (fits) {
       if (!pipelined_fixed) {
-        e = LaunchPersistent<PipelinedDecodeKernel<F, false, -1>>(p, sl, tmap, smem, sms,
-                                                                   t.threads, items, st);
+        e = LaunchPersistent<PipelinedDecodeKernel<F, false, -1>>(
+            p, sl, tmap, smem, sms, t.threads, items, o.programmatic_launch, st);
       } else if constexpr (kFixed && kParts == 1) {  // (not instantiated for staged formats)
         e = ForInputDtype(p.dtype, [&](auto dtype) {
           return LaunchPersistent<PipelinedDecodeKernel<F, true, decltype(dtype)::value>>(
-              p, sl, tmap, smem, sms, t.threads, items, st);
+              p, sl, tmap, smem, sms, t.threads, items, o.programmatic_launch, st);
         });
       }
     }
@@ -344,27 +314,20 @@ int LaunchT(const RecurrenceParams& p, void* stream) {
 }
 
 template <StateFormat F>
-int Launch(const RecurrenceParams& p, void* stream) {
+int Launch(const RecurrenceParams& p, const LaunchOptions& o, void* stream) {
   if (int64_t{p.batch} * p.geo.h_v == 0) return cudaSuccess;
   const PackedHeadLayout fixed = FixedShapeHeadLayout(F);
   const bool is_fixed = p.geo.d_k == 128 && p.geo.d_v == 128 &&
                         p.geo.layout.k_hi == fixed.k_hi &&
                         p.geo.layout.head_bytes == fixed.head_bytes;
-  return is_fixed ? LaunchT<F, true>(p, stream) : LaunchT<F, false>(p, stream);
+  return is_fixed ? LaunchT<F, true>(p, o, stream) : LaunchT<F, false>(p, o, stream);
 }
 
 }  // namespace
 
-// The formats whose kernels recurrence_kernel_affine.cu compiles: their rows
-// are affine codes, which run about 1% faster with ptxas's default
-// register-usage level, while the others prefer level 10 (kernels/cuda/BUILD).
-constexpr bool IsAffineRecurrenceFormat(StateFormat f) {
-  return f == StateFormat::kInt8 || f == StateFormat::kInt8Hadamard ||
-         f == StateFormat::kInt4 || f == StateFormat::kInt4Hadamard || f == StateFormat::kDamp;
-}
-
-// LaunchRecurrence (launchers.h) for those formats.
-int LaunchAffineRecurrence(const RecurrenceParams& p, void* stream);
+// LaunchRecurrence (launchers.h) for the formats of CUDA unit kRecurrenceAffine
+// (the format table; recurrence_kernel_affine.cu).
+int LaunchAffineRecurrence(const RecurrenceParams& p, const LaunchOptions& o, void* stream);
 
 }  // namespace cuda_internal
 }  // namespace statecache

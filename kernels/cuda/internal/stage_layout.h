@@ -103,15 +103,13 @@ SC_HD StageLayout StageOffsets(int64_t head_bytes, int d_k, int d_v, int ds,
   return sl;
 }
 
-// The formats whose fixed-shape heads run the staged kernel
-// (StagedFpDecodeKernel): fp32. Its rows hold FP values only, so a head's
-// columns are independent (no group parameters across a row, no global
+// IsStagedFormat (the format table's staged column, format.h): the formats
+// whose fixed-shape heads run the staged kernel (StagedFpDecodeKernel):
+// fp32. Its rows hold FP values only, so a head's columns are independent (no group parameters across a row, no global
 // scale, no value-axis map) and the updated tile is written back into its
-// stage as is. fp16 / bf16 qualify too but measured slower there (H200,
-// B = 256: bf16 155 -> 159 us, fp16 151 -> 150; their whole heads already
-// have two stages per CTA and compute weighs more per byte), so they stay
-// on the pipelined kernel.
-SC_HD constexpr bool IsStagedFormat(StateFormat f) { return f == StateFormat::kFp32; }
+// stage as is. fp16 / bf16 qualify too but measured slower there
+// (docs/BENCHMARKS.md, "Kernel design notes"), so they stay on the
+// pipelined kernel.
 
 // The column parts a head of format f is split into: a staged kernel's work
 // item is a fixed-shape head's column half (two stripes, four compute
@@ -123,8 +121,8 @@ SC_HD constexpr int ColumnParts(StateFormat f, bool fixed) {
 
 // The staged kernel's CTA: four compute warps (MakeDecodeTiling(128, 64))
 // and one producer warp; two CTAs per SM, each with three 35 KiB fp32
-// stages (measured against three CTAs of two stages: B = 256 278.0 ->
-// 276.2 us, B = 8 11.8 -> 11.5).
+// stages (measured against three CTAs of two stages: docs/BENCHMARKS.md,
+// "Kernel design notes").
 inline constexpr int kStagedComputeWarps = 4;
 inline constexpr int kStagedThreads = 32 * (kStagedComputeWarps + 1);
 inline constexpr int kStagedCtasPerSm = 2;

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/launch_options.h"
 #include "kernels/formats/stepquant_codec.h"
 
 namespace statecache {
@@ -71,25 +72,28 @@ bool StepShapeSupported(int d_k, int d_v);
 // Each returns a cudaError_t value as int (0 = success); asynchronous on
 // `stream` (a cudaStream_t as void*).
 // Decode / prefill. Decode steps (tokens == 1) of 128 x 128 heads with
-// 16-byte aligned pool, inputs and maps take the tiled kernel
-// (StepTileDecodeKernel, below) by default, or with
-// STATECACHE_STEPQUANT_VARIANT=c2|c3|h2 a build of the fast kernel
+// 16-byte aligned pool, inputs and maps (StepFastDecodeEligible) take the
+// kernel of o.stepquant_variant: the tiled kernel (StepTileDecodeKernel,
+// below; kTile, the default) or a build of the fast kernel
 // (StepFastDecodeKernel: persistent CTAs, a thread per value column - or per
-// half column - in registers, bulk-copy prefetch); everything else, or every
-// call when the environment sets STATECACHE_STEPQUANT_FAST=0 (both read at
-// each launch; for A/B tests), the one-CTA-per-head kernel. The fast and
-// one-CTA-per-head kernels write the CPU backend's bytes; the tiled kernel
-// the tile reference's (rounding differences from the CPU only).
-int LaunchStepRecurrence(const StepKernelParams& p, void* stream);
-// Whether LaunchStepRecurrence would take the fast kernel for `p`.
-bool StepFastDecodeEnabled();
+// half column - in registers, bulk-copy prefetch; kH2, kC2, kC3);
+// everything else, or every call when !o.stepquant_fast, the
+// one-CTA-per-head kernel. The fast and one-CTA-per-head kernels write the
+// CPU backend's bytes; the tiled kernel the tile reference's (rounding
+// differences from the CPU only).
+int LaunchStepRecurrence(const StepKernelParams& p, const LaunchOptions& o, void* stream);
+// Whether `p` is a decode step the fast kernels take (with o.stepquant_fast).
 bool StepFastDecodeEligible(const StepKernelParams& p);
+// The fast decode kernel of variant v for an eligible `p` (kTile: the tiled
+// kernel when StepTileDecodeEligible, else kH2's build).
+int LaunchStepFastDecode(const StepKernelParams& p, StepQuantVariant v, void* stream);
 // The tiled decode kernel (StepTileDecodeKernel, stepquant_tile_kernel.cu:
 // damp's thread map and TokenStep; bytes equal the tile reference - StepDecodeHead
 // with the decay folded in, decode_math.h's ReferenceHeadStep, StepEncodeHead
 // with StepSumOrder::kTile - and differ from the CPU backend's in rounding
-// only). The default for eligible decode steps; STATECACHE_STEPQUANT_VARIANT=
-// h2|c2|c3 selects a build of the CPU-order fast kernel instead (A/B).
+// only). The default for eligible decode steps; LaunchOptions::
+// stepquant_variant kH2 / kC2 / kC3 selects a build of the CPU-order fast
+// kernel instead (A/B).
 bool StepTileDecodeEligible(const StepKernelParams& p);
 int LaunchStepTileDecode(const StepKernelParams& p, void* stream);
 // Dynamic shared memory of one tiled-kernel CTA (bytes).

@@ -19,12 +19,15 @@
 namespace statecache {
 namespace cuda_internal {
 
-// Column interleave of a format's lane pairs (tile_codec.cuh, ChunkCol).
+// Column interleave of a format's lane pairs (tile_codec.cuh, ChunkCol): the
+// format table's lane column (kernels/formats/format.h), at most
+// kTileColsPerLane.
 template <StateFormat F>
 constexpr int LaneWidth() {
-  return F == StateFormat::kFp32 ? 4
-         : (F == StateFormat::kFp16 || F == StateFormat::kBf16) ? 8
-                                                                : kTileColsPerLane;
+  static_assert(TraitsOf(F).lane == 4 || TraitsOf(F).lane == 8 ||
+                    TraitsOf(F).lane == kTileColsPerLane,
+                "a lane holds 4, 8 or kTileColsPerLane columns");
+  return TraitsOf(F).lane;
 }
 
 // Where this lane sits in the tile (see decode_math.h). Its value c is
