@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <ctime>
 #include <regex>
 #include <set>
 #include <string>
@@ -138,6 +139,11 @@ TEST(MetricsBuildTest, BuildInfoProcessAndDeviceSeries) {
   EXPECT_THAT(text, HasSubstr(
       "statecache_build_info{backend=\"cuda\",revision=\"abc\",version=\"1.2.3\"} 1"));
   EXPECT_THAT(text, HasSubstr("statecache_device_memory_free_bytes{backend=\"cuda\"} 123456789"));
+  // At least two clock ticks (10 ms each) of CPU time, so that utime +
+  // stime in /proc/self/stat cannot read 0 however fast the tests before ran.
+  const std::clock_t spin_until = std::clock() + CLOCKS_PER_SEC / 50;
+  volatile uint64_t spin = 0;
+  while (std::clock() < spin_until) spin = spin + 1;
   const ProcessStats p = ReadProcessStats("/proc/self");
   EXPECT_GT(p.resident_bytes, 1 << 20);
   EXPECT_GE(p.open_fds, 3);
