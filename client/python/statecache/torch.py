@@ -392,9 +392,12 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
               dt_bias: torch.Tensor):
     """(g, beta) in fp32 from a GDN layer's raw projections, as vLLM's and
     transformers' Qwen3-Next compute them: g = -exp(A_log) * softplus(a +
-    dt_bias), beta = sigmoid(b)."""
+    dt_bias) in fp32; beta = sigmoid(b) rounded to b's dtype (vLLM's packed
+    decode kernel and transformers' `b.sigmoid()` both round it: a bf16 model
+    feeds the recurrence a bf16 beta), returned as fp32."""
     g = -torch.exp(A_log.float()) * torch.nn.functional.softplus(a.float() + dt_bias.float())
-    return g.contiguous(), torch.sigmoid(b.float()).contiguous()
+    beta = torch.sigmoid(b.float()).to(b.dtype).float()
+    return g.contiguous(), beta.contiguous()
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
