@@ -66,8 +66,17 @@ def decode(pool: "sct.EnginePool", layer: int, slots: torch.Tensor, q: torch.Ten
     kn = sct.l2_normalize(k.float())
     if fresh is not None:
         g = torch.where(fresh.view(-1, 1), torch.full_like(g, RESET_G), g)
-    return sct.decode(pool, layer, slots, qn, kn, v.float().contiguous(), g.contiguous(),
-                      beta.contiguous(), record=record)
+    return decode_prepared(pool, layer, slots, qn, kn, v.float().contiguous(), g.contiguous(),
+                           beta.contiguous(), record=record)
+
+
+def decode_prepared(pool: "sct.EnginePool", layer: int, slots: torch.Tensor, q: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+                    record: torch.Tensor) -> torch.Tensor:
+    """decode() of inputs already prepared (decode_prep.py on CUDA): q, k
+    L2-normalized, fresh rows' g = RESET_G, every tensor fp32 and contiguous.
+    Returns o fp32 [n, h_v, d_v]."""
+    return sct.decode(pool, layer, slots, q, k, v, g, beta, record=record)
 
 
 def prefill(pool: "sct.EnginePool", layer: int, slots: torch.Tensor, plan: PrefillPlan,

@@ -4,6 +4,7 @@ in for the few vLLM names the layer uses).
 - sys.path: client/vllm (statecache_vllm) and client/python (statecache).
 - The gRPC stubs of statecache are generated into a temporary folder by
   `python -m statecache._gen` in a child process, as client/python's tests do.
+- TRITON_INTERPRET=1: the plugin's Triton kernels run on the CPU.
 - `paths`: statecached and libstatecache_dataplane.so from $STATECACHED /
   $STATECACHE_DATAPLANE_LIB (run_tests.sh sets them from Bazel's runfiles),
   else this checkout's bazel-bin. Missing binaries FAIL the tests that need
@@ -16,7 +17,11 @@ import subprocess
 import sys
 import tempfile
 
-import pytest
+# Triton kernels of the plugin (decode_prep.py) run in Triton's interpreter
+# on this GPU-less machine; set before anything imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN_ROOT = os.path.dirname(HERE)
