@@ -40,19 +40,6 @@ absl::Status NoDataPlane() {
   return absl::FailedPreconditionError("session_id: this server has no data plane");
 }
 
-DataPlane::ComputeLimits ComputeLimitsOf(const ops::Limits& l) {
-  DataPlane::ComputeLimits c;
-  c.max_batch = l.max_batch;
-  c.max_work_heads = l.max_work_heads;
-  c.max_prefill_tokens = l.max_prefill_tokens;
-  const float max_abs_value = l.max_abs_value;
-  c.host_value_check = [max_abs_value](absl::string_view prefix, const TensorBytes& q,
-                                       const TensorBytes& k, const TensorBytes& v, int d_k) {
-    return CheckMagnitudes(prefix, q, k, v, d_k, max_abs_value);
-  };
-  return c;
-}
-
 ops::KernelObserver KernelObserverOf(Metrics* metrics) {
   if (metrics == nullptr) return nullptr;
   return [metrics](const char* kernel, double seconds, int batch) {

@@ -10,7 +10,6 @@ namespace statecache {
 
 using service_internal::ShuttingDown;
 using service_internal::StreamShutDown;
-using service_internal::ComputeLimitsOf;
 using service_internal::NoDataPlane;
 
 grpc::Status StateCacheService::SubmitUpdates(
@@ -44,8 +43,8 @@ grpc::Status StateCacheService::SubmitUpdates(
     if (metrics_) metrics_->ObserveRpc("SubmitUpdates", static_cast<int>(code), seconds);
   };
   io.cancelled = [ctx] { return ctx->IsCancelled(); };
-  absl::Status status = dataplane_->SubmitUpdates((*caller)->name(), io,
-                                                 ComputeLimitsOf(limits_), ops_.observe);
+  absl::Status status =
+      dataplane_->SubmitUpdates((*caller)->name(), io, limits_, ops_.observe);
   if (status.ok() && drained) status = StreamShutDown();
   return ToGrpcStatus(status);
 }

@@ -22,8 +22,6 @@ absl::Status ShuttingDown(absl::string_view method);
 absl::Status StreamShutDown();
 // Data-plane RPCs on a server started without one.
 absl::Status NoDataPlane();
-// The data plane's bounds for the same limits (value contract included).
-DataPlane::ComputeLimits ComputeLimitsOf(const ops::Limits& limits);
 // Kernel timings into `metrics` (decode_update also feeds the batch
 // histogram); empty when metrics is null.
 ops::KernelObserver KernelObserverOf(Metrics* metrics);

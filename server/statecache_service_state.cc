@@ -14,7 +14,6 @@
 
 namespace statecache {
 
-using service_internal::ComputeLimitsOf;
 using service_internal::ShuttingDown;
 using service_internal::StreamShutDown;
 
@@ -22,8 +21,7 @@ absl::Status StateCacheService::DoUpdate(Tenant& caller, const v1::UpdateRequest
                                          v1::UpdateResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   if (dataplane_ != nullptr && DataPlane::UsesBuffers(req)) {
-    return dataplane_->Update(caller.name(), *m, req, ComputeLimitsOf(limits_), ops_.observe,
-                              resp);
+    return dataplane_->Update(caller.name(), *m, req, limits_, ops_.observe, resp);
   }
   ops::RequestBytes source;
   return ops::Update(ops_, source, *m, req, resp);
@@ -79,8 +77,7 @@ absl::Status StateCacheService::DoPrefill(Tenant& caller, const v1::PrefillReque
                                           v1::PrefillResponse* resp) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   if (dataplane_ != nullptr && DataPlane::UsesBuffers(req)) {
-    return dataplane_->Prefill(caller.name(), *m, req, ComputeLimitsOf(limits_), ops_.observe,
-                               resp);
+    return dataplane_->Prefill(caller.name(), *m, req, limits_, ops_.observe, resp);
   }
   return ops::Prefill(ops_, *m, req, resp);
 }

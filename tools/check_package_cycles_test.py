@@ -73,6 +73,22 @@ class CheckPackageCyclesTest(unittest.TestCase):
         self.assertEqual(cpc.package_of("//kernels/cuda:kernels"), "kernels/cuda")
         self.assertIsNone(cpc.package_of("@local_cuda//:cudart"))
 
+    def test_query_covers_test_targets(self):
+        # Tests are part of the graph: the query names every target of the
+        # workspace and leaves none out.
+        self.assertIn("deps(//...)", cpc.QUERY)
+        self.assertNotIn("except", " ".join(cpc.QUERY))
+        self.assertNotIn("tests(", " ".join(cpc.QUERY))
+
+    def test_test_target_edge_closes_a_cycle(self):
+        # A test in a lower package that depends on a higher one is a cycle.
+        status, text = cpc.report(cpc.package_edges(graph(
+            ("//kernels/cpu:cpu_backend", "//kernels/backend:backend_interface"),
+            ("//kernels/backend:stream_ops_cpu_test", "//kernels/cpu:cpu_backend"))))
+        self.assertEqual(status, 1)
+        self.assertIn("cycle: //kernels/backend <-> //kernels/cpu", text)
+        self.assertIn("//kernels/backend:stream_ops_cpu_test -> //kernels/cpu:cpu_backend", text)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -54,6 +54,105 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The layout the demo registers: from --layout (sent as a file, in
+// reg->layout_file), calibrated for a mixed format, else the identity.
+// *info says which, for the header.
+absl::Status ChooseLayout(const CliFlags& f, const DemoData& data, const ModelGeometry& geo,
+                          const FormatSpec& format, int calibration_docs, Registration* reg,
+                          std::optional<StateLayout>* layout, std::string* info) {
+  if (f.Has("layout")) {
+    // Checked here, and sent as a file: the server checks it again.
+    const std::string path = f.Get("layout", "");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("--layout: cannot read ", path));
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    reg->layout_file = bytes.str();
+    ASSIGN_OR_RETURN(LayoutFile lf, ParseLayout(reg->layout_file, &geo, &format));
+    *layout = std::move(lf.layout);
+    *info = absl::StrCat("from layout file ", path, " (registered as a file)");
+  } else if (IsMixedFormat(format.format)) {
+    ASSIGN_OR_RETURN(*layout, CalibrateLayout(*data.model, data.calibration, calibration_docs,
+                                              format, info));
+    *info = absl::StrCat("calibrated on ", *info);
+  } else {
+    ASSIGN_OR_RETURN(*layout, StateLayout::Identity(geo, format));
+    *info = "identity (this format has no calibrated maps)";
+  }
+  return absl::OkStatus();
+}
+
+// "State memory": one sequence's packed bytes vs FP32, the checkpoints held.
+void PrintStateMemory(std::FILE* out, const v1::ModelInfo& info, const v1::ModelStats& ms) {
+  absl::FPrintF(out, "State memory\n");
+  absl::FPrintF(out, "  one sequence       %s in %s (%.2f bits/value) vs %s in fp32: %.2fx smaller\n",
+                Bytes(info.slot_bytes()), info.format(), info.payload_bits_per_value(),
+                Bytes(info.fp32_slot_bytes()),
+                static_cast<double>(info.fp32_slot_bytes()) / info.slot_bytes());
+  absl::FPrintF(out, "  checkpoints held   %d = %s (in fp32: %s); plus %s of conv windows (aux bytes)\n",
+                ms.checkpoints(), Bytes(ms.checkpoint_used_bytes().total()),
+                Bytes(static_cast<double>(ms.checkpoints()) * info.fp32_slot_bytes()),
+                Bytes(ms.checkpoint_aux_bytes()));
+}
+
+// "Prefix cache": turns resumed from a checkpoint, tokens restored and
+// prefilled, time to first output, the server's cache counters.
+void PrintPrefixCache(std::FILE* out, const WorkloadResult& run, const v1::ModelStats& ms,
+                      int prompt_bytes) {
+  int later = 0, later_hit = 0;
+  int64_t context = 0, restored = 0, prefilled = 0, recomputed = 0;
+  std::vector<double> ttft_first, ttft_later;
+  for (const TurnStats& ts : run.turns) {
+    prefilled += ts.prefilled_tokens;
+    recomputed += ts.recomputed_tokens;
+    if (ts.turn == 0) {
+      ttft_first.push_back(ts.ttft_ms);
+      continue;
+    }
+    ++later;
+    later_hit += ts.restored_tokens > 0;
+    context += ts.context_tokens;
+    restored += ts.restored_tokens;
+    ttft_later.push_back(ts.ttft_ms);
+  }
+  absl::FPrintF(out, "Prefix cache (LookupPrefix + Restore at the start of every turn)\n");
+  absl::FPrintF(out, "  turns 2+ resumed from a checkpoint  %d / %d (%.0f%%)\n", later_hit, later,
+                later > 0 ? 100.0 * later_hit / later : 0.0);
+  absl::FPrintF(out, "  context tokens restored             %s of %s (recomputed: %s)\n",
+                Thousands(restored), Thousands(context), Thousands(recomputed));
+  absl::FPrintF(out, "  tokens prefilled                    %s (without the cache: %s)\n",
+                Thousands(prefilled), Thousands(prefilled + restored));
+  absl::FPrintF(out,
+                "  time to first output, p50           first turns %.1f ms; turns 2+ %.1f ms "
+                "(restore + %d new bytes)\n",
+                Percentile(ttft_first, 50), Percentile(ttft_later, 50), prompt_bytes);
+  absl::FPrintF(out, "  server counters                     lookups %d hit / %d miss, %d snapshots, "
+                "%d restores, %d evictions\n",
+                ms.lookups_hit(), ms.lookups_miss(), ms.snapshots(), ms.restores(),
+                ms.evictions());
+}
+
+// "Update latency" (UpdateStream round trips) and "Accuracy" against FP32.
+void PrintLatencyAndAccuracy(std::FILE* out, const WorkloadResult& run, const Accuracy& acc,
+                             const v1::ModelInfo& info, bool child) {
+  absl::FPrintF(out, "Update latency (UpdateStream round trip: one layer of one token; dequantize, "
+                "update, read out, requantize)\n");
+  absl::FPrintF(out, "  p50 %.0f us   p99 %.0f us   over %s updates (%s)\n",
+                Percentile(run.update_micros, 50), Percentile(run.update_micros, 99),
+                Thousands(run.update_micros.size()), child ? "local unix socket" : "network");
+
+  absl::FPrintF(out, "Accuracy against FP32 states (same bytes, %s predicted, %s of them reply bytes)\n",
+                Thousands(acc.predicted), Thousands(acc.reply_predicted));
+  absl::FPrintF(out, "  bits/byte          %s %.4f   fp32 %.4f   (%+.4f)\n", info.format(),
+                acc.bits_per_byte, acc.reference_bits_per_byte,
+                // (no "-0.0000" for a difference that rounds to zero)
+                std::abs(acc.bits_per_byte - acc.reference_bits_per_byte) < 5e-5
+                    ? 0.0
+                    : acc.bits_per_byte - acc.reference_bits_per_byte);
+  absl::FPrintF(out, "  greedy agreement   %.2f%% of positions (reply bytes: %.2f%%)\n",
+                100 * acc.agreement, 100 * acc.reply_agreement);
+}
+
 absl::Status RunDemo(CtlContext& ctx, const std::vector<std::string>& args) {
   std::vector<std::string> argv_s = {"demo"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -100,30 +199,12 @@ absl::Status RunDemo(CtlContext& ctx, const std::vector<std::string>& args) {
                 geo.d_k, geo.d_v, Thousands(StateElements(geo)));
   absl::FPrintF(out, "  server    %s\n", server.description);
 
-  // The layout: calibrated here, or from a file.
   std::string layout_info;
   std::optional<StateLayout> layout;
   Registration reg;
   reg.slots = 2;
-  if (f.Has("layout")) {
-    // Checked here, and sent as a file: the server checks it again.
-    const std::string path = f.Get("layout", "");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("--layout: cannot read ", path));
-    std::stringstream bytes;
-    bytes << in.rdbuf();
-    reg.layout_file = bytes.str();
-    ASSIGN_OR_RETURN(LayoutFile lf, ParseLayout(reg.layout_file, &geo, &format));
-    layout = std::move(lf.layout);
-    layout_info = absl::StrCat("from layout file ", path, " (registered as a file)");
-  } else if (IsMixedFormat(format.format)) {
-    ASSIGN_OR_RETURN(layout, CalibrateLayout(model, data.calibration, calibration_docs, format,
-                                             &layout_info));
-    layout_info = absl::StrCat("calibrated on ", layout_info);
-  } else {
-    ASSIGN_OR_RETURN(layout, StateLayout::Identity(geo, format));
-    layout_info = "identity (this format has no calibrated maps)";
-  }
+  RETURN_IF_ERROR(
+      ChooseLayout(f, data, geo, format, calibration_docs, &reg, &layout, &layout_info));
   absl::FPrintF(out, "  layout    %s %s\n", FormatSpecName(format), layout_info);
   absl::FPrintF(out,
                 "  workload  %d conversations x %d turns from heldout.jsonl; turn k = turns 1..k-1 + "
@@ -155,69 +236,9 @@ absl::Status RunDemo(CtlContext& ctx, const std::vector<std::string>& args) {
   ASSIGN_OR_RETURN(v1::GetStatsResponse stats, server.client->GetStats(model_id));
   const v1::ModelStats& ms = stats.models(0).stats();
 
-  // --- State memory.
-  absl::FPrintF(out, "State memory\n");
-  absl::FPrintF(out, "  one sequence       %s in %s (%.2f bits/value) vs %s in fp32: %.2fx smaller\n",
-                Bytes(info.slot_bytes()), info.format(), info.payload_bits_per_value(),
-                Bytes(info.fp32_slot_bytes()),
-                static_cast<double>(info.fp32_slot_bytes()) / info.slot_bytes());
-  absl::FPrintF(out, "  checkpoints held   %d = %s (in fp32: %s); plus %s of conv windows (aux bytes)\n",
-                ms.checkpoints(), Bytes(ms.checkpoint_used_bytes().total()),
-                Bytes(static_cast<double>(ms.checkpoints()) * info.fp32_slot_bytes()),
-                Bytes(ms.checkpoint_aux_bytes()));
-
-  // --- Prefix cache.
-  int later = 0, later_hit = 0;
-  int64_t context = 0, restored = 0, prefilled = 0, recomputed = 0;
-  std::vector<double> ttft_first, ttft_later;
-  for (const TurnStats& ts : run.turns) {
-    prefilled += ts.prefilled_tokens;
-    recomputed += ts.recomputed_tokens;
-    if (ts.turn == 0) {
-      ttft_first.push_back(ts.ttft_ms);
-      continue;
-    }
-    ++later;
-    later_hit += ts.restored_tokens > 0;
-    context += ts.context_tokens;
-    restored += ts.restored_tokens;
-    ttft_later.push_back(ts.ttft_ms);
-  }
-  absl::FPrintF(out, "Prefix cache (LookupPrefix + Restore at the start of every turn)\n");
-  absl::FPrintF(out, "  turns 2+ resumed from a checkpoint  %d / %d (%.0f%%)\n", later_hit, later,
-                later > 0 ? 100.0 * later_hit / later : 0.0);
-  absl::FPrintF(out, "  context tokens restored             %s of %s (recomputed: %s)\n",
-                Thousands(restored), Thousands(context), Thousands(recomputed));
-  absl::FPrintF(out, "  tokens prefilled                    %s (without the cache: %s)\n",
-                Thousands(prefilled), Thousands(prefilled + restored));
-  absl::FPrintF(out,
-                "  time to first output, p50           first turns %.1f ms; turns 2+ %.1f ms "
-                "(restore + %d new bytes)\n",
-                Percentile(ttft_first, 50), Percentile(ttft_later, 50), wo.prompt_bytes);
-  absl::FPrintF(out, "  server counters                     lookups %d hit / %d miss, %d snapshots, "
-                "%d restores, %d evictions\n",
-                ms.lookups_hit(), ms.lookups_miss(), ms.snapshots(), ms.restores(),
-                ms.evictions());
-
-  // --- Update latency.
-  absl::FPrintF(out, "Update latency (UpdateStream round trip: one layer of one token; dequantize, "
-                "update, read out, requantize)\n");
-  absl::FPrintF(out, "  p50 %.0f us   p99 %.0f us   over %s updates (%s)\n",
-                Percentile(run.update_micros, 50), Percentile(run.update_micros, 99),
-                Thousands(run.update_micros.size()),
-                server.child ? "local unix socket" : "network");
-
-  // --- Accuracy.
-  absl::FPrintF(out, "Accuracy against FP32 states (same bytes, %s predicted, %s of them reply bytes)\n",
-                Thousands(acc.predicted), Thousands(acc.reply_predicted));
-  absl::FPrintF(out, "  bits/byte          %s %.4f   fp32 %.4f   (%+.4f)\n", info.format(),
-                acc.bits_per_byte, acc.reference_bits_per_byte,
-                // (no "-0.0000" for a difference that rounds to zero)
-                std::abs(acc.bits_per_byte - acc.reference_bits_per_byte) < 5e-5
-                    ? 0.0
-                    : acc.bits_per_byte - acc.reference_bits_per_byte);
-  absl::FPrintF(out, "  greedy agreement   %.2f%% of positions (reply bytes: %.2f%%)\n",
-                100 * acc.agreement, 100 * acc.reply_agreement);
+  PrintStateMemory(out, info, ms);
+  PrintPrefixCache(out, run, ms, wo.prompt_bytes);
+  PrintLatencyAndAccuracy(out, run, acc, info, server.child != nullptr);
   std::string dropped;
   if (!server.child) {  // leave a shared server as it was
     RETURN_IF_ERROR(server.client->DropModel(model_id, /*force=*/true));

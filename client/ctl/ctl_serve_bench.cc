@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,198 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / v.size();
 }
 
+// The flags of one serve-bench run.
+struct ServeBenchOptions {
+  WorkloadOptions wo;
+  int64_t budget = 0;  // checkpoint bytes per format
+  int calibration_docs = 2;
+  int repeats = 3;
+  int threads = 0;
+  std::vector<FormatSpec> formats;
+};
+
+absl::StatusOr<ServeBenchOptions> ParseServeBenchOptions(const CliFlags& f) {
+  ServeBenchOptions o;
+  WorkloadOptions& wo = o.wo;
+  ASSIGN_OR_RETURN(wo.conversations, f.GetInt("conversations", 6));
+  ASSIGN_OR_RETURN(wo.turns, f.GetInt("turns", 4));
+  ASSIGN_OR_RETURN(wo.prompt_bytes, f.GetInt("prompt_bytes", 96));
+  ASSIGN_OR_RETURN(wo.reply_bytes, f.GetInt("reply_bytes", 16));
+  ASSIGN_OR_RETURN(const int seed, f.GetInt("seed", 1));
+  wo.seed = static_cast<uint64_t>(seed);
+  wo.shuffle = !f.Has("round_robin");
+  ASSIGN_OR_RETURN(const double budget_mib, f.GetDouble("budget_mib", 4));
+  if (!(budget_mib > 0)) return absl::InvalidArgumentError("--budget_mib: must be > 0");
+  o.budget = static_cast<int64_t>(budget_mib * (1 << 20));
+  ASSIGN_OR_RETURN(o.calibration_docs, f.GetInt("calibration_docs", 2));
+  ASSIGN_OR_RETURN(o.repeats, f.GetInt("repeats", 3));
+  if (o.repeats < 1) return absl::InvalidArgumentError("--repeats: must be >= 1");
+  ASSIGN_OR_RETURN(o.threads, f.GetInt("threads", 0));
+  for (absl::string_view s : absl::StrSplit(f.Get("formats", "fp32,bf16,damp:16"), ',')) {
+    ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(s));
+    o.formats.push_back(spec);
+  }
+  return o;
+}
+
+// What every step of a run reads: the model and its data, the workload, the
+// server.
+struct ServeBenchRun {
+  const ServeBenchOptions& o;
+  const DemoData& data;
+  const std::vector<Conversation>& convs;
+  const std::vector<std::pair<int, int>>& schedule;
+  ServerHandle& server;
+};
+
+// Layouts once per format (DAMP calibrated on the calibration corpus); names
+// rows[i].format.
+absl::StatusOr<std::vector<StateLayout>> FormatLayouts(const ServeBenchRun& r, std::FILE* out,
+                                                       std::vector<FormatRow>& rows) {
+  const LanguageModel& model = *r.data.model;
+  const ModelGeometry geo = model.config().Geometry();
+  std::vector<StateLayout> layouts;
+  for (size_t i = 0; i < r.o.formats.size(); ++i) {
+    const FormatSpec& spec = r.o.formats[i];
+    rows[i].format = FormatSpecName(spec);
+    std::string info;
+    absl::StatusOr<StateLayout> layout =
+        IsMixedFormat(spec.format)
+            ? CalibrateLayout(model, r.data.calibration, r.o.calibration_docs, spec, &info)
+            : StateLayout::Identity(geo, spec);
+    RETURN_IF_ERROR(layout.status());
+    if (IsMixedFormat(spec.format)) {
+      absl::FPrintF(out, "  %s layout calibrated on %s\n", rows[i].format, info);
+    }
+    layouts.push_back(*std::move(layout));
+  }
+  return layouts;
+}
+
+// Serves the workload once with format i (registered under the budget,
+// dropped again whatever happens): appends each turn's TTFT to ttft[turn]
+// and, on the first repeat, fills row's counters and accuracy.
+absl::Status ServeOnce(const ServeBenchRun& r, const StateLayout& layout, const WorkloadResult& ref,
+                       bool first, FormatRow& row, std::vector<std::vector<double>>& ttft) {
+  Registration reg;
+  reg.slots = 1;
+  reg.max_checkpoint_bytes = r.o.budget;
+  ASSIGN_OR_RETURN(v1::ModelInfo mi,
+                   RegisterLayout(r.server.client.get(),
+                                  absl::StrCat(r.data.model_name, "-bench"), layout, reg));
+  const auto t = std::chrono::steady_clock::now();
+  absl::StatusOr<WorkloadResult> run = RunRemoteWorkload(
+      *r.data.model, r.server.client.get(), mi.model_id(), r.convs, r.schedule, {});
+  absl::StatusOr<v1::GetStatsResponse> stats = r.server.client->GetStats(mi.model_id());
+  // Free the budget for the next format whatever happened.
+  RETURN_IF_ERROR(r.server.client->DropModel(mi.model_id(), /*force=*/true));
+  RETURN_IF_ERROR(run.status());
+  RETURN_IF_ERROR(stats.status());
+  row.wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  ttft.resize(run->turns.size());
+  for (size_t k = 0; k < run->turns.size(); ++k) ttft[k].push_back(run->turns[k].ttft_ms);
+  if (!first) return absl::OkStatus();
+  const v1::ModelStats& ms = stats->models(0).stats();
+  row.checkpoint_bytes = mi.slot_bytes();
+  row.capacity = ms.checkpoint_capacity();
+  row.restores = ms.restores();
+  row.evictions = ms.evictions();
+  for (const TurnStats& ts : run->turns) {
+    row.recomputed += ts.recomputed_tokens;
+    row.prefilled += ts.prefilled_tokens;
+    if (ts.turn == 0) continue;
+    ++row.later;
+    row.later_hit += ts.restored_tokens > 0;
+    row.full_hit += ts.restored_tokens == ts.context_tokens;
+  }
+  ASSIGN_OR_RETURN(row.accuracy, CompareRuns(*run, ref));
+  return absl::OkStatus();
+}
+
+// Mean TTFT of the fp32 row (0 without one).
+double Fp32Ttft(const std::vector<FormatRow>& rows) {
+  for (const FormatRow& r : rows) {
+    if (r.format == "fp32") return Mean(r.ttft);
+  }
+  return 0.0;
+}
+
+std::string VsFp32(const FormatRow& r, double fp32_ttft) {
+  return fp32_ttft > 0 ? absl::StrFormat("%+.1f%%", 100 * (Mean(r.ttft) / fp32_ttft - 1))
+                       : std::string("-");
+}
+
+// The serving table, the TTFT-by-turn table and their legend.
+void PrintTables(std::FILE* out, const std::vector<FormatRow>& rows, int turns) {
+  const double fp32_ttft = Fp32Ttft(rows);
+  // Table 1: serving.
+  absl::FPrintF(out, "\n%-10s %10s %6s %14s %8s %9s %10s %10s %10s %9s %8s %9s %9s\n", "format",
+                "ckpt size", "ckpts", "hit (turns 2+)", "restores", "evictions", "recomputed",
+                "prefilled", "TTFT mean", "TTFT p90", "vs fp32", "bits/byte", "agreement");
+  for (const FormatRow& r : rows) {
+    absl::FPrintF(out, "%-10s %10s %6d %8d/%-2d %3.0f%% %8d %9d %10s %10s %7.1f ms %6.1f ms %8s %9.4f %8.2f%%\n",
+                  r.format, Bytes(r.checkpoint_bytes), r.capacity, r.later_hit, r.later,
+                  r.later ? 100.0 * r.later_hit / r.later : 0.0, r.restores, r.evictions,
+                  Thousands(r.recomputed), Thousands(r.prefilled), Mean(r.ttft),
+                  Percentile(r.ttft, 90), VsFp32(r, fp32_ttft), r.accuracy.bits_per_byte,
+                  100 * r.accuracy.agreement);
+  }
+  absl::FPrintF(out, "%-10s %10s %6s %14s %8s %9s %10s %10s %10s %9s %8s %9.4f %8.2f%%\n",
+                "fp32 ref", "-", "-", "(in process)", "-", "-", "-", "-", "-", "-", "-",
+                rows.empty() ? 0.0 : rows[0].accuracy.reference_bits_per_byte, 100.0);
+  // Table 2: TTFT by turn.
+  absl::FPrintF(out, "\nTime to first output by turn (mean ms; turn 1 is always a cold prefill)\n%-10s",
+                "format");
+  for (int t = 0; t < turns; ++t) absl::FPrintF(out, " %9s", absl::StrCat("turn ", t + 1));
+  absl::FPrintF(out, "\n");
+  for (const FormatRow& r : rows) {
+    absl::FPrintF(out, "%-10s", r.format);
+    for (int t = 0; t < turns; ++t) {
+      auto it = r.ttft_by_turn.find(t);
+      absl::FPrintF(out, " %9.1f", it == r.ttft_by_turn.end() ? 0.0 : Mean(it->second));
+    }
+    absl::FPrintF(out, "\n");
+  }
+  absl::FPrintF(out,
+                "\nckpts: checkpoints the budget holds; hit: turns 2+ that restored a checkpoint "
+                "of their conversation\n(a full hit resumes the previous turn; after an eviction "
+                "the whole context is recomputed); recomputed:\ncontext tokens prefilled again; "
+                "prefilled: all tokens prefilled; TTFT: lookup + restore + prefill until the\n"
+                "first reply byte's logits (median of the repeats); bits/byte and agreement (same "
+                "greedy byte)\nagainst FP32 states in process, over %s scored positions.\n",
+                Thousands(rows.empty() ? 0 : rows[0].accuracy.predicted));
+}
+
+// The same two tables as Markdown (--markdown).
+void PrintMarkdown(std::FILE* out, const std::vector<FormatRow>& rows, int turns) {
+  const double fp32_ttft = Fp32Ttft(rows);
+  absl::FPrintF(out, "\n| format | checkpoint | checkpoints in budget | hit rate (turns 2+) | "
+                "restores | recomputed tokens | prefilled tokens | TTFT mean | TTFT p90 | "
+                "TTFT vs fp32 | bits/byte | greedy agreement |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const FormatRow& r : rows) {
+    absl::FPrintF(out, "| %s | %s | %d | %d/%d (%.0f%%) | %d | %s | %s | %.1f ms | %.1f ms | %s | %.4f | %.2f%% |\n",
+                  r.format, Bytes(r.checkpoint_bytes), r.capacity, r.later_hit, r.later,
+                  r.later ? 100.0 * r.later_hit / r.later : 0.0, r.restores,
+                  Thousands(r.recomputed), Thousands(r.prefilled), Mean(r.ttft),
+                  Percentile(r.ttft, 90), VsFp32(r, fp32_ttft), r.accuracy.bits_per_byte,
+                  100 * r.accuracy.agreement);
+  }
+  absl::FPrintF(out, "\n| format |");
+  for (int t = 0; t < turns; ++t) absl::FPrintF(out, " turn %d |", t + 1);
+  absl::FPrintF(out, "\n|---|");
+  for (int t = 0; t < turns; ++t) absl::FPrintF(out, "---|");
+  absl::FPrintF(out, "\n");
+  for (const FormatRow& r : rows) {
+    absl::FPrintF(out, "| %s |", r.format);
+    for (int t = 0; t < turns; ++t) {
+      auto it = r.ttft_by_turn.find(t);
+      absl::FPrintF(out, " %.1f ms |", it == r.ttft_by_turn.end() ? 0.0 : Mean(it->second));
+    }
+    absl::FPrintF(out, "\n");
+  }
+}
+
 absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args) {
   std::vector<std::string> argv_s = {"serve-bench"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -82,29 +275,11 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
     absl::FPrintF(out, "%s", kServeBenchHelp);
     return absl::OkStatus();
   }
-  WorkloadOptions wo;
-  ASSIGN_OR_RETURN(wo.conversations, f.GetInt("conversations", 6));
-  ASSIGN_OR_RETURN(wo.turns, f.GetInt("turns", 4));
-  ASSIGN_OR_RETURN(wo.prompt_bytes, f.GetInt("prompt_bytes", 96));
-  ASSIGN_OR_RETURN(wo.reply_bytes, f.GetInt("reply_bytes", 16));
-  ASSIGN_OR_RETURN(const int seed, f.GetInt("seed", 1));
-  wo.seed = static_cast<uint64_t>(seed);
-  wo.shuffle = !f.Has("round_robin");
-  ASSIGN_OR_RETURN(const double budget_mib, f.GetDouble("budget_mib", 4));
-  if (!(budget_mib > 0)) return absl::InvalidArgumentError("--budget_mib: must be > 0");
-  const int64_t budget = static_cast<int64_t>(budget_mib * (1 << 20));
-  ASSIGN_OR_RETURN(const int calibration_docs, f.GetInt("calibration_docs", 2));
-  ASSIGN_OR_RETURN(const int repeats, f.GetInt("repeats", 3));
-  if (repeats < 1) return absl::InvalidArgumentError("--repeats: must be >= 1");
-  ASSIGN_OR_RETURN(const int threads, f.GetInt("threads", 0));
-  std::vector<FormatSpec> formats;
-  for (absl::string_view s : absl::StrSplit(f.Get("formats", "fp32,bf16,damp:16"), ',')) {
-    ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(s));
-    formats.push_back(spec);
-  }
+  ASSIGN_OR_RETURN(const ServeBenchOptions o, ParseServeBenchOptions(f));
+  const WorkloadOptions& wo = o.wo;
   const auto t0 = std::chrono::steady_clock::now();
 
-  ASSIGN_OR_RETURN(DemoData data, LoadDemoData(f.Get("model", "gdn-tiny"), threads));
+  ASSIGN_OR_RETURN(DemoData data, LoadDemoData(f.Get("model", "gdn-tiny"), o.threads));
   const LanguageModel& model = *data.model;
   const ModelGeometry geo = model.config().Geometry();
   ASSIGN_OR_RETURN(std::vector<Conversation> convs, MakeConversations(data.heldout, wo));
@@ -113,7 +288,7 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
   setup.server = f.Get("server", ctx.server());
   setup.statecached = f.Get("statecached", "");
   setup.backend = f.Get("backend", "cpu");
-  setup.checkpoint_memory_bytes = budget;
+  setup.checkpoint_memory_bytes = o.budget;
   ASSIGN_OR_RETURN(ServerHandle server, StartOrConnect(setup));
 
   absl::FPrintF(out, "statecache serve-bench: multi-turn prefix reuse under one checkpoint budget\n\n");
@@ -122,7 +297,7 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
                 geo.d_k, geo.d_v);
   absl::FPrintF(out, "  server     %s\n", server.description);
   absl::FPrintF(out, "  budget     %s of checkpoint memory per format (max_checkpoint_bytes)\n",
-                Bytes(budget));
+                Bytes(o.budget));
   absl::FPrintF(out,
                 "  workload   %d conversations x %d turns (%d new bytes prefilled + %d decoded per "
                 "turn), %s, %zu turns\n\n",
@@ -132,66 +307,20 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
                 schedule.size());
 
   ASSIGN_OR_RETURN(WorkloadResult ref, RunFp32Reference(model, convs, schedule));
-  // Layouts once per format (DAMP calibrated on the calibration corpus).
-  std::vector<FormatRow> rows(formats.size());
-  std::vector<StateLayout> layouts;
-  for (size_t i = 0; i < formats.size(); ++i) {
-    const FormatSpec& spec = formats[i];
-    rows[i].format = FormatSpecName(spec);
-    std::string info;
-    absl::StatusOr<StateLayout> layout =
-        IsMixedFormat(spec.format)
-            ? CalibrateLayout(model, data.calibration, calibration_docs, spec, &info)
-            : StateLayout::Identity(geo, spec);
-    RETURN_IF_ERROR(layout.status());
-    if (IsMixedFormat(spec.format)) {
-      absl::FPrintF(out, "  %s layout calibrated on %s\n", rows[i].format, info);
-    }
-    layouts.push_back(*std::move(layout));
-  }
+  const ServeBenchRun run{o, data, convs, schedule, server};
+  std::vector<FormatRow> rows(o.formats.size());
+  ASSIGN_OR_RETURN(const std::vector<StateLayout> layouts, FormatLayouts(run, out, rows));
   // Repeats interleave the formats so that machine noise hits all alike; the
   // cache behaviour is deterministic (same schedule, LRU), TTFT per turn is
   // the median over repeats.
-  std::vector<std::vector<std::vector<double>>> ttft(formats.size());  // [format][turn][repeat]
-  for (int rep = 0; rep < repeats; ++rep) {
-    for (size_t i = 0; i < formats.size(); ++i) {
-      FormatRow& row = rows[i];
-      Registration reg;
-      reg.slots = 1;
-      reg.max_checkpoint_bytes = budget;
-      ASSIGN_OR_RETURN(v1::ModelInfo mi,
-                       RegisterLayout(server.client.get(),
-                                      absl::StrCat(data.model_name, "-bench"), layouts[i], reg));
-      const auto t = std::chrono::steady_clock::now();
-      absl::StatusOr<WorkloadResult> run =
-          RunRemoteWorkload(model, server.client.get(), mi.model_id(), convs, schedule, {});
-      absl::StatusOr<v1::GetStatsResponse> stats = server.client->GetStats(mi.model_id());
-      // Free the budget for the next format whatever happened.
-      RETURN_IF_ERROR(server.client->DropModel(mi.model_id(), /*force=*/true));
-      RETURN_IF_ERROR(run.status());
-      RETURN_IF_ERROR(stats.status());
-      row.wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-      ttft[i].resize(run->turns.size());
-      for (size_t k = 0; k < run->turns.size(); ++k) ttft[i][k].push_back(run->turns[k].ttft_ms);
-      if (rep > 0) continue;
-      const v1::ModelStats& ms = stats->models(0).stats();
-      row.checkpoint_bytes = mi.slot_bytes();
-      row.capacity = ms.checkpoint_capacity();
-      row.restores = ms.restores();
-      row.evictions = ms.evictions();
-      for (const TurnStats& ts : run->turns) {
-        row.recomputed += ts.recomputed_tokens;
-        row.prefilled += ts.prefilled_tokens;
-        if (ts.turn == 0) continue;
-        ++row.later;
-        row.later_hit += ts.restored_tokens > 0;
-        row.full_hit += ts.restored_tokens == ts.context_tokens;
-      }
-      ASSIGN_OR_RETURN(row.accuracy, CompareRuns(*run, ref));
+  std::vector<std::vector<std::vector<double>>> ttft(o.formats.size());  // [format][turn][repeat]
+  for (int rep = 0; rep < o.repeats; ++rep) {
+    for (size_t i = 0; i < o.formats.size(); ++i) {
+      RETURN_IF_ERROR(ServeOnce(run, layouts[i], ref, rep == 0, rows[i], ttft[i]));
     }
-    absl::FPrintF(out, "  repeat %d/%d done\n", rep + 1, repeats);
+    absl::FPrintF(out, "  repeat %d/%d done\n", rep + 1, o.repeats);
   }
-  for (size_t i = 0; i < formats.size(); ++i) {
+  for (size_t i = 0; i < o.formats.size(); ++i) {
     for (size_t k = 0; k < schedule.size(); ++k) {
       const double median = Percentile(ttft[i][k], 50);
       rows[i].ttft.push_back(median);
@@ -199,80 +328,8 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
     }
   }
 
-  const double fp32_ttft = [&] {
-    for (const FormatRow& r : rows) {
-      if (r.format == "fp32") return Mean(r.ttft);
-    }
-    return 0.0;
-  }();
-  // Table 1: serving.
-  absl::FPrintF(out, "\n%-10s %10s %6s %14s %8s %9s %10s %10s %10s %9s %8s %9s %9s\n", "format",
-                "ckpt size", "ckpts", "hit (turns 2+)", "restores", "evictions", "recomputed",
-                "prefilled", "TTFT mean", "TTFT p90", "vs fp32", "bits/byte", "agreement");
-  for (const FormatRow& r : rows) {
-    absl::FPrintF(out, "%-10s %10s %6d %8d/%-2d %3.0f%% %8d %9d %10s %10s %7.1f ms %6.1f ms %8s %9.4f %8.2f%%\n",
-                  r.format, Bytes(r.checkpoint_bytes), r.capacity, r.later_hit, r.later,
-                  r.later ? 100.0 * r.later_hit / r.later : 0.0, r.restores, r.evictions,
-                  Thousands(r.recomputed), Thousands(r.prefilled), Mean(r.ttft),
-                  Percentile(r.ttft, 90),
-                  fp32_ttft > 0 ? absl::StrFormat("%+.1f%%", 100 * (Mean(r.ttft) / fp32_ttft - 1))
-                                : std::string("-"),
-                  r.accuracy.bits_per_byte, 100 * r.accuracy.agreement);
-  }
-  absl::FPrintF(out, "%-10s %10s %6s %14s %8s %9s %10s %10s %10s %9s %8s %9.4f %8.2f%%\n",
-                "fp32 ref", "-", "-", "(in process)", "-", "-", "-", "-", "-", "-", "-",
-                rows.empty() ? 0.0 : rows[0].accuracy.reference_bits_per_byte, 100.0);
-  // Table 2: TTFT by turn.
-  absl::FPrintF(out, "\nTime to first output by turn (mean ms; turn 1 is always a cold prefill)\n%-10s",
-                "format");
-  for (int t = 0; t < wo.turns; ++t) absl::FPrintF(out, " %9s", absl::StrCat("turn ", t + 1));
-  absl::FPrintF(out, "\n");
-  for (const FormatRow& r : rows) {
-    absl::FPrintF(out, "%-10s", r.format);
-    for (int t = 0; t < wo.turns; ++t) {
-      auto it = r.ttft_by_turn.find(t);
-      absl::FPrintF(out, " %9.1f", it == r.ttft_by_turn.end() ? 0.0 : Mean(it->second));
-    }
-    absl::FPrintF(out, "\n");
-  }
-  absl::FPrintF(out,
-                "\nckpts: checkpoints the budget holds; hit: turns 2+ that restored a checkpoint "
-                "of their conversation\n(a full hit resumes the previous turn; after an eviction "
-                "the whole context is recomputed); recomputed:\ncontext tokens prefilled again; "
-                "prefilled: all tokens prefilled; TTFT: lookup + restore + prefill until the\n"
-                "first reply byte's logits (median of the repeats); bits/byte and agreement (same "
-                "greedy byte)\nagainst FP32 states in process, over %s scored positions.\n",
-                Thousands(rows.empty() ? 0 : rows[0].accuracy.predicted));
-
-  if (f.Has("markdown")) {
-    absl::FPrintF(out, "\n| format | checkpoint | checkpoints in budget | hit rate (turns 2+) | "
-                  "restores | recomputed tokens | prefilled tokens | TTFT mean | TTFT p90 | "
-                  "TTFT vs fp32 | bits/byte | greedy agreement |\n"
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const FormatRow& r : rows) {
-      absl::FPrintF(out, "| %s | %s | %d | %d/%d (%.0f%%) | %d | %s | %s | %.1f ms | %.1f ms | %s | %.4f | %.2f%% |\n",
-                    r.format, Bytes(r.checkpoint_bytes), r.capacity, r.later_hit, r.later,
-                    r.later ? 100.0 * r.later_hit / r.later : 0.0, r.restores,
-                    Thousands(r.recomputed), Thousands(r.prefilled), Mean(r.ttft),
-                    Percentile(r.ttft, 90),
-                    fp32_ttft > 0 ? absl::StrFormat("%+.1f%%", 100 * (Mean(r.ttft) / fp32_ttft - 1))
-                                  : std::string("-"),
-                    r.accuracy.bits_per_byte, 100 * r.accuracy.agreement);
-    }
-    absl::FPrintF(out, "\n| format |");
-    for (int t = 0; t < wo.turns; ++t) absl::FPrintF(out, " turn %d |", t + 1);
-    absl::FPrintF(out, "\n|---|");
-    for (int t = 0; t < wo.turns; ++t) absl::FPrintF(out, "---|");
-    absl::FPrintF(out, "\n");
-    for (const FormatRow& r : rows) {
-      absl::FPrintF(out, "| %s |", r.format);
-      for (int t = 0; t < wo.turns; ++t) {
-        auto it = r.ttft_by_turn.find(t);
-        absl::FPrintF(out, " %.1f ms |", it == r.ttft_by_turn.end() ? 0.0 : Mean(it->second));
-      }
-      absl::FPrintF(out, "\n");
-    }
-  }
+  PrintTables(out, rows, wo.turns);
+  if (f.Has("markdown")) PrintMarkdown(out, rows, wo.turns);
   absl::FPrintF(out, "\nTotal %.1f s.\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return absl::OkStatus();

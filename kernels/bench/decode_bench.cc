@@ -219,6 +219,331 @@ struct Row {
   double us, bytes, state_bytes;
 };
 
+// What every measurement of the run shares.
+struct Bench {
+  const Flags& flags;
+  Backend& be;
+  void* stream;
+  Timer& timer;
+  std::mt19937& rng;
+  std::vector<Row>& rows;
+};
+
+// One (arch, format) case: its layout, prepared model and filled pool.
+struct Case {
+  const std::string& arch_name;
+  const std::string& fmt;
+  Arch arch;
+  const StateLayout& layout;
+  const ModelGeometry& geo;
+  PreparedModel& model;
+  int64_t slot_bytes;
+  int64_t num_slots;
+  PoolView pool;
+};
+
+// One batch size of a case: `sets` disjoint slot sets of `batch` slots, the
+// fixed inputs (bf16 q, k, v; fp32 g, beta, o) and the distributions their
+// values came from (the prefill inputs draw from the same ones, in order).
+struct BatchInputs {
+  int batch = 0;
+  int sets = 0;
+  float inv = 0;  // 1 / sqrt(d_k): the scale of q and k
+  std::normal_distribution<float> normal{0.0f, 1.0f};
+  std::uniform_real_distribution<float> uni{0.0f, 1.0f};
+  std::unique_ptr<BackendBuffer> d_sets, q, k, v, d_g, d_beta, d_o;
+  DecodeInputs in;
+
+  // Slot set i mod sets.
+  int32_t* Slots(int i) const {
+    return reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{i % sets} * batch;
+  }
+};
+
+// The engine path's StreamOps and its op record (one per batch size).
+struct EngineRecord {
+  StreamOps& ops;
+  std::unique_ptr<BackendBuffer> buf;
+  OpRecord rec;
+};
+
+// Copy-bandwidth ceiling: 1 GiB device-to-device memcpy (read + write).
+void MeasureCopyBandwidth(Backend& be, void* stream, Timer& timer, int reps) {
+  const int64_t copy_bytes = int64_t{1} << 30;
+  auto a = be.Allocate(copy_bytes).value();
+  auto b = be.Allocate(copy_bytes).value();
+  const double us = timer.MedianUs(5, reps, [&](int) {
+    CHECK_CUDA(ci::CopyDeviceToDeviceAsync(b->data(), a->data(), copy_bytes, stream));
+  });
+  const double bw = 2.0 * copy_bytes / (us * 1e-6);
+  std::printf("copy: cudaMemcpy D2D 1 GiB: %.1f us, %.3f TB/s (read+write)\n", us, bw / 1e12);
+  std::setvbuf(stdout, nullptr, _IONBF, 0);
+  std::printf("COPY_BW %.6e\n", bw);
+}
+
+// Fill: pack 16 random states, then replicate them over the pool.
+void FillPool(Backend& be, PreparedModel& model, const PoolView& pool, const ModelGeometry& geo,
+              int64_t num_slots, std::mt19937& rng) {
+  const int seed_slots = 16;
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  std::vector<float> states(int64_t{seed_slots} * geo.h_v * geo.d_k * geo.d_v);
+  for (float& x : states) x = normal(rng);
+  auto d_states = Upload(be, states);
+  std::vector<int32_t> seeds(seed_slots);
+  for (int i = 0; i < seed_slots; ++i) seeds[i] = i;
+  auto d_seeds = Upload(be, seeds);
+  CHECK_OK(be.PackStates(model, pool, reinterpret_cast<int32_t*>(d_seeds->data()), seed_slots,
+                         reinterpret_cast<float*>(d_states->data())));
+  // Copies of the seed slots, seed_slots at a time (sources distinct).
+  for (int64_t base = seed_slots; base < num_slots; base += seed_slots) {
+    const int n = static_cast<int>(std::min<int64_t>(seed_slots, num_slots - base));
+    std::vector<int32_t> dst(n);
+    for (int i = 0; i < n; ++i) dst[i] = static_cast<int32_t>(base + i);
+    auto d_dst = Upload(be, dst);
+    CHECK_OK(be.CopySlots(pool, reinterpret_cast<int32_t*>(d_seeds->data()), pool,
+                          reinterpret_cast<int32_t*>(d_dst->data()), n));
+  }
+}
+
+// n bf16 values scale * N(0, 1).
+std::vector<uint16_t> Bf16(int64_t n, float scale, std::normal_distribution<float>& normal,
+                           std::mt19937& rng) {
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = FloatToBf16Bits(scale * normal(rng));
+  return v;
+}
+
+// The slot sets and decode inputs of one batch size, uploaded.
+void MakeBatchInputs(const Bench& b, const Case& c, int batch, BatchInputs* bi) {
+  Backend& be = b.be;
+  const ModelGeometry& geo = c.geo;
+  bi->batch = batch;
+  bi->sets = static_cast<int>(c.num_slots / batch);
+  std::vector<int32_t> slot_sets(int64_t{bi->sets} * batch);
+  for (int64_t i = 0; i < int64_t{bi->sets} * batch; ++i) slot_sets[i] = static_cast<int32_t>(i);
+  bi->d_sets = Upload(be, slot_sets);
+  // Inputs (bf16 q, k, v), fixed across launches.
+  bi->inv = 1.0f / std::sqrt(static_cast<float>(geo.d_k));
+  bi->q = Upload(be, Bf16(int64_t{batch} * geo.h_qk * geo.d_k, bi->inv, bi->normal, b.rng));
+  bi->k = Upload(be, Bf16(int64_t{batch} * geo.h_qk * geo.d_k, bi->inv, bi->normal, b.rng));
+  bi->v = Upload(be, Bf16(int64_t{batch} * geo.h_v * geo.d_v, 1.0f, bi->normal, b.rng));
+  std::vector<float> g(int64_t{batch} * geo.h_v * geo.GateWidth()), beta(batch * geo.h_v);
+  for (float& x : g) x = -0.3f * bi->uni(b.rng);
+  for (float& x : beta) x = 0.2f + 0.6f * bi->uni(b.rng);
+  bi->d_g = Upload(be, g);
+  bi->d_beta = Upload(be, beta);
+  bi->d_o = be.Allocate(int64_t{batch} * geo.h_v * geo.d_v * 4).value();
+  DecodeInputs& in = bi->in;
+  in.batch = batch;
+  in.dtype = DType::kBf16;
+  in.q = bi->q->data();
+  in.k = bi->k->data();
+  in.v = bi->v->data();
+  in.g = reinterpret_cast<float*>(bi->d_g->data());
+  in.beta = reinterpret_cast<float*>(bi->d_beta->data());
+  in.o = reinterpret_cast<float*>(bi->d_o->data());
+  in.slots = reinterpret_cast<int32_t*>(bi->d_sets->data());
+}
+
+// BINDING: the full binding (validation kernels + one 44-byte read-back +
+// the kernel + stream sync), host wall clock, median of 15 calls.
+void TimeBinding(const Bench& b, const Case& c, const BatchInputs& bi) {
+  std::vector<double> wall;
+  for (int r = 0; r < 15; ++r) {
+    DecodeInputs it = bi.in;
+    it.slots = bi.Slots(r);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_OK(b.be.DecodeUpdate(c.model, c.pool, 0, it));
+    wall.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(wall.begin(), wall.end());
+  std::printf("BINDING arch=%s format=%s B=%d us=%.1f\n", c.arch_name.c_str(), c.fmt.c_str(),
+              bi.batch, wall[wall.size() / 2]);
+}
+
+// OP and OPSTEP: EnqueueDecode with its validation kernel and record, next to
+// the raw kernel's `us`; then one decode step of 30 layers as one graph:
+// replay time and the host's time to launch it.
+void TimeEngineDecode(const Bench& b, const Case& c, const BatchInputs& bi, EngineRecord& er,
+                      double us) {
+  void* stream = b.stream;
+  StreamOps& ops = er.ops;
+  const auto op_launch = [&](int i) {
+    DecodeInputs it = bi.in;
+    it.slots = bi.Slots(i);
+    CHECK_OK(ops.EnqueueDecode(c.model, c.pool, 0, it, er.rec, stream));
+  };
+  const double op_us = b.timer.MedianGraphUs(b.flags.iters, b.flags.reps, op_launch);
+  CHECK_OK(ops.CheckRecord(er.rec, stream, true));
+  std::printf("OP arch=%s format=%s B=%d us=%.2f kernel_us=%.2f ratio=%.3f\n",
+              c.arch_name.c_str(), c.fmt.c_str(), bi.batch, op_us, us, op_us / us);
+  constexpr int kLayers = 30;
+  CHECK_CUDA(ci::StreamSynchronize(stream));
+  void* exec = nullptr;
+  CHECK_CUDA(ci::GraphCaptureBegin(stream));
+  for (int l = 0; l < kLayers; ++l) op_launch(l);
+  CHECK_CUDA(ci::GraphCaptureEnd(stream, &exec));
+  CHECK_CUDA(ci::GraphLaunch(exec, stream));
+  CHECK_CUDA(ci::StreamSynchronize(stream));
+  std::vector<double> host_us;
+  const double step_us = b.timer.MedianUs(1, b.flags.reps, [&](int) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_CUDA(ci::GraphLaunch(exec, stream));
+    host_us.push_back(std::chrono::duration<double, std::micro>(
+                          std::chrono::steady_clock::now() - t0).count());
+  });
+  std::sort(host_us.begin(), host_us.end());
+  CHECK_CUDA(ci::GraphExecDestroy(exec));
+  CHECK_OK(ops.CheckRecord(er.rec, stream, true));
+  std::printf("OPSTEP arch=%s format=%s B=%d layers=%d step_us=%.1f kernels_us=%.1f "
+              "launch_host_us=%.1f\n",
+              c.arch_name.c_str(), c.fmt.c_str(), bi.batch, kLayers, step_us, kLayers * us,
+              host_us[host_us.size() / 2]);
+}
+
+// OPCOPY, OPPACK, OPUNPACK and OPPREFILL: the engine path's copy, pack,
+// unpack and prefill ops on B slots, with their bytes.
+void TimeEngineOps(const Bench& b, const Case& c, BatchInputs& bi, EngineRecord& er) {
+  Backend& be = b.be;
+  void* stream = b.stream;
+  StreamOps& ops = er.ops;
+  const OpRecord& rec = er.rec;
+  const ModelGeometry& geo = c.geo;
+  const int batch = bi.batch, sets = bi.sets;
+  const char* fmt = c.fmt.c_str();
+  const double bytes = 2.0 * batch * c.slot_bytes;
+  const double cus = b.timer.MedianGraphUs(b.flags.iters, b.flags.reps, [&](int i) {
+    const int a = i % sets, b2 = (i + sets / 2) % sets;
+    const int32_t* src = reinterpret_cast<int32_t*>(bi.d_sets->data()) + int64_t{a} * batch;
+    const int32_t* dst = reinterpret_cast<int32_t*>(bi.d_sets->data()) + int64_t{b2} * batch;
+    CHECK_OK(ops.EnqueueCopySlots(c.pool, src, dst, batch, rec, stream));
+  });
+  std::printf("OPCOPY format=%s B=%d us=%.2f bytes=%.0f\n", fmt, batch, cus, bytes);
+  // Pack and unpack of B slots: packed bytes plus FP32 states.
+  const int64_t values = int64_t{batch} * geo.HeadsPerSlot() * geo.d_k * geo.d_v;
+  auto st = be.Allocate(values * 4).value();
+  float* stp = reinterpret_cast<float*>(st->data());
+  const int32_t* s0 = reinterpret_cast<int32_t*>(bi.d_sets->data());
+  CHECK_OK(ops.EnqueueUnpack(c.model, c.pool, s0, batch, stp, rec, stream));
+  const double pk = b.timer.MedianGraphUs(4, b.flags.reps, [&](int) {
+    CHECK_OK(ops.EnqueuePack(c.model, c.pool, s0, batch, stp, rec, stream));
+  });
+  const double uk = b.timer.MedianGraphUs(4, b.flags.reps, [&](int) {
+    CHECK_OK(ops.EnqueueUnpack(c.model, c.pool, s0, batch, stp, rec, stream));
+  });
+  CHECK_OK(ops.CheckRecord(rec, stream, true));
+  const double pbytes = batch * c.slot_bytes + values * 4.0;
+  std::printf("OPPACK format=%s B=%d us=%.2f bytes=%.0f\n", fmt, batch, pk, pbytes);
+  std::printf("OPUNPACK format=%s B=%d us=%.2f bytes=%.0f\n", fmt, batch, uk, pbytes);
+  // Prefill of a chunk of kPrefillTokens tokens per item (bf16 inputs, o
+  // written): the layer's packed heads read + written once, plus the inputs
+  // and o.
+  constexpr int kPrefillTokens = 16;
+  const int64_t rows = int64_t{batch} * kPrefillTokens;
+  auto pq = Upload(be, Bf16(rows * geo.h_qk * geo.d_k, bi.inv, bi.normal, b.rng));
+  auto pk2 = Upload(be, Bf16(rows * geo.h_qk * geo.d_k, bi.inv, bi.normal, b.rng));
+  auto pv = Upload(be, Bf16(rows * geo.h_v * geo.d_v, 1.0f, bi.normal, b.rng));
+  std::vector<float> pg(rows * geo.h_v * geo.GateWidth()), pb(rows * geo.h_v);
+  for (float& x : pg) x = -0.3f * bi.uni(b.rng);
+  for (float& x : pb) x = 0.2f + 0.6f * bi.uni(b.rng);
+  auto d_pg = Upload(be, pg);
+  auto d_pb = Upload(be, pb);
+  auto d_po = be.Allocate(rows * geo.h_v * geo.d_v * 4).value();
+  PrefillInputs pin;
+  pin.batch = batch;
+  pin.tokens = kPrefillTokens;
+  pin.dtype = DType::kBf16;
+  pin.q = pq->data();
+  pin.k = pk2->data();
+  pin.v = pv->data();
+  pin.g = reinterpret_cast<float*>(d_pg->data());
+  pin.beta = reinterpret_cast<float*>(d_pb->data());
+  pin.o = reinterpret_cast<float*>(d_po->data());
+  const double pf = b.timer.MedianGraphUs(4, b.flags.reps, [&](int i) {
+    PrefillInputs it = pin;
+    it.slots = bi.Slots(i);
+    CHECK_OK(ops.EnqueuePrefill(c.model, c.pool, 0, it, rec, stream));
+  });
+  CHECK_OK(ops.CheckRecord(rec, stream, true));
+  const double fbytes =
+      2.0 * batch * geo.h_v * c.layout.head_layout().head_bytes +
+      rows * (2.0 * 2 * geo.h_qk * geo.d_k + 2.0 * geo.h_v * geo.d_v +
+              4.0 * geo.h_v * geo.GateWidth() + 4.0 * geo.h_v + 4.0 * geo.h_v * geo.d_v);
+  std::printf("OPPREFILL format=%s B=%d T=%d us=%.2f bytes=%.0f\n", fmt, batch, kPrefillTokens,
+              pf, fbytes);
+}
+
+// SNAPSHOT: snapshot / restore of the same slots at copy speed.
+void TimeSnapshot(const Bench& b, const Case& c, const BatchInputs& bi, double state_bytes) {
+  const int batch = bi.batch, sets = bi.sets;
+  const double cus = b.timer.MedianGraphUs(b.flags.iters, b.flags.reps, [&](int i) {
+    const int a = i % sets, b2 = (i + sets / 2) % sets;
+    const int32_t* src = reinterpret_cast<int32_t*>(bi.d_sets->data()) + int64_t{a} * batch;
+    const int32_t* dst = reinterpret_cast<int32_t*>(bi.d_sets->data()) + int64_t{b2} * batch;
+    CHECK_OK(CudaEnqueueCopySlotsUnchecked(b.be, c.pool, src, c.pool, dst, batch));
+  });
+  std::printf("SNAPSHOT format=%s B=%d us=%.2f bytes=%.0f\n", c.fmt.c_str(), batch, cus,
+              state_bytes);
+}
+
+// Every line of one (case, B): EAGER, BINDING, OP, OPSTEP, the engine ops
+// (GDN, B >= 64), RESULT, SNAPSHOT (GDN).
+void RunBatch(const Bench& b, const Case& c, int batch) {
+  const ModelGeometry& geo = c.geo;
+  BatchInputs bi;
+  MakeBatchInputs(b, c, batch, &bi);
+  // One validated call first (also checks the inputs).
+  CHECK_OK(b.be.DecodeUpdate(c.model, c.pool, 0, bi.in));
+  const auto launch = [&](int i) {
+    DecodeInputs it = bi.in;
+    it.slots = bi.Slots(i);
+    CHECK_OK(CudaEnqueueDecodeUnchecked(b.be, c.model, c.pool, 0, it, b.flags.early_heads));
+  };
+  const double us = b.timer.MedianGraphUs(b.flags.iters, b.flags.reps, launch);
+  const double eager_us = b.timer.MedianUs(b.flags.iters, b.flags.reps, launch);
+  std::printf("EAGER arch=%s format=%s B=%d us=%.2f\n", c.arch_name.c_str(), c.fmt.c_str(), batch,
+              eager_us);
+  TimeBinding(b, c, bi);
+  // The engine path: EnqueueDecode with its validation kernel and record.
+  StreamOps& ops = b.be.stream_ops();
+  EngineRecord er{ops, b.be.Allocate(ops.RecordBytes(c.num_slots)).value(), {}};
+  er.rec = OpRecord{er.buf->data(), ops.RecordBytes(c.num_slots)};
+  CHECK_OK(ops.InitRecord(er.rec, b.stream));
+  TimeEngineDecode(b, c, bi, er, us);
+  if (c.arch == Arch::kGdn && batch >= 64) TimeEngineOps(b, c, bi, er);
+  const double state_bytes = 2.0 * batch * c.slot_bytes;
+  const double io_bytes = batch * (2.0 * 2 * geo.h_qk * geo.d_k + 2.0 * geo.h_v * geo.d_v +
+                                   4.0 * geo.h_v * geo.GateWidth() + 4.0 * geo.h_v +
+                                   4.0 * geo.h_v * geo.d_v);
+  b.rows.push_back({c.arch_name, c.fmt, batch, us, state_bytes + io_bytes, state_bytes});
+  std::printf("RESULT arch=%s format=%s B=%d us=%.2f state_bytes=%.0f bytes=%.0f mode=graph\n",
+              c.arch_name.c_str(), c.fmt.c_str(), batch, us, state_bytes, state_bytes + io_bytes);
+  // Snapshot / restore (GDN only: the bytes do not depend on the arch).
+  if (c.arch == Arch::kGdn) TimeSnapshot(b, c, bi, state_bytes);
+}
+
+// One (arch, format): its layout, model and pool (--pool_mib MiB, at least
+// two sets of the largest B), then every --batches entry.
+void RunFormat(const Bench& b, const std::string& arch_name, const std::string& fmt) {
+  Backend& be = b.be;
+  const Arch arch = ParseArch(arch_name).value();
+  const FormatSpec spec = ParseFormatSpec(fmt).value();
+  const StateLayout layout = BenchLayout(arch, spec, b.rng);
+  const ModelGeometry& geo = layout.geometry();
+  auto model = be.Prepare(layout).value();
+  const int64_t slot_bytes = layout.slot_bytes();
+  const int max_b = *std::max_element(b.flags.batches.begin(), b.flags.batches.end());
+  const int64_t num_slots =
+      std::max<int64_t>(2 * max_b, b.flags.pool_mib * (int64_t{1} << 20) / slot_bytes);
+  auto pool_buf = be.Allocate(num_slots * slot_bytes).value();
+  const PoolView pool{pool_buf->data(), num_slots, geo.layers, geo.h_v,
+                      layout.head_layout().head_bytes};
+  FillPool(be, *model, pool, geo, num_slots, b.rng);
+  const Case c{arch_name, fmt, arch, layout, geo, *model, slot_bytes, num_slots, pool};
+  for (int batch : b.flags.batches) RunBatch(b, c, batch);
+}
+
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   // The process edge: the launch switches of docs/BENCHMARKS.md's A/B runs
@@ -232,245 +557,13 @@ int Main(int argc, char** argv) {
   void* stream = be.native_stream();
   std::printf("device: %s\n", be.Describe().c_str());
   Timer timer(stream);
-
-  // Copy-bandwidth ceiling: 1 GiB device-to-device memcpy (read + write).
-  const int64_t copy_bytes = int64_t{1} << 30;
-  {
-    auto a = be.Allocate(copy_bytes).value();
-    auto b = be.Allocate(copy_bytes).value();
-    const double us = timer.MedianUs(5, flags.reps, [&](int) {
-      CHECK_CUDA(ci::CopyDeviceToDeviceAsync(b->data(), a->data(), copy_bytes, stream));
-    });
-    const double bw = 2.0 * copy_bytes / (us * 1e-6);
-    std::printf("copy: cudaMemcpy D2D 1 GiB: %.1f us, %.3f TB/s (read+write)\n", us, bw / 1e12);
-    std::setvbuf(stdout, nullptr, _IONBF, 0);
-    std::printf("COPY_BW %.6e\n", bw);
-  }
+  MeasureCopyBandwidth(be, stream, timer, flags.reps);
 
   std::vector<Row> rows;
   std::mt19937 rng(42);
+  const Bench bench{flags, be, stream, timer, rng, rows};
   for (const std::string& arch_name : flags.arches) {
-    const Arch arch = ParseArch(arch_name).value();
-    for (const std::string& fmt : flags.formats) {
-      const FormatSpec spec = ParseFormatSpec(fmt).value();
-      const StateLayout layout = BenchLayout(arch, spec, rng);
-      const ModelGeometry& geo = layout.geometry();
-      auto model = be.Prepare(layout).value();
-      const int64_t slot_bytes = layout.slot_bytes();
-      const int max_b = *std::max_element(flags.batches.begin(), flags.batches.end());
-      const int64_t num_slots =
-          std::max<int64_t>(2 * max_b, flags.pool_mib * (int64_t{1} << 20) / slot_bytes);
-      auto pool_buf = be.Allocate(num_slots * slot_bytes).value();
-      const PoolView pool{pool_buf->data(), num_slots, geo.layers, geo.h_v,
-                          layout.head_layout().head_bytes};
-      // Fill: pack 16 random states, then replicate them over the pool.
-      {
-        const int seed_slots = 16;
-        std::normal_distribution<float> normal(0.0f, 0.3f);
-        std::vector<float> states(int64_t{seed_slots} * geo.h_v * geo.d_k * geo.d_v);
-        for (float& x : states) x = normal(rng);
-        auto d_states = Upload(be, states);
-        std::vector<int32_t> seeds(seed_slots);
-        for (int i = 0; i < seed_slots; ++i) seeds[i] = i;
-        auto d_seeds = Upload(be, seeds);
-        CHECK_OK(be.PackStates(*model, pool, reinterpret_cast<int32_t*>(d_seeds->data()),
-                               seed_slots, reinterpret_cast<float*>(d_states->data())));
-        // Copies of the seed slots, seed_slots at a time (sources distinct).
-        for (int64_t base = seed_slots; base < num_slots; base += seed_slots) {
-          const int n = static_cast<int>(std::min<int64_t>(seed_slots, num_slots - base));
-          std::vector<int32_t> dst(n);
-          for (int i = 0; i < n; ++i) dst[i] = static_cast<int32_t>(base + i);
-          auto d_dst = Upload(be, dst);
-          CHECK_OK(be.CopySlots(pool, reinterpret_cast<int32_t*>(d_seeds->data()), pool,
-                                reinterpret_cast<int32_t*>(d_dst->data()), n));
-        }
-      }
-      for (int batch : flags.batches) {
-        const int sets = static_cast<int>(num_slots / batch);
-        std::vector<int32_t> slot_sets(int64_t{sets} * batch);
-        for (int64_t i = 0; i < int64_t{sets} * batch; ++i) slot_sets[i] = static_cast<int32_t>(i);
-        auto d_sets = Upload(be, slot_sets);
-        // Inputs (bf16 q, k, v), fixed across launches.
-        std::normal_distribution<float> normal(0.0f, 1.0f);
-        std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-        auto bf16 = [&](int64_t n, float scale) {
-          std::vector<uint16_t> v(n);
-          for (auto& x : v) x = FloatToBf16Bits(scale * normal(rng));
-          return v;
-        };
-        const float inv = 1.0f / std::sqrt(static_cast<float>(geo.d_k));
-        auto q = Upload(be, bf16(int64_t{batch} * geo.h_qk * geo.d_k, inv));
-        auto k = Upload(be, bf16(int64_t{batch} * geo.h_qk * geo.d_k, inv));
-        auto v = Upload(be, bf16(int64_t{batch} * geo.h_v * geo.d_v, 1.0f));
-        std::vector<float> g(int64_t{batch} * geo.h_v * geo.GateWidth()), beta(batch * geo.h_v);
-        for (float& x : g) x = -0.3f * uni(rng);
-        for (float& x : beta) x = 0.2f + 0.6f * uni(rng);
-        auto d_g = Upload(be, g);
-        auto d_beta = Upload(be, beta);
-        auto d_o = be.Allocate(int64_t{batch} * geo.h_v * geo.d_v * 4).value();
-        DecodeInputs in;
-        in.batch = batch;
-        in.dtype = DType::kBf16;
-        in.q = q->data();
-        in.k = k->data();
-        in.v = v->data();
-        in.g = reinterpret_cast<float*>(d_g->data());
-        in.beta = reinterpret_cast<float*>(d_beta->data());
-        in.o = reinterpret_cast<float*>(d_o->data());
-        // One validated call first (also checks the inputs).
-        in.slots = reinterpret_cast<int32_t*>(d_sets->data());
-        CHECK_OK(be.DecodeUpdate(*model, pool, 0, in));
-        const auto launch = [&](int i) {
-          DecodeInputs it = in;
-          it.slots = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{i % sets} * batch;
-          CHECK_OK(CudaEnqueueDecodeUnchecked(be, *model, pool, 0, it, flags.early_heads));
-        };
-        const double us = timer.MedianGraphUs(flags.iters, flags.reps, launch);
-        const double eager_us = timer.MedianUs(flags.iters, flags.reps, launch);
-        std::printf("EAGER arch=%s format=%s B=%d us=%.2f\n", arch_name.c_str(), fmt.c_str(), batch,
-                    eager_us);
-        // The full binding (validation kernels + one 44-byte read-back + the
-        // kernel + stream sync), host wall clock, median of 15 calls.
-        {
-          std::vector<double> wall;
-          for (int r = 0; r < 15; ++r) {
-            DecodeInputs it = in;
-            it.slots = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{r % sets} * batch;
-            const auto t0 = std::chrono::steady_clock::now();
-            CHECK_OK(be.DecodeUpdate(*model, pool, 0, it));
-            wall.push_back(std::chrono::duration<double, std::micro>(
-                               std::chrono::steady_clock::now() - t0)
-                               .count());
-          }
-          std::sort(wall.begin(), wall.end());
-          std::printf("BINDING arch=%s format=%s B=%d us=%.1f\n", arch_name.c_str(), fmt.c_str(),
-                      batch, wall[wall.size() / 2]);
-        }
-        // The engine path: EnqueueDecode with its validation kernel and record.
-        StreamOps& ops = be.stream_ops();
-        auto rec_buf = be.Allocate(ops.RecordBytes(num_slots)).value();
-        const OpRecord rec{rec_buf->data(), ops.RecordBytes(num_slots)};
-        CHECK_OK(ops.InitRecord(rec, stream));
-        const auto op_launch = [&](int i) {
-          DecodeInputs it = in;
-          it.slots = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{i % sets} * batch;
-          CHECK_OK(ops.EnqueueDecode(*model, pool, 0, it, rec, stream));
-        };
-        const double op_us = timer.MedianGraphUs(flags.iters, flags.reps, op_launch);
-        CHECK_OK(ops.CheckRecord(rec, stream, true));
-        std::printf("OP arch=%s format=%s B=%d us=%.2f kernel_us=%.2f ratio=%.3f\n",
-                    arch_name.c_str(), fmt.c_str(), batch, op_us, us, op_us / us);
-        {
-          // One decode step of 30 layers as one graph: replay time and the
-          // host's time to launch it.
-          constexpr int kLayers = 30;
-          CHECK_CUDA(ci::StreamSynchronize(stream));
-          void* exec = nullptr;
-          CHECK_CUDA(ci::GraphCaptureBegin(stream));
-          for (int l = 0; l < kLayers; ++l) op_launch(l);
-          CHECK_CUDA(ci::GraphCaptureEnd(stream, &exec));
-          CHECK_CUDA(ci::GraphLaunch(exec, stream));
-          CHECK_CUDA(ci::StreamSynchronize(stream));
-          std::vector<double> host_us;
-          const double step_us = timer.MedianUs(1, flags.reps, [&](int) {
-            const auto t0 = std::chrono::steady_clock::now();
-            CHECK_CUDA(ci::GraphLaunch(exec, stream));
-            host_us.push_back(std::chrono::duration<double, std::micro>(
-                                  std::chrono::steady_clock::now() - t0).count());
-          });
-          std::sort(host_us.begin(), host_us.end());
-          CHECK_CUDA(ci::GraphExecDestroy(exec));
-          CHECK_OK(ops.CheckRecord(rec, stream, true));
-          std::printf("OPSTEP arch=%s format=%s B=%d layers=%d step_us=%.1f kernels_us=%.1f "
-                      "launch_host_us=%.1f\n",
-                      arch_name.c_str(), fmt.c_str(), batch, kLayers, step_us, kLayers * us,
-                      host_us[host_us.size() / 2]);
-        }
-        if (arch == Arch::kGdn && batch >= 64) {
-          const double bytes = 2.0 * batch * slot_bytes;
-          const double cus = timer.MedianGraphUs(flags.iters, flags.reps, [&](int i) {
-            const int a = i % sets, b2 = (i + sets / 2) % sets;
-            const int32_t* src = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{a} * batch;
-            const int32_t* dst = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{b2} * batch;
-            CHECK_OK(ops.EnqueueCopySlots(pool, src, dst, batch, rec, stream));
-          });
-          std::printf("OPCOPY format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, cus, bytes);
-          // Pack and unpack of B slots: packed bytes plus FP32 states.
-          const int64_t values = int64_t{batch} * geo.HeadsPerSlot() * geo.d_k * geo.d_v;
-          auto st = be.Allocate(values * 4).value();
-          float* stp = reinterpret_cast<float*>(st->data());
-          const int32_t* s0 = reinterpret_cast<int32_t*>(d_sets->data());
-          CHECK_OK(ops.EnqueueUnpack(*model, pool, s0, batch, stp, rec, stream));
-          const double pk = timer.MedianGraphUs(4, flags.reps, [&](int) {
-            CHECK_OK(ops.EnqueuePack(*model, pool, s0, batch, stp, rec, stream));
-          });
-          const double uk = timer.MedianGraphUs(4, flags.reps, [&](int) {
-            CHECK_OK(ops.EnqueueUnpack(*model, pool, s0, batch, stp, rec, stream));
-          });
-          CHECK_OK(ops.CheckRecord(rec, stream, true));
-          const double pbytes = batch * slot_bytes + values * 4.0;
-          std::printf("OPPACK format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, pk, pbytes);
-          std::printf("OPUNPACK format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, uk,
-                      pbytes);
-          // Prefill of a chunk of kPrefillTokens tokens per item (bf16
-          // inputs, o written): the layer's packed heads read + written
-          // once, plus the inputs and o.
-          constexpr int kPrefillTokens = 16;
-          const int64_t rows = int64_t{batch} * kPrefillTokens;
-          auto pq = Upload(be, bf16(rows * geo.h_qk * geo.d_k, inv));
-          auto pk2 = Upload(be, bf16(rows * geo.h_qk * geo.d_k, inv));
-          auto pv = Upload(be, bf16(rows * geo.h_v * geo.d_v, 1.0f));
-          std::vector<float> pg(rows * geo.h_v * geo.GateWidth()), pb(rows * geo.h_v);
-          for (float& x : pg) x = -0.3f * uni(rng);
-          for (float& x : pb) x = 0.2f + 0.6f * uni(rng);
-          auto d_pg = Upload(be, pg);
-          auto d_pb = Upload(be, pb);
-          auto d_po = be.Allocate(rows * geo.h_v * geo.d_v * 4).value();
-          PrefillInputs pin;
-          pin.batch = batch;
-          pin.tokens = kPrefillTokens;
-          pin.dtype = DType::kBf16;
-          pin.q = pq->data();
-          pin.k = pk2->data();
-          pin.v = pv->data();
-          pin.g = reinterpret_cast<float*>(d_pg->data());
-          pin.beta = reinterpret_cast<float*>(d_pb->data());
-          pin.o = reinterpret_cast<float*>(d_po->data());
-          const double pf = timer.MedianGraphUs(4, flags.reps, [&](int i) {
-            PrefillInputs it = pin;
-            it.slots = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{i % sets} * batch;
-            CHECK_OK(ops.EnqueuePrefill(*model, pool, 0, it, rec, stream));
-          });
-          CHECK_OK(ops.CheckRecord(rec, stream, true));
-          const double fbytes =
-              2.0 * batch * geo.h_v * layout.head_layout().head_bytes +
-              rows * (2.0 * 2 * geo.h_qk * geo.d_k + 2.0 * geo.h_v * geo.d_v +
-                      4.0 * geo.h_v * geo.GateWidth() + 4.0 * geo.h_v + 4.0 * geo.h_v * geo.d_v);
-          std::printf("OPPREFILL format=%s B=%d T=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch,
-                      kPrefillTokens, pf, fbytes);
-        }
-        const double state_bytes = 2.0 * batch * slot_bytes;
-        const double io_bytes = batch * (2.0 * 2 * geo.h_qk * geo.d_k + 2.0 * geo.h_v * geo.d_v +
-                                         4.0 * geo.h_v * geo.GateWidth() + 4.0 * geo.h_v +
-                                         4.0 * geo.h_v * geo.d_v);
-        rows.push_back({arch_name, fmt, batch, us, state_bytes + io_bytes, state_bytes});
-        std::printf("RESULT arch=%s format=%s B=%d us=%.2f state_bytes=%.0f bytes=%.0f mode=graph\n",
-                    arch_name.c_str(), fmt.c_str(), batch, us, state_bytes,
-                    state_bytes + io_bytes);
-        // Snapshot / restore of the same slots at copy speed (GDN only: the
-        // bytes do not depend on the arch).
-        if (arch == Arch::kGdn) {
-          const double cus = timer.MedianGraphUs(flags.iters, flags.reps, [&](int i) {
-            const int a = i % sets, b2 = (i + sets / 2) % sets;
-            const int32_t* src = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{a} * batch;
-            const int32_t* dst = reinterpret_cast<int32_t*>(d_sets->data()) + int64_t{b2} * batch;
-            CHECK_OK(CudaEnqueueCopySlotsUnchecked(be, pool, src, pool, dst, batch));
-          });
-          std::printf("SNAPSHOT format=%s B=%d us=%.2f bytes=%.0f\n", fmt.c_str(), batch, cus,
-                      state_bytes);
-        }
-      }
-    }
+    for (const std::string& fmt : flags.formats) RunFormat(bench, arch_name, fmt);
   }
   return 0;
 }

@@ -301,8 +301,10 @@ ChannelStatsView CalibrationStats::View(Split split, int64_t head_index, int sr_
   return v;
 }
 
-absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
-                                           const CalibrationOptions& options) {
+namespace {
+
+absl::Status CheckCalibrateArgs(const TrajectorySource& source,
+                                const CalibrationOptions& options) {
   if (source.count < 1 || !source.load) {
     return absl::InvalidArgumentError("trajectories: none given");
   }
@@ -318,22 +320,107 @@ absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
       return absl::InvalidArgumentError(absl::StrCat("sr_alphas: ", alpha, " not in [0, 2]"));
     }
   }
-  const Clock::time_point start = Clock::now();
-  CalibrationStats st;
-  st.options = options;
-  st.options.progress = nullptr;
-  st.threads = options.threads > 0 ? options.threads : ThreadPool::DefaultThreads();
-  ThreadPool pool(st.threads);
+  return absl::OkStatus();
+}
 
+// What Calibrate's passes over the trajectories accumulate into `st`.
+struct Accumulator {
+  Accumulator(const CalibrationOptions& o, ThreadPool& p, CalibrationStats& s)
+      : options(o), pool(p), st(s) {}
+
+  const CalibrationOptions& options;
+  ThreadPool& pool;
+  CalibrationStats& st;
   std::map<std::string, int> domain_index;  // by first appearance, renumbered sorted below
   std::vector<GroupAcc> groups;
   std::map<std::string, int> seen_in_domain;
   std::vector<std::vector<SrCandidate>> candidates;  // [heads][c]
   bool have_geometry = false;
-  Offsets off(1, 32, 0);
-  const int passes = options.damp_sr ? 2 : 1;
+  Offsets off{1, 32, 0};
   double load_seconds = 0.0;
+};
 
+// Takes the geometry (and the statistics' offsets) from the first trajectory;
+// kInvalidArgument naming trajectory i when a later one differs.
+absl::Status TakeGeometry(Accumulator& acc, const Trajectory& traj, int i) {
+  CalibrationStats& st = acc.st;
+  if (!acc.have_geometry) {
+    if (traj.geometry.d_v % kGroupSize != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("d_v: ", traj.geometry.d_v, " is not a multiple of 32"));
+    }
+    st.geometry = traj.geometry;
+    acc.off = Offsets(st.geometry.d_k, st.geometry.d_v,
+                      acc.options.damp_sr ? 1 + static_cast<int>(acc.options.sr_alphas.size())
+                                          : 0);
+    acc.have_geometry = true;
+  } else if (traj.geometry != st.geometry) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trajectory ", i, ": geometry ", traj.geometry.DebugString(),
+        " differs from the first trajectory's ", st.geometry.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+// The group of `traj`: (domain, alternating half within the domain), created
+// with zero sums on first use.
+GroupAcc& GroupOf(Accumulator& acc, const Trajectory& traj, int64_t heads) {
+  auto [it, inserted] =
+      acc.domain_index.emplace(traj.domain, static_cast<int>(acc.domain_index.size()));
+  const int half = acc.seen_in_domain[traj.domain]++ % 2;
+  int gi = -1;
+  for (size_t g = 0; g < acc.groups.size(); ++g) {
+    if (acc.groups[g].domain == it->second && acc.groups[g].half == half) {
+      gi = static_cast<int>(g);
+    }
+  }
+  if (gi < 0) {
+    GroupAcc g;
+    g.domain = it->second;
+    g.half = half;
+    g.sums.assign(heads * acc.off.stride, 0.0);
+    acc.groups.push_back(std::move(g));
+    gi = static_cast<int>(acc.groups.size()) - 1;
+  }
+  return acc.groups[gi];
+}
+
+// Adds trajectory i's statistics of `pass` (1: column statistics, 2: the
+// rest) to its group.
+absl::Status AddTrajectory(Accumulator& acc, const Trajectory& traj, int i, int pass) {
+  absl::Status valid = traj.Validate();
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("trajectory ", i, ": ", valid.message()));
+  }
+  RETURN_IF_ERROR(TakeGeometry(acc, traj, i));
+  CalibrationStats& st = acc.st;
+  const ModelGeometry& geo = st.geometry;
+  const int64_t heads = geo.HeadsPerSlot();
+  GroupAcc& group = GroupOf(acc, traj, heads);
+  const Offsets& off = acc.off;
+  acc.pool.ParallelFor(heads, [&](int64_t h) {
+    const int layer = static_cast<int>(h / geo.h_v), head = static_cast<int>(h % geo.h_v);
+    ProcessHead(traj, layer, head, off, pass, acc.options,
+                acc.candidates.empty() ? nullptr : &acc.candidates[h],
+                group.sums.data() + h * off.stride);
+  });
+  const int64_t samples = traj.tokens / acc.options.sample_every;
+  if (pass == 1) {
+    group.samples_p1 += samples;
+  } else {
+    group.samples += samples;
+    group.tokens += traj.tokens;
+    st.samples += samples;
+    st.tokens += traj.tokens;
+    ++st.trajectories;
+  }
+  return absl::OkStatus();
+}
+
+// One pass over the trajectories of `source` in order; up to
+// options.prefetch of them load concurrently ahead of the one in use.
+absl::Status RunPass(Accumulator& acc, const TrajectorySource& source, int pass, int passes) {
+  const CalibrationOptions& options = acc.options;
   // prefetch == 0: load in the calling thread when needed (deferred), so
   // loading never overlaps (or competes with) the statistics.
   const std::launch policy = options.prefetch > 0 ? std::launch::async : std::launch::deferred;
@@ -341,94 +428,50 @@ absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
     return std::async(policy, [&source, i] { return source.load(i); });
   };
   const int prefetch = std::max(1, options.prefetch);
-  for (int pass = 3 - passes; pass <= 2; ++pass) {
-    seen_in_domain.clear();
-    // Up to `prefetch` trajectories load concurrently ahead of the one in use
-    // (futures from std::async join on destruction, also on early returns).
-    std::deque<std::future<absl::StatusOr<std::shared_ptr<const Trajectory>>>> ahead;
-    int next_to_load = 0;
-    for (int i = 0; i < source.count; ++i) {
-      while (next_to_load < source.count && next_to_load < i + prefetch) {
-        ahead.push_back(load_async(next_to_load++));
-      }
-      const Clock::time_point wait = Clock::now();
-      absl::StatusOr<std::shared_ptr<const Trajectory>> loaded = ahead.front().get();
-      ahead.pop_front();
-      load_seconds += Seconds(wait, Clock::now());
-      if (!loaded.ok()) return loaded.status();
-      const Trajectory& traj = **loaded;
-      absl::Status valid = traj.Validate();
-      if (!valid.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("trajectory ", i, ": ", valid.message()));
-      }
-      if (!have_geometry) {
-        if (traj.geometry.d_v % kGroupSize != 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("d_v: ", traj.geometry.d_v, " is not a multiple of 32"));
-        }
-        st.geometry = traj.geometry;
-        off = Offsets(st.geometry.d_k, st.geometry.d_v,
-                      options.damp_sr ? 1 + static_cast<int>(options.sr_alphas.size()) : 0);
-        have_geometry = true;
-      } else if (traj.geometry != st.geometry) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "trajectory ", i, ": geometry ", traj.geometry.DebugString(),
-            " differs from the first trajectory's ", st.geometry.DebugString()));
-      }
-      const ModelGeometry& geo = st.geometry;
-      const int64_t heads = geo.HeadsPerSlot();
-      // Group of this trajectory: (domain, alternating half within the domain).
-      auto [it, inserted] =
-          domain_index.emplace(traj.domain, static_cast<int>(domain_index.size()));
-      const int half = seen_in_domain[traj.domain]++ % 2;
-      int gi = -1;
-      for (size_t g = 0; g < groups.size(); ++g) {
-        if (groups[g].domain == it->second && groups[g].half == half) gi = static_cast<int>(g);
-      }
-      if (gi < 0) {
-        GroupAcc g;
-        g.domain = it->second;
-        g.half = half;
-        g.sums.assign(heads * off.stride, 0.0);
-        groups.push_back(std::move(g));
-        gi = static_cast<int>(groups.size()) - 1;
-      }
-      GroupAcc& group = groups[gi];
-      pool.ParallelFor(heads, [&](int64_t h) {
-        const int layer = static_cast<int>(h / geo.h_v), head = static_cast<int>(h % geo.h_v);
-        ProcessHead(traj, layer, head, off, pass, options,
-                    candidates.empty() ? nullptr : &candidates[h],
-                    group.sums.data() + h * off.stride);
-      });
-      const int64_t samples = traj.tokens / options.sample_every;
-      if (pass == 1) {
-        group.samples_p1 += samples;
-      } else {
-        group.samples += samples;
-        group.tokens += traj.tokens;
-        st.samples += samples;
-        st.tokens += traj.tokens;
-        ++st.trajectories;
-      }
-      if (options.progress) options.progress({pass - (2 - passes), passes, i + 1, source.count});
+  acc.seen_in_domain.clear();
+  // Futures from std::async join on destruction, also on early returns.
+  std::deque<std::future<absl::StatusOr<std::shared_ptr<const Trajectory>>>> ahead;
+  int next_to_load = 0;
+  for (int i = 0; i < source.count; ++i) {
+    while (next_to_load < source.count && next_to_load < i + prefetch) {
+      ahead.push_back(load_async(next_to_load++));
     }
-    if (pass == 1) {
-      // Candidates from the domain-balanced column RMS of every head.
-      const int64_t heads = st.geometry.HeadsPerSlot();
-      candidates.resize(heads);
-      std::vector<double> colsq;
-      for (int64_t h = 0; h < heads; ++h) {
-        BalancedMean(groups, static_cast<int>(domain_index.size()), Split::kAll, h, off.stride,
-                     off.colsq, st.geometry.d_v, 1, false, &colsq);
-        candidates[h] = MakeCandidates(colsq, st.geometry.d_k, options.sr_alphas);
-      }
-    }
+    const Clock::time_point wait = Clock::now();
+    absl::StatusOr<std::shared_ptr<const Trajectory>> loaded = ahead.front().get();
+    ahead.pop_front();
+    acc.load_seconds += Seconds(wait, Clock::now());
+    if (!loaded.ok()) return loaded.status();
+    RETURN_IF_ERROR(AddTrajectory(acc, **loaded, i, pass));
+    if (options.progress) options.progress({pass - (2 - passes), passes, i + 1, source.count});
   }
+  return absl::OkStatus();
+}
 
+// After pass 1: the damp-sr candidates of every head from its
+// domain-balanced column RMS.
+void ChooseSrCandidates(Accumulator& acc) {
+  const CalibrationStats& st = acc.st;
+  const int64_t heads = st.geometry.HeadsPerSlot();
+  acc.candidates.resize(heads);
+  std::vector<double> colsq;
+  for (int64_t h = 0; h < heads; ++h) {
+    BalancedMean(acc.groups, static_cast<int>(acc.domain_index.size()), Split::kAll, h,
+                 acc.off.stride, acc.off.colsq, st.geometry.d_v, 1, false, &colsq);
+    acc.candidates[h] = MakeCandidates(colsq, st.geometry.d_k, acc.options.sr_alphas);
+  }
+}
+
+// The per-head statistics of every split: domain-balanced means of the
+// groups' sums; the domain names and damp-sr candidate names.
+void FinishStats(Accumulator& acc) {
+  CalibrationStats& st = acc.st;
+  const CalibrationOptions& options = acc.options;
+  const std::vector<GroupAcc>& groups = acc.groups;
+  const Offsets& off = acc.off;
   const ModelGeometry& geo = st.geometry;
   const int64_t heads = geo.HeadsPerSlot();
-  const int num_domains = static_cast<int>(domain_index.size());
-  for (const auto& [name, idx] : domain_index) st.domains.push_back(name);
+  const int num_domains = static_cast<int>(acc.domain_index.size());
+  for (const auto& [name, idx] : acc.domain_index) st.domains.push_back(name);
   for (const GroupAcc& g : groups) st.has_second_half |= g.half == 1;
   if (options.damp_sr) {
     st.sr_candidate_names.push_back("identity");
@@ -436,12 +479,12 @@ absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
       st.sr_candidate_names.push_back(
           alpha == 0.0 ? std::string("sort") : absl::StrFormat("scale^%g+sort", alpha));
     }
-    st.sr_candidates = std::move(candidates);
+    st.sr_candidates = std::move(acc.candidates);
   }
   const int C = off.candidates;
   for (int s = 0; s < 3; ++s) {
     st.heads[s].resize(heads);
-    pool.ParallelFor(heads, [&](int64_t h) {
+    acc.pool.ParallelFor(heads, [&](int64_t h) {
       HeadStats& hs = st.heads[s][h];
       const Split split = static_cast<Split>(s);
       BalancedMean(groups, num_domains, split, h, off.stride, off.energy, geo.d_k, 2, false, &hs.energy);
@@ -457,9 +500,29 @@ absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
       }
     });
   }
+}
+
+}  // namespace
+
+absl::StatusOr<CalibrationStats> Calibrate(const TrajectorySource& source,
+                                           const CalibrationOptions& options) {
+  RETURN_IF_ERROR(CheckCalibrateArgs(source, options));
+  const Clock::time_point start = Clock::now();
+  CalibrationStats st;
+  st.options = options;
+  st.options.progress = nullptr;
+  st.threads = options.threads > 0 ? options.threads : ThreadPool::DefaultThreads();
+  ThreadPool pool(st.threads);
+  Accumulator acc(options, pool, st);
+  const int passes = options.damp_sr ? 2 : 1;
+  for (int pass = 3 - passes; pass <= 2; ++pass) {
+    RETURN_IF_ERROR(RunPass(acc, source, pass, passes));
+    if (pass == 1) ChooseSrCandidates(acc);
+  }
+  FinishStats(acc);
   const double total = Seconds(start, Clock::now());
-  st.load_seconds = load_seconds;
-  st.compute_seconds = total - load_seconds;
+  st.load_seconds = acc.load_seconds;
+  st.compute_seconds = total - acc.load_seconds;
   return st;
 }
 

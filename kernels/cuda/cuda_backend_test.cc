@@ -28,7 +28,7 @@
 #include "kernels/formats/state_bound.h"
 #include "kernels/formats/value_transform.h"
 #include "kernels/layout/state_layout.h"
-#include "kernels/testing/gpu_backend.h"
+#include "kernels/cuda/testing/gpu_backend.h"
 #include "kernels/testing/token_batch.h"
 
 namespace statecache {

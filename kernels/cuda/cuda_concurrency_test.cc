@@ -23,7 +23,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
-#include "kernels/testing/gpu_backend.h"
+#include "kernels/cuda/testing/gpu_backend.h"
 
 namespace statecache {
 namespace {

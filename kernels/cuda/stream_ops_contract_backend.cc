@@ -1,5 +1,5 @@
 #include "kernels/backend/testing/contract_backend.h"
-#include "kernels/testing/gpu_backend.h"
+#include "kernels/cuda/testing/gpu_backend.h"
 
 namespace statecache {
 

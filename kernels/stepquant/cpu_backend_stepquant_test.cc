@@ -21,7 +21,8 @@ namespace {
 // kernels/testing's STEPQuant layout with this test's pivot heads (head 1 of
 // the slot).
 StateLayout MixedLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) {
-  return MixedStepQuantLayout(geo, f, seed, /*pivot_head_per_layer=*/false);
+  return MixedStepQuantLayout(geo, f, seed, /*pivot_head_per_layer=*/false,
+                              StepQuantCandidateBits(f));
 }
 
 const ModelGeometry kGdnSmall{Arch::kGdn, 2, 2, 4, 64, 64};

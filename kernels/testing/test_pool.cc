@@ -7,7 +7,6 @@
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
-#include "kernels/stepquant/calibration.h"
 
 namespace statecache {
 
@@ -59,8 +58,9 @@ StateLayout RandomStepQuantLayout(
 }
 
 StateLayout MixedStepQuantLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed,
-                                 bool pivot_head_per_layer) {
-  const std::vector<int> cand = StepQuantCandidateBits(f);
+                                 bool pivot_head_per_layer,
+                                 const std::vector<int>& candidate_bits) {
+  const std::vector<int>& cand = candidate_bits;
   return RandomStepQuantLayout(geo, f, seed, [&](int64_t h, std::mt19937& rng) {
     std::vector<int8_t> b(geo.d_k);
     if (geo.arch == Arch::kGdn) {

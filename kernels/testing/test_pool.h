@@ -43,12 +43,13 @@ StateLayout RandomStepQuantLayout(
     const std::function<std::vector<int8_t>(int64_t head, std::mt19937& rng)>& head_bits);
 
 // A calibrated-looking STEPQuant layout: random key permutations and row
-// impact in (0.05, 1]; GDN one width per head from the format's candidates
-// with FP16 pivot heads, KDA mixed-width rows with two pivot rows per head.
-// Pivot heads: head 1 of the slot, or with `pivot_head_per_layer` head 1 of
-// every layer.
+// impact in (0.05, 1]; GDN one width per head from `candidate_bits` (the
+// format's candidates, StepQuantCandidateBits) with FP16 pivot heads, KDA
+// mixed-width rows with two pivot rows per head. Pivot heads: head 1 of the
+// slot, or with `pivot_head_per_layer` head 1 of every layer.
 StateLayout MixedStepQuantLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed,
-                                 bool pivot_head_per_layer);
+                                 bool pivot_head_per_layer,
+                                 const std::vector<int>& candidate_bits);
 
 }  // namespace statecache
 

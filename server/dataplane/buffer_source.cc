@@ -27,9 +27,9 @@ class DataPlane::BufferSource final : public ops::TensorSource {
  public:
   // `before_read` (may be null: wait for the input buffers' worker events and
   // publish o's write with the server event) is used during the call only.
-  BufferSource(DataPlane* plane, const std::string& tenant, const ComputeLimits& limits,
+  BufferSource(DataPlane* plane, const std::string& tenant,
                const std::function<absl::Status()>* before_read)
-      : plane_(plane), tenant_(tenant), limits_(limits), before_read_(before_read) {}
+      : plane_(plane), tenant_(tenant), before_read_(before_read) {}
 
   absl::Status CheckSanitize(bool sanitize, absl::string_view prefix) override {
     if (!sanitize) return absl::OkStatus();
@@ -56,7 +56,7 @@ class DataPlane::BufferSource final : public ops::TensorSource {
                                   field, count));
     return View(output_);
   }
-  absl::Status Ready(const ops::Context&, absl::string_view prefix, bool, int d_k,
+  absl::Status Ready(const ops::Context& ctx, absl::string_view prefix, bool, int d_k,
                      ops::ComputeTensors*, int64_t*) override {
     if (before_read_ != nullptr) {
       RETURN_IF_ERROR((*before_read_)());
@@ -70,7 +70,7 @@ class DataPlane::BufferSource final : public ops::TensorSource {
         done.push_back(b);
       }
     }
-    return plane_->HostValueCheck(limits_, prefix, inputs_[0], inputs_[1], inputs_[2], d_k);
+    return plane_->HostValueCheck(ctx.limits, prefix, inputs_[0], inputs_[1], inputs_[2], d_k);
   }
   absl::StatusOr<ops::Launch> RunUpdate(const ops::Context& ctx, Model& m, int layer,
                                         const std::vector<int32_t>& slots,
@@ -134,20 +134,17 @@ class DataPlane::BufferSource final : public ops::TensorSource {
 
   DataPlane* const plane_;
   const std::string tenant_;
-  const ComputeLimits limits_;
   const std::function<absl::Status()>* const before_read_;
   std::deque<Resolved> inputs_;  // q, k, v, g, beta
   Resolved output_;
   std::shared_ptr<BackendBuffer> idx_;
 };
 
-ops::Context DataPlane::OpsContext(const ComputeLimits& limits,
+ops::Context DataPlane::OpsContext(const ops::Limits& limits,
                                    const KernelObserver& observe) const {
   ops::Context ctx;
   ctx.backend = backend_;
-  ctx.limits.max_batch = limits.max_batch;
-  ctx.limits.max_work_heads = limits.max_work_heads;
-  ctx.limits.max_prefill_tokens = limits.max_prefill_tokens;
+  ctx.limits = limits;
   ctx.observe = observe;
   ctx.not_attached = [this](const Model& m, absl::Span<const SlotHandle> handles,
                             absl::string_view field) {
@@ -157,25 +154,25 @@ ops::Context DataPlane::OpsContext(const ComputeLimits& limits,
 }
 
 absl::Status DataPlane::Update(const std::string& tenant, Model& m, const v1::UpdateRequest& req,
-                               const ComputeLimits& limits, const KernelObserver& observe,
+                               const ops::Limits& limits, const KernelObserver& observe,
                                v1::UpdateResponse* resp) {
   return UpdateImpl(tenant, m, req, limits, observe, nullptr, resp);
 }
 
 absl::Status DataPlane::UpdateImpl(const std::string& tenant, Model& m,
-                                   const v1::UpdateRequest& req, const ComputeLimits& limits,
+                                   const v1::UpdateRequest& req, const ops::Limits& limits,
                                    const KernelObserver& observe,
                                    const std::function<absl::Status()>* before_read,
                                    v1::UpdateResponse* resp) {
-  BufferSource source(this, tenant, limits, before_read);
+  BufferSource source(this, tenant, before_read);
   return ops::Update(OpsContext(limits, observe), source, m, req, resp);
 }
 
 absl::Status DataPlane::PlanUpdate(const std::string& tenant, Model& m,
-                                   const v1::UpdateRequest& req, const ComputeLimits& limits,
+                                   const v1::UpdateRequest& req, const ops::Limits& limits,
                                    const std::function<absl::Status()>* before_read,
                                    HeldSlots* held, UpdatePlan* plan) {
-  plan->source = std::make_shared<BufferSource>(this, tenant, limits, before_read);
+  plan->source = std::make_shared<BufferSource>(this, tenant, before_read);
   ops::ComputeTensors t;
   v1::UpdateResponse unused;
   RETURN_IF_ERROR(
@@ -201,14 +198,14 @@ absl::Status DataPlane::PlanUpdate(const std::string& tenant, Model& m,
 }
 
 absl::Status DataPlane::Prefill(const std::string& tenant, Model& m, const v1::PrefillRequest& req,
-                                const ComputeLimits& limits, const KernelObserver& observe,
+                                const ops::Limits& limits, const KernelObserver& observe,
                                 v1::PrefillResponse* resp) {
   RETURN_IF_ERROR(CheckBatch(req.slots_size(), limits.max_batch, "slots"));
   if (req.input_case() != v1::PrefillRequest::kTokens) {
     return absl::InvalidArgumentError(
         "states.ref: a Prefill of states takes inline bytes only (use tokens with references)");
   }
-  BufferSource source(this, tenant, limits, nullptr);
+  BufferSource source(this, tenant, nullptr);
   return ops::PrefillTokens(OpsContext(limits, observe), source, m, req, resp);
 }
 

@@ -11,6 +11,7 @@
 #include "kernels/common/status_macros.h"
 #include "kernels/formats/format.h"
 #include "server/core/log.h"
+#include "server/ops/checks.h"
 #include "server/pool/staging.h"
 #include "server/core/proto_convert.h"
 
@@ -519,17 +520,17 @@ absl::StatusOr<std::shared_ptr<BackendBuffer>> DataPlane::StagedIndices(
   return shared;
 }
 
-absl::Status DataPlane::HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
+absl::Status DataPlane::HostValueCheck(const ops::Limits& limits, absl::string_view prefix,
                                        const Resolved& q, const Resolved& k, const Resolved& v,
                                        int d_k) const {
   // Device memory (CUDA) is not host-readable. Inline tensors of a mixed
   // request are staged in backend memory too, so all three are checked here.
-  if (!limits.host_value_check || !host_readable_) return absl::OkStatus();
+  if (!host_readable_) return absl::OkStatus();
   auto view = [](const Resolved& r) {
     const int64_t width = DTypeSize(r.dtype);
     return TensorBytes{r.dtype, r.data, r.bytes / width, r.bytes};
   };
-  return limits.host_value_check(prefix, view(q), view(k), view(v), d_k);
+  return CheckMagnitudes(prefix, view(q), view(k), view(v), d_k, limits.max_abs_value);
 }
 
 }  // namespace statecache

@@ -95,18 +95,6 @@ class DataPlane {
     // stream ends (DEADLINE_EXCEEDED naming wait.index).
     absl::Duration ring_wait_timeout = absl::Seconds(10);
   };
-  // Per-request bounds shared with the service.
-  struct ComputeLimits {
-    int max_batch = 4096;
-    int64_t max_work_heads = int64_t{1} << 24;
-    int64_t max_prefill_tokens = 1 << 16;
-    // The server edge's value contract on q, k, v (L2-normalized q / k rows,
-    // bounded |v|), applied to referenced tensors the host can read (CPU
-    // backend); the CUDA binding checks finiteness and gates on the device.
-    std::function<absl::Status(absl::string_view prefix, const TensorBytes& q,
-                               const TensorBytes& k, const TensorBytes& v, int d_k)>
-        host_value_check;
-  };
   // Kernel timing callback: (kernel name, seconds, batch).
   using KernelObserver = std::function<void(const char*, double, int)>;
 
@@ -133,10 +121,10 @@ class DataPlane {
   // Update / Prefill (tokens) whose tensors may be BufferRefs or inline
   // bytes, mixed. Same validation and errors as the inline path.
   absl::Status Update(const std::string& tenant, Model& model, const v1::UpdateRequest& req,
-                      const ComputeLimits& limits, const KernelObserver& observe,
+                      const ops::Limits& limits, const KernelObserver& observe,
                       v1::UpdateResponse* resp);
   absl::Status Prefill(const std::string& tenant, Model& model, const v1::PrefillRequest& req,
-                       const ComputeLimits& limits, const KernelObserver& observe,
+                       const ops::Limits& limits, const KernelObserver& observe,
                        v1::PrefillResponse* resp);
 
   // The SubmitUpdates stream. `read` returns false at the end of the stream,
@@ -155,7 +143,7 @@ class DataPlane {
     std::function<bool()> cancelled;
   };
   absl::Status SubmitUpdates(const std::string& tenant, const StreamIo& io,
-                             const ComputeLimits& limits, const KernelObserver& observe);
+                             const ops::Limits& limits, const KernelObserver& observe);
   // Most ring events one SubmitUpdates stream may register.
   static constexpr int kMaxRingEvents = 1024;
 
@@ -272,11 +260,11 @@ class DataPlane {
   // attach check, the slot access (shared through `held` when not null) and
   // the staged indices. Errors name the request's fields.
   absl::Status PlanUpdate(const std::string& tenant, Model& model, const v1::UpdateRequest& req,
-                          const ComputeLimits& limits,
+                          const ops::Limits& limits,
                           const std::function<absl::Status()>* before_read, HeldSlots* held,
                           UpdatePlan* plan);
   absl::Status UpdateImpl(const std::string& tenant, Model& model, const v1::UpdateRequest& req,
-                          const ComputeLimits& limits, const KernelObserver& observe,
+                          const ops::Limits& limits, const KernelObserver& observe,
                           const std::function<absl::Status()>* before_read,
                           v1::UpdateResponse* resp);
   // SubmitUpdates (submit_updates.cc): a stream's state and its opening
@@ -288,14 +276,18 @@ class DataPlane {
   absl::Status OpenSubmitStream(const std::string& tenant, const v1::SubmitUpdatesOpen& open,
                                 SubmitStream* s);
   absl::Status StartSubmission(const std::string& tenant, SubmitStream& s,
-                               const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
+                               const v1::SubmitUpdatesRequest& msg, const ops::Limits& limits,
                                const KernelObserver& observe, SubmissionRun* run);
   void RunSubmission(const std::string& tenant, SubmitStream& s,
-                     const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
+                     const v1::SubmitUpdatesRequest& msg, const ops::Limits& limits,
                      const KernelObserver& observe);
   // The operations layer's context for a call on registered buffers.
-  ops::Context OpsContext(const ComputeLimits& limits, const KernelObserver& observe) const;
-  absl::Status HostValueCheck(const ComputeLimits& limits, absl::string_view prefix,
+  ops::Context OpsContext(const ops::Limits& limits, const KernelObserver& observe) const;
+  // The edge's value contract (CheckMagnitudes: L2-normalized q / k
+  // rows, |v| <= limits.max_abs_value) on referenced tensors the host can
+  // read (CPU backend); the CUDA binding checks finiteness and gates on the
+  // device.
+  absl::Status HostValueCheck(const ops::Limits& limits, absl::string_view prefix,
                               const Resolved& q, const Resolved& k, const Resolved& v,
                               int d_k) const;
 

@@ -378,7 +378,7 @@ absl::Status DataPlane::OpenSubmitStream(const std::string& tenant,
 
 absl::Status DataPlane::StartSubmission(const std::string& tenant, SubmitStream& s,
                                         const v1::SubmitUpdatesRequest& msg,
-                                        const ComputeLimits& limits,
+                                        const ops::Limits& limits,
                                         const KernelObserver& observe, SubmissionRun* run) {
   if (msg.message_case() != v1::SubmitUpdatesRequest::kUpdate) {
     return absl::InvalidArgumentError("update: every message after open is an update");
@@ -477,7 +477,7 @@ absl::Status DataPlane::StartSubmission(const std::string& tenant, SubmitStream&
 }
 
 void DataPlane::RunSubmission(const std::string& tenant, SubmitStream& s,
-                              const v1::SubmitUpdatesRequest& msg, const ComputeLimits& limits,
+                              const v1::SubmitUpdatesRequest& msg, const ops::Limits& limits,
                               const KernelObserver& observe) {
   SubmissionRun run;
   run.start = std::chrono::steady_clock::now();
@@ -513,7 +513,7 @@ void DataPlane::RunSubmission(const std::string& tenant, SubmitStream& s,
 }
 
 absl::Status DataPlane::SubmitUpdates(const std::string& tenant, const StreamIo& io,
-                                      const ComputeLimits& limits,
+                                      const ops::Limits& limits,
                                       const KernelObserver& observe) {
   v1::SubmitUpdatesRequest msg;
   if (!io.read(&msg)) return absl::OkStatus();  // nothing sent

@@ -249,7 +249,7 @@ class Stream {
       return true;
     };
     thread_ = std::thread([this, dp] {
-      absl::Status s = dp->SubmitUpdates("", io_, DataPlane::ComputeLimits(), nullptr);
+      absl::Status s = dp->SubmitUpdates("", io_, ops::Limits(), nullptr);
       absl::MutexLock lock(&mu_);
       end_ = s;
       ended_ = true;

@@ -26,7 +26,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
-#include "kernels/testing/gpu_backend.h"
+#include "kernels/cuda/testing/gpu_backend.h"
 #include "kernels/cuda_ipc/stream_wait.h"
 
 namespace statecache {

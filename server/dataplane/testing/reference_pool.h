@@ -1,4 +1,4 @@
-// Shared fixtures of the data-plane tests (server/dataplane:dataplane_test,
+// Shared fixtures of the data-plane tests (tests/dataplane:dataplane_test,
 // tests/dataplane:async_submit_test): the test model's geometry, random
 // per-step inputs, and the in-process reference every served path is
 // compared with bit for bit.

@@ -2,7 +2,7 @@
 # Generates a throwaway CA, a server certificate for 127.0.0.1/localhost and
 # two client certificates (one signed by the CA, one self-signed) into $1.
 # Test-time only: no private key is ever committed.
-#   bash server/testdata/make_test_certs.sh "$TEST_TMPDIR/certs"
+#   bash tests/e2e/testdata/make_test_certs.sh "$TEST_TMPDIR/certs"
 set -euo pipefail
 out=$1
 mkdir -p "$out" && cd "$out"

@@ -1,4 +1,4 @@
-#include "kernels/testing/gpu_backend.h"
+#include "kernels/cuda/testing/gpu_backend.h"
 
 #include <utility>
 

@@ -33,7 +33,7 @@ std::string TmpDir() {
 const std::string& CertDir() {
   static const std::string* dir = [] {
     auto* d = new std::string(TmpDir() + "/certs");
-    const std::string cmd = absl::StrCat("bash server/testdata/make_test_certs.sh '", *d, "'");
+    const std::string cmd = absl::StrCat("bash tests/e2e/testdata/make_test_certs.sh '", *d, "'");
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     return d;
   }();

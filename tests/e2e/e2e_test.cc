@@ -554,59 +554,118 @@ TEST_F(E2eTest, StatesBeyondTheMagnitudeBoundAreRefusedWhereverTheyEnter) {
   EXPECT_EQ(client_->Export("bound-nvfp4", (*slots)[1])->packed, empty);
 }
 
+// The code of a Status or of a StatusOr's status.
+template <typename T>
+absl::StatusCode CodeOf(const T& result) {
+  if constexpr (std::is_same_v<std::decay_t<T>, absl::Status>) {
+    return result.code();
+  } else {
+    return result.status().code();
+  }
+}
+
+// RegisterModel, DescribeModel and AllocateSlots errors next to kModel (of
+// `geo`, registered): codes and the fields their messages name.
+void ExpectModelErrors(StateCacheClient& client, const ModelGeometry& geo) {
+  ModelRegistration dup;
+  dup.model_id = kModel;
+  dup.geometry = geo;
+  dup.slots = 1;
+  EXPECT_EQ(CodeOf(client.RegisterModel(dup)), absl::StatusCode::kAlreadyExists);
+  ModelRegistration bad = dup;
+  bad.model_id = "other";
+  bad.format = "damp9";
+  auto bad_format = client.RegisterModel(bad);
+  EXPECT_EQ(CodeOf(bad_format), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_format.status().message()), HasSubstr("format"));
+  bad.format = "damp:999";  // k_hi beyond d_k = 32: the `format` field, with k_hi's range
+  auto bad_k_hi = client.RegisterModel(bad);
+  EXPECT_EQ(CodeOf(bad_k_hi), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_k_hi.status().message()),
+              HasSubstr("format: 'damp:999': k_hi 999 is outside 0..32"));
+  bad.format = "fp32";
+  bad.geometry.d_v = 33;
+  auto bad_geo = client.RegisterModel(bad);
+  EXPECT_EQ(CodeOf(bad_geo), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_geo.status().message()), HasSubstr("geometry.d_v"));
+  bad.geometry = geo;
+  bad.key_perm.assign(geo.HeadsPerSlot() * geo.d_k, 0);
+  auto bad_perm = client.RegisterModel(bad);
+  EXPECT_EQ(CodeOf(bad_perm), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_perm.status().message()), HasSubstr("layout.key_perm"));
+  bad.key_perm.clear();
+  bad.slots = 1 << 20;
+  EXPECT_EQ(CodeOf(client.RegisterModel(bad)), absl::StatusCode::kResourceExhausted);
+  bad.model_id = "bad id!";
+  EXPECT_EQ(CodeOf(client.RegisterModel(bad)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(client.DescribeModel("nope")), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CodeOf(client.AllocateSlots("nope", 1)), absl::StatusCode::kNotFound);
+}
+
+// Update requests the typed client cannot produce (a wrong shape, dtype or
+// data size), sent raw on slot `a` of kModel: INVALID_ARGUMENT naming the
+// field.
+void ExpectRawUpdateErrors(StateCacheClient& client, const SlotHandle& a) {
+  v1::UpdateRequest req;
+  req.set_model_id(kModel);
+  req.set_layer(0);
+  auto* h = req.add_slots();
+  h->set_id(a.id);
+  h->set_generation(a.generation);
+  auto set = [](v1::Tensor* t, v1::DType d, std::vector<int64_t> shape, size_t bytes) {
+    t->set_dtype(d);
+    for (int64_t s : shape) t->add_shape(s);
+    t->set_data(std::string(bytes, '\0'));
+  };
+  set(req.mutable_q(), v1::DTYPE_FP32, {1, 1, 32}, 128);
+  set(req.mutable_k(), v1::DTYPE_FP32, {1, 1, 32}, 128);
+  set(req.mutable_v(), v1::DTYPE_FP32, {1, 2, 32}, 256);
+  set(req.mutable_g(), v1::DTYPE_BF16, {1, 2}, 4);
+  set(req.mutable_beta(), v1::DTYPE_FP32, {1, 2}, 8);
+  v1::UpdateResponse resp;
+  req.mutable_q()->set_shape(2, 31);
+  grpc::ClientContext ctx0;
+  grpc::Status s = client.stub().Update(&ctx0, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("q.shape: [1, 1, 31], want [1, 1, 32]"));
+  req.mutable_q()->set_shape(2, 32);
+  grpc::ClientContext ctx;
+  s = client.stub().Update(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("g.dtype"));
+  req.mutable_g()->set_dtype(v1::DTYPE_FP32);
+  req.mutable_g()->set_data(std::string(7, '\0'));
+  grpc::ClientContext ctx2;
+  s = client.stub().Update(&ctx2, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("g.data"));
+  req.mutable_g()->set_data(std::string(8, '\0'));
+  req.mutable_k()->set_dtype(v1::DTYPE_FP16);
+  grpc::ClientContext ctx3;
+  s = client.stub().Update(&ctx3, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("k.dtype"));
+  req.mutable_k()->set_dtype(v1::DTYPE_FP32);
+  req.mutable_v()->clear_data();
+  grpc::ClientContext ctx4;
+  s = client.stub().Update(&ctx4, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("v.data"));
+}
+
 // Every error path returns its code, names the field, and writes nothing.
 TEST_F(E2eTest, ErrorPathsReturnTheirCodesAndWriteNothing) {
   const ModelGeometry geo = TinyGdn();
   Register(kModel, geo, "damp:8", 3, 1);
   std::mt19937 rng(5);
-  auto code = [](const auto& result) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(result)>, absl::Status>) {
-      return result.code();
-    } else {
-      return result.status().code();
-    }
-  };
 
-  // Models.
-  ModelRegistration dup;
-  dup.model_id = kModel;
-  dup.geometry = geo;
-  dup.slots = 1;
-  EXPECT_EQ(code(client_->RegisterModel(dup)), absl::StatusCode::kAlreadyExists);
-  ModelRegistration bad = dup;
-  bad.model_id = "other";
-  bad.format = "damp9";
-  auto bad_format = client_->RegisterModel(bad);
-  EXPECT_EQ(code(bad_format), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad_format.status().message()), HasSubstr("format"));
-  bad.format = "damp:999";  // k_hi beyond d_k = 32: the `format` field, with k_hi's range
-  auto bad_k_hi = client_->RegisterModel(bad);
-  EXPECT_EQ(code(bad_k_hi), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad_k_hi.status().message()),
-              HasSubstr("format: 'damp:999': k_hi 999 is outside 0..32"));
-  bad.format = "fp32";
-  bad.geometry.d_v = 33;
-  auto bad_geo = client_->RegisterModel(bad);
-  EXPECT_EQ(code(bad_geo), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad_geo.status().message()), HasSubstr("geometry.d_v"));
-  bad.geometry = geo;
-  bad.key_perm.assign(geo.HeadsPerSlot() * geo.d_k, 0);
-  auto bad_perm = client_->RegisterModel(bad);
-  EXPECT_EQ(code(bad_perm), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad_perm.status().message()), HasSubstr("layout.key_perm"));
-  bad.key_perm.clear();
-  bad.slots = 1 << 20;
-  EXPECT_EQ(code(client_->RegisterModel(bad)), absl::StatusCode::kResourceExhausted);
-  bad.model_id = "bad id!";
-  EXPECT_EQ(code(client_->RegisterModel(bad)), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(client_->DescribeModel("nope")), absl::StatusCode::kNotFound);
-  EXPECT_EQ(code(client_->AllocateSlots("nope", 1)), absl::StatusCode::kNotFound);
+  ExpectModelErrors(*client_, geo);
 
   // Slots.
-  EXPECT_EQ(code(client_->AllocateSlots(kModel, 0)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(client_->AllocateSlots(kModel, 0)), absl::StatusCode::kInvalidArgument);
   auto slots = client_->AllocateSlots(kModel, 2);
   ASSERT_TRUE(slots.ok());
-  EXPECT_EQ(code(client_->AllocateSlots(kModel, 2)), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(CodeOf(client_->AllocateSlots(kModel, 2)), absl::StatusCode::kResourceExhausted);
   const SlotHandle a = (*slots)[0], b = (*slots)[1];
 
   // Put some state in both slots, remember their bytes.
@@ -619,21 +678,21 @@ TEST_F(E2eTest, ErrorPathsReturnTheirCodesAndWriteNothing) {
   // Unknown and stale handles.
   const SlotHandle unknown{a.id ^ 0xdeadbeefULL, a.generation};
   Inputs one = MakeInputs(geo, 1, 1, &rng);
-  EXPECT_EQ(code(client_->Update(kModel, Call(0, {unknown}, one))), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CodeOf(client_->Update(kModel, Call(0, {unknown}, one))), absl::StatusCode::kNotFound);
   const SlotHandle stale{a.id, a.generation + 1};
-  EXPECT_EQ(code(client_->Update(kModel, Call(0, {stale}, one))),
+  EXPECT_EQ(CodeOf(client_->Update(kModel, Call(0, {stale}, one))),
             absl::StatusCode::kFailedPrecondition);
   Inputs two = MakeInputs(geo, 2, 1, &rng);
-  EXPECT_EQ(code(client_->Update(kModel, Call(0, {a, a}, two))),
+  EXPECT_EQ(CodeOf(client_->Update(kModel, Call(0, {a, a}, two))),
             absl::StatusCode::kInvalidArgument);
   // A batch with one bad handle touches none of the good ones.
-  EXPECT_EQ(code(client_->Update(kModel, Call(0, {a, unknown}, two))), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CodeOf(client_->Update(kModel, Call(0, {a, unknown}, two))), absl::StatusCode::kNotFound);
 
   // Bad tensors: NaN / Inf, positive g, beta out of range, wrong layer.
   auto expect_invalid = [&](const Inputs& in, const std::vector<SlotHandle>& hs, int layer,
                             const std::string& field) {
     auto r = client_->Update(kModel, Call(layer, hs, in));
-    EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_EQ(CodeOf(r), absl::StatusCode::kInvalidArgument) << field;
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(field));
   };
   Inputs nan_v = two;
@@ -651,72 +710,25 @@ TEST_F(E2eTest, ErrorPathsReturnTheirCodesAndWriteNothing) {
   expect_invalid(two, {a, b}, 2, "layer");
   expect_invalid(one, {a, b}, 0, "q.data");  // B=1 tensors for 2 slots
 
-  // Raw-proto errors the typed client cannot produce.
-  {
-    v1::UpdateRequest req;
-    req.set_model_id(kModel);
-    req.set_layer(0);
-    auto* h = req.add_slots();
-    h->set_id(a.id);
-    h->set_generation(a.generation);
-    auto set = [](v1::Tensor* t, v1::DType d, std::vector<int64_t> shape, size_t bytes) {
-      t->set_dtype(d);
-      for (int64_t s : shape) t->add_shape(s);
-      t->set_data(std::string(bytes, '\0'));
-    };
-    set(req.mutable_q(), v1::DTYPE_FP32, {1, 1, 32}, 128);
-    set(req.mutable_k(), v1::DTYPE_FP32, {1, 1, 32}, 128);
-    set(req.mutable_v(), v1::DTYPE_FP32, {1, 2, 32}, 256);
-    set(req.mutable_g(), v1::DTYPE_BF16, {1, 2}, 4);
-    set(req.mutable_beta(), v1::DTYPE_FP32, {1, 2}, 8);
-    v1::UpdateResponse resp;
-    req.mutable_q()->set_shape(2, 31);
-    grpc::ClientContext ctx0;
-    grpc::Status s = client_->stub().Update(&ctx0, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(s.error_message(), HasSubstr("q.shape: [1, 1, 31], want [1, 1, 32]"));
-    req.mutable_q()->set_shape(2, 32);
-    grpc::ClientContext ctx;
-    s = client_->stub().Update(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(s.error_message(), HasSubstr("g.dtype"));
-    req.mutable_g()->set_dtype(v1::DTYPE_FP32);
-    req.mutable_g()->set_data(std::string(7, '\0'));
-    grpc::ClientContext ctx2;
-    s = client_->stub().Update(&ctx2, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(s.error_message(), HasSubstr("g.data"));
-    req.mutable_g()->set_data(std::string(8, '\0'));
-    req.mutable_k()->set_dtype(v1::DTYPE_FP16);
-    grpc::ClientContext ctx3;
-    s = client_->stub().Update(&ctx3, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(s.error_message(), HasSubstr("k.dtype"));
-    req.mutable_k()->set_dtype(v1::DTYPE_FP32);
-    req.mutable_v()->clear_data();
-    grpc::ClientContext ctx4;
-    s = client_->stub().Update(&ctx4, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(s.error_message(), HasSubstr("v.data"));
-  }
+  ExpectRawUpdateErrors(*client_, a);
   // Nothing was written by any rejected request.
   EXPECT_EQ(client_->Export(kModel, a)->packed, a_bytes);
   EXPECT_EQ(client_->Export(kModel, b)->packed, b_bytes);
 
   // Prefix cache.
   auto restore_unknown = client_->Restore(kModel, b, KeyOfTokens({1, 2, 3}));
-  EXPECT_EQ(code(restore_unknown), absl::StatusCode::kNotFound);
+  EXPECT_EQ(CodeOf(restore_unknown), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(restore_unknown.status().message()), HasSubstr("key"));
   auto aux_wrong = client_->Snapshot(kModel, a, {1, 2}, {"only one layer"});
-  EXPECT_EQ(code(aux_wrong), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(aux_wrong), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(aux_wrong.status().message()), HasSubstr("aux"));
-  EXPECT_EQ(code(client_->Snapshot(kModel, a, {}, {})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(client_->Snapshot(kModel, a, {}, {})), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(client_->Snapshot(kModel, a, {1, 2}).ok());
   auto lease = client_->LookupPrefix(kModel, {1, 2, 3});
   ASSERT_TRUE(lease.ok() && lease->hit);
   // The only checkpoint is leased: a new snapshot cannot evict it.
-  EXPECT_EQ(code(client_->Snapshot(kModel, b, {4, 5})), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(code(client_->Restore(kModel, b, KeyOfTokens({9}), lease->lease_id)),
+  EXPECT_EQ(CodeOf(client_->Snapshot(kModel, b, {4, 5})), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(CodeOf(client_->Restore(kModel, b, KeyOfTokens({9}), lease->lease_id)),
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(client_->Restore(kModel, b, lease->key, lease->lease_id).ok());
   EXPECT_TRUE(client_->Snapshot(kModel, b, {4, 5}).ok());  // evicts {1, 2} now

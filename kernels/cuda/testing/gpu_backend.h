@@ -1,6 +1,6 @@
 // The CUDA backend shared by a GPU test binary's tests.
-#ifndef STATECACHE_KERNELS_TESTING_GPU_BACKEND_H_
-#define STATECACHE_KERNELS_TESTING_GPU_BACKEND_H_
+#ifndef STATECACHE_KERNELS_CUDA_TESTING_GPU_BACKEND_H_
+#define STATECACHE_KERNELS_CUDA_TESTING_GPU_BACKEND_H_
 
 #include <memory>
 
@@ -20,4 +20,4 @@ std::unique_ptr<Backend>& TestGpu();
 #define STATECACHE_SKIP_WITHOUT_GPU() \
   if (::statecache::TestGpu() == nullptr) GTEST_SKIP() << "no usable CUDA device"
 
-#endif  // STATECACHE_KERNELS_TESTING_GPU_BACKEND_H_
+#endif  // STATECACHE_KERNELS_CUDA_TESTING_GPU_BACKEND_H_
