@@ -31,20 +31,12 @@ absl::StatusOr<Timed> TimedEval(const LanguageModel& model, RecurrentStateStore*
                                                            start).count()};
 }
 
-// True when the layout carries a non-identity map (key permutation, or a
-// damp-sr value order / scale other than identity / 1).
-bool IsCalibrated(const StateLayout& layout) {
-  if (!layout.identity_key_perm()) return true;
-  const auto& order = layout.all_value_orders();
-  const auto& scale = layout.all_value_scales();
-  const int d_v = layout.geometry().d_v;
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (order[i] != static_cast<int32_t>(i % d_v)) return true;
-  }
-  for (float s : scale) {
-    if (s != 1.0f) return true;
-  }
-  return false;
+// True when the layout is not the format's identity layout (a key
+// permutation, damp-sr value maps, or STEPQuant widths / row impacts other
+// than the nominal width and w_i = 1).
+absl::StatusOr<bool> IsCalibrated(const StateLayout& layout, const FormatSpec& spec) {
+  ASSIGN_OR_RETURN(StateLayout identity, StateLayout::Identity(layout.geometry(), spec));
+  return layout.Fingerprint() != identity.Fingerprint();
 }
 
 }  // namespace
@@ -81,8 +73,13 @@ absl::StatusOr<std::vector<SweepRow>> RunFormatSweep(const LanguageModel& model,
     ASSIGN_OR_RETURN(Timed p, TimedEval(model, store.get(), docs, pd));
     SweepRow row;
     row.format = FormatSpecName(spec);
-    row.calibrated = IsCalibrated(layout);
-    row.bits_per_value = 8.0 * layout.head_layout().head_bytes / (double{geo.d_k} * geo.d_v);
+    ASSIGN_OR_RETURN(row.calibrated, IsCalibrated(layout, spec));
+    // STEPQuant heads have calibrated sizes: the exact payload over the slot
+    // (head_bytes is their mean stride, padded); the allocated head otherwise.
+    row.bits_per_value = IsStepQuantFormat(spec.format)
+                             ? layout.PayloadBitsPerValue()
+                             : 8.0 * layout.head_layout().head_bytes /
+                                   (static_cast<double>(geo.d_k) * geo.d_v);
     row.decode = {d.result.BitsPerByte(), d.result.BitsPerByte() - ref.decode.bits_per_byte,
                   d.result.GreedyAgreement(ref_dec.result), d.seconds};
     row.prefill_decode = {p.result.BitsPerByte(),

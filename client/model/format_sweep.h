@@ -49,8 +49,10 @@ struct SweepRegimeResult {
 
 struct SweepRow {
   std::string format;        // FormatSpecName, or "fp32 (reference)"
-  bool calibrated = false;   // layout not the identity
-  double bits_per_value = 0; // packed head bytes * 8 / (d_k * d_v)
+  bool calibrated = false;   // layout not the format's StateLayout::Identity
+  // Packed head bytes * 8 / (d_k * d_v); STEPQuant: the slot's exact payload
+  // (StateLayout::PayloadBitsPerValue: codes, scales, pivots, no padding).
+  double bits_per_value = 0;
   SweepRegimeResult decode, prefill_decode;
 };
 

@@ -4,8 +4,10 @@
 //   - CalibratedLayouts(): record FP32 trajectories of the calibration corpus
 //     with this model, run the calibration of issue 3 (kernels/calibration)
 //     once, and build damp / damp-sr layouts with their default selectors
-//     (E*P for damp, the horizon objective for damp-sr); other formats get
-//     the identity layout (they have no calibrated maps);
+//     (E*P for damp, the horizon objective for damp-sr), and stepquant-6 /
+//     -4 layouts with kernels/stepquant's calibration (default
+//     StepQuantOptions) from the same trajectories on first use; other
+//     formats get the identity layout (they have no calibrated maps);
 //   - LayoutsFromFiles(): checksummed layout files (kernels/layout/layout_file.h),
 //     matched to a format by their stored state_format; identity otherwise.
 //
@@ -24,6 +26,10 @@
 #include "kernels/calibration/calibrator.h"
 
 namespace statecache {
+
+// True for the formats a calibration gives non-identity layouts: damp,
+// damp-sr (mixed) and stepquant-*.
+bool HasCalibratedLayout(StateFormat format);
 
 // Calibrates once (FP32 trajectories of `docs`, each document from the zero
 // state as one prefill chunk) and returns a provider that builds layouts from

@@ -70,9 +70,9 @@ ABSL_FLAG(std::string, prompt, "def ", "generate: prompt text (bytes)");
 ABSL_FLAG(int, max_new, 200, "generate: bytes to generate (greedy)");
 ABSL_FLAG(std::string, out, "", "record: output folder (one trajectory file per document)");
 ABSL_FLAG(std::string, layouts, "calibrate",
-          "layouts of damp/damp-sr: calibrate (record FP32 trajectories of "
-          "--calibration_corpus and calibrate in memory), identity, or comma-separated layout "
-          "files");
+          "layouts of damp/damp-sr/stepquant-*: calibrate (record FP32 trajectories of "
+          "--calibration_corpus and calibrate in memory: kernels/calibration for damp/damp-sr, "
+          "kernels/stepquant for stepquant-*), identity, or comma-separated layout files");
 ABSL_FLAG(std::string, calibration_corpus, "calibration.jsonl",
           "corpus for --layouts=calibrate (file, or path under ../shared/corpus)");
 ABSL_FLAG(std::string, formats, "all",
@@ -101,7 +101,8 @@ struct StoreHolder {
 
 absl::StatusOr<std::vector<Document>> LoadCorpusFlag(const std::string& value);
 
-// The --layouts provider. Calibration runs only when a mixed format needs it.
+// The --layouts provider. Calibration (or reading the files) runs only when a
+// format with a calibrated layout (HasCalibratedLayout) needs it.
 absl::StatusOr<LayoutProvider> MakeLayouts(const LanguageModel& model, bool needed) {
   const std::string v = absl::GetFlag(FLAGS_layouts);
   if (v == "identity" || !needed) return IdentityLayouts();
@@ -125,7 +126,7 @@ absl::StatusOr<StoreHolder> MakeRemoteStore(const LanguageModel& model,
                                             const std::string& server) {
   StoreHolder h;
   ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(absl::GetFlag(FLAGS_format)));
-  ASSIGN_OR_RETURN(LayoutProvider layouts, MakeLayouts(model, IsMixedFormat(spec.format)));
+  ASSIGN_OR_RETURN(LayoutProvider layouts, MakeLayouts(model, HasCalibratedLayout(spec.format)));
   ASSIGN_OR_RETURN(StateLayout layout, layouts(model.config().Geometry(), spec));
   ASSIGN_OR_RETURN(h.client, StateCacheClient::Connect(server));
   absl::Status ready = h.client->WaitForReady(absl::Seconds(10));
@@ -158,7 +159,7 @@ absl::StatusOr<StoreHolder> MakeStore(const LanguageModel& model) {
   }
   ASSIGN_OR_RETURN(h.backend, CreateBackend(backend));
   ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(format));
-  ASSIGN_OR_RETURN(LayoutProvider layouts, MakeLayouts(model, IsMixedFormat(spec.format)));
+  ASSIGN_OR_RETURN(LayoutProvider layouts, MakeLayouts(model, HasCalibratedLayout(spec.format)));
   ASSIGN_OR_RETURN(StateLayout layout, layouts(model.config().Geometry(), spec));
   ASSIGN_OR_RETURN(auto store, BackendStateStore::Create(h.backend.get(), layout));
   h.store = std::move(store);
@@ -278,11 +279,11 @@ absl::Status Sweep() {
       specs.push_back(spec);
     }
   }
-  bool mixed = false;
-  for (const FormatSpec& spec : specs) mixed |= IsMixedFormat(spec.format);
+  bool calibrated = false;
+  for (const FormatSpec& spec : specs) calibrated |= HasCalibratedLayout(spec.format);
   SweepOptions opts;
   opts.prefill_tokens = absl::GetFlag(FLAGS_prefill_tokens);
-  ASSIGN_OR_RETURN(opts.layouts, MakeLayouts(*model, mixed));
+  ASSIGN_OR_RETURN(opts.layouts, MakeLayouts(*model, calibrated));
   const auto start = std::chrono::steady_clock::now();
   opts.progress = [&](const std::string& row) {
     std::fprintf(stderr, "  done %s (%.0f s)\n", row.c_str(),
