@@ -483,6 +483,13 @@ absl::Status CheckpointStore::CheckInvariants() const {
     return fail("held ", held, " + free ", free_list_.size(), " != capacity ", view_.num_slots);
   }
   if (index_.size() != lru_.size()) return fail("index and LRU sizes differ");
+  for (const auto& tier : lower_) {
+    const TierUse use = tier->use();
+    if (use.bytes > use.capacity_bytes || use.bytes < 0) {
+      return fail(StoreTierName(tier->tier()), " tier holds ", use.bytes, " bytes, budget ",
+                  use.capacity_bytes);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -212,7 +212,7 @@ class CheckpointStore {
   // For tests: free + held == capacity, every entry's refcount equals
   // (indexed ? 1 : 0) + its leases + its in-flight copies, indexed entries are
   // ready and listed in the LRU list exactly once, the free list holds exactly
-  // the free entries. kInternal otherwise.
+  // the free entries, each lower tier is within its budget. kInternal otherwise.
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
