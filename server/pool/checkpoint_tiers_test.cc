@@ -3,12 +3,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -271,6 +274,59 @@ TEST_F(TiersTest, RestoreWithoutLeaseFindsLowerTiers) {
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool_->view().slot(b_)), slot_bytes_),
             Pattern(1, slot_bytes_));
   EXPECT_EQ(store_->stats().tiers[kHost].promotions, 1);
+}
+
+// Threads snapshot, look up and restore keys whose bytes are a function of the
+// key, through a small arena, host and disk tier: every restore must return
+// exactly the bytes of its key, and the refcounts and budgets must hold.
+TEST_F(TiersTest, ConcurrentTrafficRestoresOnlyTheBytesOfTheKey) {
+  constexpr int kThreads = 3, kKeys = 10, kOps = 150;
+  pool_.reset();
+  slots_.clear();
+  pool_ = SlotPool::Create(backend_.get(), layout_, 2 * kThreads).value();
+  MakeStore(/*capacity=*/2, /*host_blobs=*/2, /*disk_blobs=*/3);
+  std::vector<SlotHandle> handles = pool_->Allocate(2 * kThreads).value();
+  auto access = pool_->Acquire(handles, "slots").value();
+  std::vector<int32_t> idx(access.indices().begin(), access.indices().end());
+  std::atomic<int> wrong{0}, restored{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t + 1);
+      const int32_t src = idx[2 * t], dst = idx[2 * t + 1];
+      for (int op = 0; op < kOps; ++op) {
+        const int n = 1 + static_cast<int>(rng() % kKeys);
+        if (rng() % 2 == 0) {
+          const std::string bytes = Pattern(n, slot_bytes_);
+          std::memcpy(pool_->view().slot(src), bytes.data(), bytes.size());
+          auto put = store_->Put(Key(n), pool_->view(), src, {Aux(n)});
+          if (!put.ok() && put.status().code() != absl::StatusCode::kResourceExhausted) ++wrong;
+          continue;
+        }
+        auto hit = store_->Lookup({Key(n)}, absl::ZeroDuration());
+        if (!hit.ok()) {
+          ++wrong;
+          continue;
+        }
+        if (!hit->hit) continue;
+        auto r = store_->Restore(hit->key, hit->lease_id, pool_->view(), dst);
+        if (!r.ok()) {
+          ++wrong;
+          continue;
+        }
+        ++restored;
+        const std::string got(reinterpret_cast<const char*>(pool_->view().slot(dst)), slot_bytes_);
+        if (got != Pattern(n, slot_bytes_) || r->aux != std::vector<std::string>{Aux(n)}) ++wrong;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(restored.load(), 0);
+  const CheckpointStats s = store_->stats();
+  EXPECT_GT(s.tiers[kHost].promotions + s.tiers[kDisk].promotions, 0);
+  EXPECT_EQ(s.leases_active, 0);
+  EXPECT_TRUE(store_->CheckInvariants().ok()) << store_->CheckInvariants();
 }
 
 TEST(HostTierTest, LruOrderAndBudget) {

@@ -315,5 +315,26 @@ TEST(TiersTest, RestartKeepsTheDiskTierNotTheHostOrDeviceTiers) {
   }
 }
 
+TEST(TiersTest, TierFlagsAreValidated) {
+  SetLoggingEnabled(false);
+  auto options = [](int64_t host_bytes, std::string disk_dir, int64_t disk_bytes) {
+    StateCacheServer::Options so;
+    so.sockets.listen = "127.0.0.1:0";
+    so.memory.backend = "cpu";
+    so.memory.state_memory_bytes = 1 << 20;
+    so.memory.checkpoint_memory_bytes = 1 << 20;
+    so.metrics.port = -1;
+    so.memory.host_checkpoint_bytes = host_bytes;
+    so.memory.disk_checkpoint_dir = std::move(disk_dir);
+    so.memory.disk_checkpoint_bytes = disk_bytes;
+    return so;
+  };
+  auto s = StateCacheServer::Create(options(0, TempDir("tiers-flags"), 0));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.status().message()), ::testing::HasSubstr("disk_checkpoint_bytes"));
+  EXPECT_EQ(StateCacheServer::Create(options(-1, "", 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace statecache
