@@ -26,6 +26,9 @@ using prometheus::Labels;
 
 constexpr const char* kTiers[] = {"hi_rows", "lo_codes", "metadata", "padding"};
 constexpr const char* kResults[] = {"hit", "miss"};
+// Indexed by StoreTier (server/pool/checkpoint_tier.h).
+constexpr const char* kStoreTiers[] = {"device", "host", "disk"};
+static_assert(sizeof(kStoreTiers) / sizeof(kStoreTiers[0]) == kNumStoreTiers, "one per tier");
 
 int64_t Tier(const TierBytes& t, int i) {
   switch (i) {
@@ -38,7 +41,9 @@ int64_t Tier(const TierBytes& t, int i) {
 
 enum class SeriesType { kGauge, kCounter };
 // The label a family adds to {model, format}, one series per value.
-enum class SplitLabel { kNone, kTier, kResult };
+// kStoreTier: store_tier="device"|"host"|"disk" (where checkpoints live; a
+// tier that is not configured reports zeros).
+enum class SplitLabel { kNone, kTier, kResult, kStoreTier };
 
 // One per-model family of pool or checkpoint series. Gauges are set to the
 // source field; counters advance by its growth since the last scrape (the
@@ -56,6 +61,7 @@ int Parts(SplitLabel split) {
   switch (split) {
     case SplitLabel::kTier: return 4;
     case SplitLabel::kResult: return 2;
+    case SplitLabel::kStoreTier: return kNumStoreTiers;
     default: return 1;
   }
 }
@@ -122,6 +128,33 @@ const PoolSeriesRow kPoolSeries[] = {
      SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.bytes_snapshotted)},
     {"statecache_restore_bytes_total", "Packed state bytes copied from checkpoints into slots",
      SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.bytes_restored)},
+    {"statecache_checkpoint_tier_checkpoints",
+     "Checkpoints held by storage tier (device checkpoint memory, host memory, disk)",
+     SeriesType::kGauge, SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].entries)},
+    {"statecache_checkpoint_tier_bytes",
+     "Packed + aux bytes of the checkpoints held by storage tier", SeriesType::kGauge,
+     SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].bytes)},
+    {"statecache_checkpoint_tier_capacity_bytes",
+     "Byte budget of each storage tier (0 when the tier is not configured)",
+     SeriesType::kGauge, SplitLabel::kStoreTier,
+     SC_FIELD(s.checkpoints.tiers[part].capacity_bytes)},
+    {"statecache_checkpoint_tier_hits_total",
+     "Prefix lookups served by each storage tier (host and disk hits are promoted to device)",
+     SeriesType::kCounter, SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].hits)},
+    {"statecache_checkpoint_tier_misses_total",
+     "Prefix lookups each configured storage tier did not serve", SeriesType::kCounter,
+     SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].misses)},
+    {"statecache_checkpoint_tier_demotions_total",
+     "Checkpoints moved from each tier to the one below (the last tier: dropped by its LRU)",
+     SeriesType::kCounter, SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].demotions)},
+    {"statecache_checkpoint_tier_promotions_total",
+     "Checkpoints moved from each tier back into device checkpoint memory",
+     SeriesType::kCounter, SplitLabel::kStoreTier,
+     SC_FIELD(s.checkpoints.tiers[part].promotions)},
+    {"statecache_checkpoint_tier_corrupt_total",
+     "Checkpoints found corrupt (checksum, size, tags) in each tier and deleted, never restored",
+     SeriesType::kCounter, SplitLabel::kStoreTier,
+     SC_FIELD(s.checkpoints.tiers[part].dropped_corrupt)},
 };
 constexpr int kPoolRows = sizeof(kPoolSeries) / sizeof(kPoolSeries[0]);
 
@@ -363,6 +396,7 @@ Metrics::ModelSeries& Metrics::SeriesFor(const ModelStatsSnapshot& s) const {
       Labels labels = base;
       if (row.split == SplitLabel::kTier) labels["tier"] = kTiers[part];
       if (row.split == SplitLabel::kResult) labels["result"] = kResults[part];
+      if (row.split == SplitLabel::kStoreTier) labels["store_tier"] = kStoreTiers[part];
       if (row.type == SeriesType::kGauge) {
         series->gauges[r].push_back(&pool_[r].gauge->Add(labels));
       } else {

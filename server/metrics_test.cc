@@ -43,6 +43,13 @@ ModelStatsSnapshot Snapshot() {
   s.checkpoints.lookup_tokens_miss = 20;
   s.checkpoints.evictions = 7;
   s.checkpoints.bytes_restored = 123;
+  s.checkpoints.tiers[1].enabled = true;
+  s.checkpoints.tiers[1].bytes = 4096;
+  s.checkpoints.tiers[1].capacity_bytes = 8192;
+  s.checkpoints.tiers[1].promotions = 3;
+  s.checkpoints.tiers[2].hits = 2;
+  s.checkpoints.tiers[2].dropped_corrupt = 1;
+  s.checkpoints.tiers[0].demotions = 6;
   return s;
 }
 
@@ -61,10 +68,10 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
         << name << " has a short help string";
     ++families;
   }
-  // 30 families; statecache_rpcs_total and statecache_kernel_duration_seconds
+  // 38 families; statecache_rpcs_total and statecache_kernel_duration_seconds
   // have no series before the first observation, nor
   // statecache_device_memory_free_bytes without a device: not printed.
-  EXPECT_EQ(families, 27);
+  EXPECT_EQ(families, 35);
   const std::string l = "{format=\"damp:16\",model=\"m\"";
   EXPECT_THAT(text, HasSubstr("statecache_slots_used" + l + "} 3"));
   EXPECT_THAT(text, HasSubstr("statecache_slots_capacity" + l + "} 10"));
@@ -77,6 +84,19 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
   EXPECT_THAT(text, HasSubstr("statecache_checkpoint_evictions_total" + l + "} 7"));
   EXPECT_THAT(text, HasSubstr("statecache_restore_bytes_total" + l + "} 123"));
   EXPECT_THAT(text, HasSubstr("statecache_rpc_duration_seconds_count{method=\"Update\"} 0"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_bytes" + l + ",store_tier=\"host\"} 4096"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_capacity_bytes" + l +
+                              ",store_tier=\"host\"} 8192"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_promotions_total" + l +
+                              ",store_tier=\"host\"} 3"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_hits_total" + l +
+                              ",store_tier=\"disk\"} 2"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_corrupt_total" + l +
+                              ",store_tier=\"disk\"} 1"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_demotions_total" + l +
+                              ",store_tier=\"device\"} 6"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_checkpoints" + l +
+                              ",store_tier=\"disk\"} 0"));
 }
 
 TEST_F(MetricsTest, CountersFollowCumulativeStatsAndRestartOnReregistration) {

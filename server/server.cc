@@ -214,6 +214,17 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.checkpoint_budget_bytes = checkpoint_bytes;
   ro.default_lease = mem.lease_default;
   ro.max_lease = mem.lease_max;
+  if (mem.host_checkpoint_bytes < 0 || mem.disk_checkpoint_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "host_checkpoint_bytes and disk_checkpoint_bytes: must be >= 0");
+  }
+  if (!mem.disk_checkpoint_dir.empty() && mem.disk_checkpoint_bytes < 1) {
+    return absl::InvalidArgumentError(
+        "disk_checkpoint_bytes: must be >= 1 with --disk_checkpoint_dir");
+  }
+  ro.host_checkpoint_bytes = mem.host_checkpoint_bytes;
+  ro.disk_checkpoint_dir = mem.disk_checkpoint_dir;
+  ro.disk_checkpoint_bytes = mem.disk_checkpoint_bytes;
   ro.clock = options.clock;
   // Shared pools are for backends whose memory is shared host memory (the
   // CPU's); device arenas are exported by their own handles.
@@ -282,6 +293,10 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                         s->backend_->name(), " (", s->backend_->Describe(), ")",
                         " state_memory_bytes=", state_bytes,
                         " checkpoint_memory_bytes=", checkpoint_bytes,
+                        " host_checkpoint_bytes=", mem.host_checkpoint_bytes,
+                        " disk_checkpoint_dir=",
+                        mem.disk_checkpoint_dir.empty() ? "none" : mem.disk_checkpoint_dir,
+                        " disk_checkpoint_bytes=", mem.disk_checkpoint_bytes,
                         // metrics_port stays numeric (log readers parse it);
                         // metrics= says what it means.
                         " metrics_port=", options.metrics.port < 0 ? -1 : s->metrics_port(),

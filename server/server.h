@@ -87,6 +87,12 @@ class StateCacheServer {
     int64_t checkpoint_memory_bytes = 0;
     double memory_fraction = 0.5;
     double checkpoint_fraction = 0.2;
+    // Lower checkpoint tiers, per model (ModelRegistry::Options): host
+    // memory bytes (0 = no host tier); a disk directory (empty = no disk
+    // tier; it survives restarts) and its byte budget.
+    int64_t host_checkpoint_bytes = 0;
+    std::string disk_checkpoint_dir;
+    int64_t disk_checkpoint_bytes = 0;
     absl::Duration lease_default = absl::Seconds(30);
     absl::Duration lease_max = absl::Minutes(10);
   };

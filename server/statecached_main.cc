@@ -112,6 +112,16 @@ ABSL_FLAG(int64_t, checkpoint_memory_bytes, 0,
           "0 = --checkpoint_fraction of the backend's available memory.");
 ABSL_FLAG(double, memory_fraction, 0.5,
           "Fraction of available backend memory used for slots when --state_memory_bytes=0.");
+ABSL_FLAG(int64_t, host_checkpoint_bytes, 0,
+          "Host-memory checkpoint tier per model, in bytes: checkpoints evicted from "
+          "checkpoint memory move here (LRU) and are promoted back on a hit. 0 = off.");
+ABSL_FLAG(std::string, disk_checkpoint_dir, "",
+          "Directory of the disk checkpoint tier (one subdirectory per model): what the "
+          "host tier (or checkpoint memory) evicts is written here, CRC-checked, and "
+          "survives restarts for models registered again with the same layout. Empty = off.");
+ABSL_FLAG(int64_t, disk_checkpoint_bytes, 0,
+          "Byte budget of the disk checkpoint tier per model (LRU); required with "
+          "--disk_checkpoint_dir.");
 ABSL_FLAG(double, checkpoint_fraction, 0.2,
           "Fraction of available backend memory used for checkpoints when "
           "--checkpoint_memory_bytes=0.");
@@ -177,6 +187,9 @@ int Main() {
   options.memory.checkpoint_memory_bytes = absl::GetFlag(FLAGS_checkpoint_memory_bytes);
   options.memory.memory_fraction = absl::GetFlag(FLAGS_memory_fraction);
   options.memory.checkpoint_fraction = absl::GetFlag(FLAGS_checkpoint_fraction);
+  options.memory.host_checkpoint_bytes = absl::GetFlag(FLAGS_host_checkpoint_bytes);
+  options.memory.disk_checkpoint_dir = absl::GetFlag(FLAGS_disk_checkpoint_dir);
+  options.memory.disk_checkpoint_bytes = absl::GetFlag(FLAGS_disk_checkpoint_bytes);
   options.memory.lease_default = absl::Milliseconds(absl::GetFlag(FLAGS_lease_default_ms));
   options.memory.lease_max = absl::Milliseconds(absl::GetFlag(FLAGS_lease_max_ms));
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);

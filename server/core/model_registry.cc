@@ -6,7 +6,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
 #include "kernels/common/status_macros.h"
+#include "server/core/log.h"
+#include "server/core/proto_convert.h"
+#include "server/pool/disk_tier.h"
+#include "server/pool/host_tier.h"
 
 namespace statecache {
 
@@ -110,6 +116,23 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
     co.default_lease = options_.default_lease;
     co.max_lease = options_.max_lease;
     co.clock = options_.clock;
+    if (options_.host_checkpoint_bytes > 0) {
+      co.host = std::make_shared<HostTier>(options_.host_checkpoint_bytes);
+    }
+    if (!options_.disk_checkpoint_dir.empty()) {
+      const std::string dir =
+          absl::StrCat(options_.disk_checkpoint_dir, "/",
+                       spec.tenant.empty() ? "_" : absl::BytesToHexString(spec.tenant), "/",
+                       spec.id);
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<DiskTier> disk,
+          DiskTier::Create(dir, CheckpointTierTags(spec.tenant, spec.id, model->layout),
+                           options_.disk_checkpoint_bytes,
+                           [](absl::string_view event, absl::string_view details) {
+                             LogEvent(event, details);
+                           }));
+      co.disk = std::move(disk);
+    }
     ASSIGN_OR_RETURN(model->checkpoints, CheckpointStore::Create(backend_, model->layout, co));
   }
   model->state_bytes = slots * slot_bytes;
@@ -180,6 +203,21 @@ int64_t ModelRegistry::state_reserved_bytes() const {
 int64_t ModelRegistry::checkpoint_reserved_bytes() const {
   absl::MutexLock lock(&mu_);
   return checkpoint_reserved_;
+}
+
+}  // namespace statecache
+
+namespace statecache {
+
+std::string CheckpointTierTags(absl::string_view tenant, absl::string_view id,
+                               const StateLayout& layout) {
+  const ModelGeometry& g = layout.geometry();
+  return absl::StrFormat(
+      "tenant=%s model=%s format=%s fingerprint=%016x geometry=%s:%dx%dx%dx%dx%dx%a "
+      "slot_bytes=%d packed_revision=%d",
+      absl::BytesToHexString(tenant), id, FormatSpecName(layout.format()), layout.Fingerprint(),
+      ArchName(g.arch), g.layers, g.h_qk, g.h_v, g.d_k, g.d_v, g.scale, layout.slot_bytes(),
+      kPackedFormatVersion);
 }
 
 }  // namespace statecache

@@ -83,6 +83,16 @@ class ModelRegistry {
     // workers can map); null = backend->Allocate.
     std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t bytes)>
         slot_arena_allocator;
+    // Lower checkpoint tiers of each model with checkpoint memory
+    // (server/pool/checkpoint_tier.h): a host-memory tier of this many bytes
+    // (0 = none), and a disk tier of disk_checkpoint_bytes under
+    // <disk_checkpoint_dir>/<tenant>/<model id> (empty dir = none). Both
+    // budgets are per model. The disk tier's files carry CheckpointTierTags,
+    // so a model registered again with the same tags finds them after a
+    // restart; files of other tags are deleted.
+    int64_t host_checkpoint_bytes = 0;
+    std::string disk_checkpoint_dir;
+    int64_t disk_checkpoint_bytes = 0;
   };
 
   // `backend` must outlive the registry and every Model it hands out.
@@ -128,6 +138,12 @@ class ModelRegistry {
   int64_t state_reserved_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t checkpoint_reserved_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The compatibility tags written into a model's disk-tier files: tenant,
+// model id, format, layout fingerprint, geometry, slot bytes and the packed
+// format revision (kPackedFormatVersion).
+std::string CheckpointTierTags(absl::string_view tenant, absl::string_view id,
+                               const StateLayout& layout);
 
 // Valid model ids: [A-Za-z0-9._-]{1,128}.
 absl::Status ValidateModelId(absl::string_view id);

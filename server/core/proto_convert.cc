@@ -99,6 +99,24 @@ void StatsToProto(const SlotPoolStats& s, const CheckpointStats& c, v1::ModelSta
   out->set_restores(c.restores);
   out->set_bytes_snapshotted(c.bytes_snapshotted);
   out->set_bytes_restored(c.bytes_restored);
+  static_assert(v1::CHECKPOINT_TIER_DEVICE == static_cast<int>(StoreTier::kDevice) &&
+                    v1::CHECKPOINT_TIER_HOST == static_cast<int>(StoreTier::kHost) &&
+                    v1::CHECKPOINT_TIER_DISK == static_cast<int>(StoreTier::kDisk),
+                "the wire enum and StoreTier share values");
+  for (int i = 0; i < kNumStoreTiers; ++i) {
+    const CheckpointTierStats& t = c.tiers[i];
+    if (!t.enabled) continue;
+    v1::CheckpointTierStats* p = out->add_checkpoint_tiers();
+    p->set_tier(static_cast<v1::CheckpointTier>(i));
+    p->set_checkpoints(t.entries);
+    p->set_bytes(t.bytes);
+    p->set_capacity_bytes(t.capacity_bytes);
+    p->set_hits(t.hits);
+    p->set_misses(t.misses);
+    p->set_demotions(t.demotions);
+    p->set_promotions(t.promotions);
+    p->set_dropped_corrupt(t.dropped_corrupt);
+  }
 }
 
 void TagsToProto(absl::string_view model_id, const StateLayout& layout,

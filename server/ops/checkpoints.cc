@@ -149,6 +149,7 @@ absl::Status LookupPrefix(const Context& ctx, Model& m, const v1::LookupPrefixRe
     KeyToProto(r.key, resp->mutable_key());
     resp->set_lease_id(r.lease_id);
     resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(r.lease_expiry));
+    resp->set_tier(static_cast<v1::CheckpointTier>(r.tier));
   }
   if (ctx.limits.log_cache_events) {
     LogEvent("lookup", absl::StrCat("model=", m.id, " hit=", r.hit ? "true" : "false",

@@ -42,6 +42,8 @@ CheckpointStore::CheckpointStore(Backend* backend, std::unique_ptr<BackendBuffer
       options_(std::move(options)) {
   absl::MutexLock lock(&mu_);
   entries_.resize(view_.num_slots);
+  if (options_.host) lower_.push_back(options_.host);
+  if (options_.disk) lower_.push_back(options_.disk);
   for (int64_t i = view_.num_slots - 1; i >= 0; --i) free_list_.push_back(static_cast<int32_t>(i));
 }
 
@@ -90,6 +92,7 @@ int32_t CheckpointStore::TakeFreeEntryLocked(int* evicted) {
       }
     }
     if (victim < 0) return -1;
+    DemoteLocked(victim);
     UnindexLocked(victim);
     ++*evicted;
     ++counters_.evictions;
@@ -97,6 +100,108 @@ int32_t CheckpointStore::TakeFreeEntryLocked(int* evicted) {
   const int32_t e = free_list_.back();
   free_list_.pop_back();
   return e;
+}
+
+void CheckpointStore::DemoteLocked(int32_t e) {
+  if (lower_.empty()) return;
+  Entry& entry = entries_[e];
+  CheckpointBlob blob;
+  blob.key = entry.key;
+  blob.packed.resize(static_cast<size_t>(view_.slot_bytes()));
+  if (!backend_->CopyOut(&blob.packed[0], view_.slot(e), view_.slot_bytes()).ok()) return;
+  blob.aux = entry.aux;
+  ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
+  SpillLocked(0, std::move(blob));
+}
+
+void CheckpointStore::SpillLocked(size_t i, CheckpointBlob blob) {
+  std::vector<CheckpointBlob> evicted;
+  if (!lower_[i]->Put(std::move(blob), &evicted).ok()) return;  // too large or unwritable: dropped
+  if (i + 1 == lower_.size()) return;  // the last tier's drops are its use().evictions
+  for (CheckpointBlob& b : evicted) {
+    ++counters_.tiers[static_cast<int>(lower_[i]->tier())].demotions;
+    SpillLocked(i + 1, std::move(b));
+  }
+}
+
+int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candidates,
+                                             PrefixKey* key, StoreTier* tier) {
+  int32_t best = -1;
+  for (const PrefixKey& k : candidates) {
+    auto it = index_.find(k);
+    if (it == index_.end()) continue;
+    if (best < 0 || k.num_tokens > key->num_tokens) {
+      best = it->second;
+      *key = k;
+    }
+  }
+  StoreTier served = StoreTier::kDevice;
+  // A corrupt lower-tier copy is deleted by Take; the search goes on without it.
+  while (true) {
+    CheckpointTier* from = nullptr;
+    PrefixKey lower_key;
+    int64_t longest = best >= 0 ? key->num_tokens : 0;  // keys have num_tokens >= 1
+    for (const auto& t : lower_) {
+      PrefixKey k;
+      if (t->LongestHeld(candidates, &k) && k.num_tokens > longest) {
+        from = t.get();
+        lower_key = k;
+        longest = k.num_tokens;
+      }
+    }
+    if (from == nullptr) break;
+    absl::StatusOr<CheckpointBlob> blob = from->Take(lower_key);
+    if (!blob.ok()) continue;
+    int evicted = 0;
+    const int32_t e = TakeFreeEntryLocked(&evicted);
+    if (e >= 0 && backend_->CopyIn(view_.slot(e), blob->packed.data(), view_.slot_bytes()).ok()) {
+      Entry& entry = entries_[e];
+      entry.state = EntryState::kReady;
+      entry.key = lower_key;
+      entry.refs = 1;
+      entry.aux = std::move(blob->aux);
+      entry.aux_bytes = 0;
+      for (const std::string& a : entry.aux) entry.aux_bytes += static_cast<int64_t>(a.size());
+      entry.indexed = true;
+      lru_.push_front(e);
+      entry.lru_pos = lru_.begin();
+      index_[lower_key] = e;
+      ++counters_.tiers[static_cast<int>(from->tier())].promotions;
+      best = e;
+      *key = lower_key;
+      served = from->tier();
+      break;
+    }
+    // Every arena entry is pinned (or the copy failed): the checkpoint stays
+    // where it was and the longest arena hit, if any, is served.
+    if (e >= 0) free_list_.push_back(e);
+    std::vector<CheckpointBlob> spilled;
+    if (from->Put(*std::move(blob), &spilled).ok()) {
+      size_t i = 0;
+      while (lower_[i].get() != from) ++i;
+      for (CheckpointBlob& b : spilled) {
+        if (i + 1 < lower_.size()) SpillLocked(i + 1, std::move(b));
+      }
+    }
+    best = -1;
+    for (const PrefixKey& k : candidates) {
+      auto it = index_.find(k);
+      if (it != index_.end() && (best < 0 || k.num_tokens > key->num_tokens)) {
+        best = it->second;
+        *key = k;
+      }
+    }
+    break;
+  }
+  // Each lookup is a hit of the tier that served it and a miss of the others.
+  auto& t = counters_.tiers;
+  ++(best >= 0 && served == StoreTier::kDevice ? t[0].hits : t[0].misses);
+  for (const auto& lower : lower_) {
+    const int i = static_cast<int>(lower->tier());
+    ++(best >= 0 && served == lower->tier() ? t[i].hits : t[i].misses);
+  }
+  if (best >= 0) *tier = served;
+  return best;
 }
 
 absl::Status CheckpointStore::Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
@@ -178,17 +283,12 @@ absl::StatusOr<CheckpointStore::LookupResult> CheckpointStore::Lookup(
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   SweepExpiredLocked(now);
-  int32_t best = -1;
   for (const PrefixKey& key : candidates) {
     result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
-    auto it = index_.find(key);
-    if (it == index_.end()) continue;
-    if (best < 0 || key.num_tokens > result.key.num_tokens) {
-      best = it->second;
-      result.key = key;
-    }
   }
+  const int32_t best = FindOrPromoteLocked(candidates, &result.key, &result.tier);
   if (best < 0) {
+    result.key = PrefixKey();
     ++counters_.lookups_miss;
     counters_.lookup_tokens_miss += result.candidate_tokens;
     return result;
@@ -240,13 +340,14 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
       }
     }
     if (e < 0) {
-      auto it = index_.find(key);
-      if (it == index_.end()) {
+      PrefixKey found;
+      StoreTier tier = StoreTier::kDevice;
+      e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), &found, &tier);
+      if (e < 0) {
         return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ",
                                                 key.DebugString(),
                                                 lease_id != 0 ? " (lease unknown or expired)" : ""));
       }
-      e = it->second;
     }
     Entry& entry = entries_[e];
     ++entry.refs;
@@ -307,6 +408,21 @@ CheckpointStats CheckpointStore::stats() {
     if (entry.leases > 0) ++s.leased;
   }
   s.leases_active = static_cast<int64_t>(leases_.size());
+  CheckpointTierStats& device = s.tiers[static_cast<int>(StoreTier::kDevice)];
+  device.enabled = true;
+  device.entries = s.checkpoints;
+  device.bytes = s.checkpoints * view_.slot_bytes() + s.aux_bytes;
+  device.capacity_bytes = s.capacity_bytes;
+  for (const auto& tier : lower_) {
+    const TierUse use = tier->use();
+    CheckpointTierStats& t = s.tiers[static_cast<int>(tier->tier())];
+    t.enabled = true;
+    t.entries = use.entries;
+    t.bytes = use.bytes;
+    t.capacity_bytes = use.capacity_bytes;
+    t.dropped_corrupt = use.dropped_corrupt;
+    if (tier == lower_.back()) t.demotions = use.evictions;
+  }
   return s;
 }
 
@@ -367,6 +483,13 @@ absl::Status CheckpointStore::CheckInvariants() const {
     return fail("held ", held, " + free ", free_list_.size(), " != capacity ", view_.num_slots);
   }
   if (index_.size() != lru_.size()) return fail("index and LRU sizes differ");
+  for (const auto& tier : lower_) {
+    const TierUse use = tier->use();
+    if (use.bytes > use.capacity_bytes || use.bytes < 0) {
+      return fail(StoreTierName(tier->tier()), " tier holds ", use.bytes, " bytes, budget ",
+                  use.capacity_bytes);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -22,6 +22,15 @@
 // the leases expired by then, so an expired lease never counts as active in
 // stats, metrics or DropModel and its entry becomes evictable at expiry).
 //
+// Lower tiers (checkpoint_tier.h; optional): an entry evicted from the arena
+// is copied out (Backend::CopyOut) and demoted to the host tier, whose LRU
+// evictions go to the disk tier. Lookup and Restore search every tier for the
+// longest candidate (equal lengths resolve to the upper tier, which always
+// holds the newest copy); a hit in a lower tier takes the checkpoint out of it
+// and promotes it into the arena (Backend::CopyIn) before leasing, so leases
+// and Restore always read the arena. A corrupt disk file is a miss (the tier
+// deletes it) and the search goes on. Tier copies run under the store's lock.
+//
 // Thread-safe. Slots passed in must be held exclusively by the caller
 // (SlotPool::Acquire).
 //
@@ -50,6 +59,7 @@
 #include "kernels/backend/backend.h"
 #include "kernels/backend/pool_view.h"
 #include "kernels/layout/state_layout.h"
+#include "server/pool/checkpoint_tier.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/tier_bytes.h"
 
@@ -57,6 +67,26 @@ namespace statecache {
 
 // Current use and cumulative counts of a CheckpointStore. Every field maps 1:1
 // onto a metric (server/metrics.h) and onto statecache.v1.ModelStats.
+// One storage tier of a CheckpointStore (statecache_checkpoint_tier_* series
+// with label store_tier="device"|"host"|"disk").
+struct CheckpointTierStats {
+  bool enabled = false;        // the device tier always; host / disk when configured
+  int64_t entries = 0;         // checkpoints held
+  int64_t bytes = 0;           // packed + aux bytes held
+  int64_t capacity_bytes = 0;  // the tier's budget (device: arena + aux)
+  // Lookups (and index-less Restores) this tier served / in which it held
+  // none of the candidates.
+  int64_t hits = 0;
+  int64_t misses = 0;
+  // Checkpoints that left this tier for the one below (device -> host ->
+  // disk); the last configured tier's count is what its LRU dropped.
+  int64_t demotions = 0;
+  // Checkpoints taken from this tier back into the device arena.
+  int64_t promotions = 0;
+  // Checkpoints found corrupt (disk: checksum, size, tags) and deleted.
+  int64_t dropped_corrupt = 0;
+};
+
 struct CheckpointStats {
   // Entries in the arena (statecache_checkpoint_capacity).
   int64_t capacity = 0;
@@ -95,6 +125,8 @@ struct CheckpointStats {
   int64_t restores = 0;
   int64_t bytes_snapshotted = 0;
   int64_t bytes_restored = 0;
+  // By storage tier, indexed by StoreTier (device, host, disk).
+  CheckpointTierStats tiers[kNumStoreTiers];
 };
 
 class CheckpointStore {
@@ -107,6 +139,9 @@ class CheckpointStore {
     absl::Duration max_lease = absl::Minutes(10);
     // Time source (tests inject a fake clock); absl::Now when empty.
     std::function<absl::Time()> clock;
+    // Lower tiers (tier() kHost / kDisk), or null. The store owns their use.
+    std::shared_ptr<CheckpointTier> host;
+    std::shared_ptr<CheckpointTier> disk;
   };
 
   struct PutResult {
@@ -119,6 +154,7 @@ class CheckpointStore {
     uint64_t lease_id = 0;   // when hit
     absl::Time lease_expiry; // when hit
     int64_t candidate_tokens = 0;  // longest candidate length
+    StoreTier tier = StoreTier::kDevice;  // where the hit was found (promoted from)
   };
 
   struct RestoreResult {
@@ -144,8 +180,9 @@ class CheckpointStore {
   absl::StatusOr<PutResult> Put(const PrefixKey& key, const PoolView& src, int32_t src_slot,
                                 std::vector<std::string> aux) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The longest candidate that is cached (keys compared by hash and length);
-  // on a hit, leases it for `lease` (zero: default; capped at max_lease) and
+  // The longest candidate cached in any tier (keys compared by hash and
+  // length); a lower-tier hit is promoted into the arena first (a miss when
+  // every arena entry is pinned). On a hit, leases it for `lease` (zero: default; capped at max_lease) and
   // marks it recently used. Never fails on a miss (hit = false, no lease).
   absl::StatusOr<LookupResult> Lookup(absl::Span<const PrefixKey> candidates,
                                       absl::Duration lease) ABSL_LOCKS_EXCLUDED(mu_);
@@ -154,8 +191,9 @@ class CheckpointStore {
   // its aux bytes. With lease_id != 0: the lease must be for `key`
   // (kInvalidArgument otherwise), its entry is used even if the key was
   // replaced since, and the lease is consumed after the copy; an unknown or
-  // expired lease falls back to the index. kNotFound when `key` is not
-  // cached (and no valid lease names it).
+  // expired lease falls back to the index and then the lower tiers (a hit
+  // there is promoted). kNotFound when `key` is not cached (and no valid
+  // lease names it).
   absl::StatusOr<RestoreResult> Restore(const PrefixKey& key, uint64_t lease_id,
                                         const PoolView& dst, int32_t dst_slot)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -174,7 +212,7 @@ class CheckpointStore {
   // For tests: free + held == capacity, every entry's refcount equals
   // (indexed ? 1 : 0) + its leases + its in-flight copies, indexed entries are
   // ready and listed in the LRU list exactly once, the free list holds exactly
-  // the free entries. kInternal otherwise.
+  // the free entries, each lower tier is within its budget. kInternal otherwise.
   absl::Status CheckInvariants() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -208,6 +246,16 @@ class CheckpointStore {
   void TouchLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free entry, evicting LRU entries if needed; -1 when all are pinned.
   int32_t TakeFreeEntryLocked(int* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The arena entry holding the longest of `candidates`, promoting it from a
+  // lower tier when that is where it is; -1 when no tier holds one (or the
+  // arena cannot take a promoted one). Counts tier hits and misses.
+  int32_t FindOrPromoteLocked(absl::Span<const PrefixKey> candidates, PrefixKey* key,
+                              StoreTier* tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the arena entry `e` (indexed, referenced only by the index) into
+  // the lower tiers; its arena entry stays as it is.
+  void DemoteLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts `blob` into lower tier `i` and what it evicts into tier i + 1.
+  void SpillLocked(size_t i, CheckpointBlob blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
                     int32_t dst_slot);
 
@@ -225,6 +273,8 @@ class CheckpointStore {
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   CheckpointStats counters_ ABSL_GUARDED_BY(mu_);  // cumulative fields only
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
+  // The configured lower tiers, upper first (host, then disk).
+  std::vector<std::shared_ptr<CheckpointTier>> lower_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace statecache

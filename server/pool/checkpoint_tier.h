@@ -1,0 +1,98 @@
+// CheckpointTier: a lower storage tier of the checkpoint store (host memory,
+// local disk) below the backend's checkpoint arena.
+//
+// The CheckpointStore (checkpoint_store.h) moves checkpoints between tiers:
+// an entry evicted from the backend arena is copied out and demoted to the
+// first lower tier; what that tier evicts (LRU, over its byte budget) goes to
+// the next one; what the last one evicts is dropped. A lookup hit in a lower
+// tier takes the checkpoint out of it (Take) and promotes it back into the
+// arena. Each tier is LRU with its own byte budget.
+//
+// A tier holds CheckpointBlobs: the packed slot bytes plus the worker's aux
+// bytes. Compatibility tags (model, format, layout fingerprint, geometry,
+// packed revision) are fixed per tier instance (one per model), so a blob
+// never meets a layout it was not written for; the disk tier stores and
+// checks them because its files outlive the process.
+//
+// Not thread-safe: the CheckpointStore calls its tiers under its own lock.
+//
+//   std::vector<CheckpointBlob> spilled;
+//   RETURN_IF_ERROR(host->Put(std::move(blob), &spilled));  // spilled -> next tier
+//   PrefixKey best;
+//   if (host->LongestHeld(candidates, &best)) { ASSIGN_OR_RETURN(auto b, host->Take(best)); }
+#ifndef STATECACHE_SERVER_POOL_CHECKPOINT_TIER_H_
+#define STATECACHE_SERVER_POOL_CHECKPOINT_TIER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "server/pool/prefix_key.h"
+
+namespace statecache {
+
+// Where a checkpoint was found (statecache.v1.CheckpointTier on the wire).
+enum class StoreTier : int { kDevice = 0, kHost = 1, kDisk = 2 };
+inline constexpr int kNumStoreTiers = 3;
+inline const char* StoreTierName(StoreTier t) {
+  switch (t) {
+    case StoreTier::kDevice: return "device";
+    case StoreTier::kHost: return "host";
+    default: return "disk";
+  }
+}
+
+// One checkpoint outside the backend arena.
+struct CheckpointBlob {
+  PrefixKey key;
+  std::string packed;            // slot_bytes of packed states, as in the arena
+  std::vector<std::string> aux;  // the worker's per-layer aux bytes
+
+  // Bytes charged against a tier's budget: packed + every aux string.
+  int64_t bytes() const {
+    int64_t n = static_cast<int64_t>(packed.size());
+    for (const std::string& a : aux) n += static_cast<int64_t>(a.size());
+    return n;
+  }
+};
+
+// Current use of one tier (a part of CheckpointStats::tiers).
+struct TierUse {
+  int64_t entries = 0;
+  int64_t bytes = 0;           // blob bytes held (packed + aux)
+  int64_t capacity_bytes = 0;  // the tier's budget
+  int64_t evictions = 0;       // blobs evicted (LRU) to fit the budget
+  int64_t dropped_corrupt = 0; // blobs found unreadable (checksum, size, tags) and deleted
+};
+
+class CheckpointTier {
+ public:
+  virtual ~CheckpointTier() = default;
+
+  virtual StoreTier tier() const = 0;
+
+  // Stores `blob` as the most recently used entry, replacing one with the
+  // same key, then evicts least recently used entries until the budget holds
+  // (their blobs are appended to `evicted`, oldest first, for the next tier).
+  // kInvalidArgument when the blob alone exceeds the budget (nothing stored);
+  // the disk tier returns kUnavailable / kDataLoss when it cannot write.
+  virtual absl::Status Put(CheckpointBlob blob, std::vector<CheckpointBlob>* evicted) = 0;
+
+  // The longest candidate held (keys compared by hash and length): true and
+  // `*best` set, or false. Does not change the LRU order.
+  virtual bool LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* best) const = 0;
+
+  // Removes the entry of `key` and returns its blob (promotion). kNotFound
+  // when not held; kDataLoss when the stored copy is corrupt (it is deleted
+  // and counted in dropped_corrupt, never returned).
+  virtual absl::StatusOr<CheckpointBlob> Take(const PrefixKey& key) = 0;
+
+  virtual TierUse use() const = 0;
+};
+
+}  // namespace statecache
+
+#endif  // STATECACHE_SERVER_POOL_CHECKPOINT_TIER_H_
