@@ -273,6 +273,19 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   return result;
 }
 
+CheckpointStore::LookupResult CheckpointStore::Peek(absl::Span<const PrefixKey> candidates) {
+  LookupResult result;
+  absl::MutexLock lock(&mu_);
+  for (const PrefixKey& key : candidates) {
+    result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
+    if (index_.contains(key) && (!result.hit || key.num_tokens > result.key.num_tokens)) {
+      result.hit = true;
+      result.key = key;
+    }
+  }
+  return result;
+}
+
 absl::Status CheckpointStore::ReleaseLease(uint64_t lease_id) {
   absl::MutexLock lock(&mu_);
   SweepExpiredLocked(Now());
