@@ -167,7 +167,8 @@ def block_keys(block_hashes: Iterable[Union[int, bytes, str]],
     FNV-1a-64. Such keys name checkpoints only for calls that pass keys
     (snapshot(key=), lookup_prefix(keys=)): the server's own `tokens=` keys
     are the chain above. The engine's hash must cover the whole prefix (as
-    chained block hashes do), not only the block."""
+    chained block hashes do), not only the block. engine_keys keeps the
+    engine's bytes whole (KEY_ENGINE) instead of folding them into 64 bits."""
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
             or block_size < 1:
         raise InvalidArgument(f"block_size: {block_size!r} is not a positive integer")
