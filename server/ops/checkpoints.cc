@@ -223,9 +223,7 @@ absl::Status LookupPrefix(const Context& ctx, Model& m, const v1::LookupPrefixRe
     resp->set_candidate_tokens(longest);
     return absl::OkStatus();
   }
-  std::vector<PrefixKey> salted;
-  salted.reserve(candidates.size());
-  for (const PrefixKey& k : candidates) salted.push_back(SaltKey(m.tenant, k));
+  const std::vector<PrefixKey> salted = SaltKeys(m.tenant, candidates);
   CheckpointStore::LookupResult r;
   if (req.peek()) {
     r = m.checkpoints->Peek(salted);

@@ -1,8 +1,10 @@
 #include "server/pool/prefix_key.h"
 
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
@@ -10,8 +12,21 @@
 namespace statecache {
 namespace {
 
-void AppendLe(std::string* out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+// SHA-256 of data[0..n) into out[32]. One digest context per thread and one
+// algorithm fetch per process: OpenSSL 3's one-shot SHA256() fetches the
+// algorithm on every call, about 4x slower for the short messages here.
+void Sha256(const void* data, size_t n, uint8_t* out) {
+  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  struct CtxFree {
+    void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+  };
+  thread_local std::unique_ptr<EVP_MD_CTX, CtxFree> ctx(EVP_MD_CTX_new());
+  if (md != nullptr && ctx != nullptr && EVP_DigestInit_ex2(ctx.get(), md, nullptr) == 1 &&
+      EVP_DigestUpdate(ctx.get(), data, n) == 1 &&
+      EVP_DigestFinal_ex(ctx.get(), out, nullptr) == 1) {
+    return;
+  }
+  SHA256(static_cast<const uint8_t*>(data), n, out);  // same digest, slower path
 }
 
 }  // namespace
@@ -68,7 +83,7 @@ std::array<uint8_t, kSha256DigestBytes> Sha256ChainStep(
   const uint32_t t = static_cast<uint32_t>(token);
   for (int i = 0; i < 4; ++i) buf[kSha256DigestBytes + i] = static_cast<uint8_t>(t >> (8 * i));
   std::array<uint8_t, kSha256DigestBytes> out;
-  SHA256(buf, sizeof(buf), out.data());
+  Sha256(buf, sizeof(buf), out.data());
   return out;
 }
 
@@ -97,21 +112,57 @@ PrefixKey Sha256KeyOfTokens(absl::Span<const int32_t> tokens) {
   return k;
 }
 
-PrefixKey SaltKey(absl::string_view tenant, const PrefixKey& key) {
+std::array<uint8_t, kSha256DigestBytes> TenantSalt(absl::string_view tenant) {
   static constexpr char kDomain[] = "statecache.prefix-key.salt.v1";
   std::string msg(kDomain, sizeof(kDomain));  // includes the terminating 0x00
-  AppendLe(&msg, tenant.size(), 4);
+  for (int i = 0; i < 4; ++i) msg.push_back(static_cast<char>(tenant.size() >> (8 * i)));
   msg.append(tenant.data(), tenant.size());
-  msg.push_back(static_cast<char>(key.kind));
-  AppendLe(&msg, key.hash, 8);
-  AppendLe(&msg, static_cast<uint64_t>(key.num_tokens), 8);
-  AppendLe(&msg, key.digest.size(), 4);
-  msg.append(key.digest);
+  std::array<uint8_t, kSha256DigestBytes> salt;
+  Sha256(msg.data(), msg.size(), salt.data());
+  return salt;
+}
+
+PrefixKey SaltKey(const std::array<uint8_t, kSha256DigestBytes>& salt, const PrefixKey& key) {
+  // 53 bytes + the digest: one SHA-256 block for FNV-1a keys.
+  const size_t size = kSha256DigestBytes + 1 + 8 + 8 + 4 + key.digest.size();
+  uint8_t stack[kSha256DigestBytes + 1 + 8 + 8 + 4 + kMaxEngineDigestBytes];
+  std::unique_ptr<uint8_t[]> heap;
+  uint8_t* msg = stack;
+  if (size > sizeof(stack)) {
+    heap.reset(new uint8_t[size]);
+    msg = heap.get();
+  }
+  uint8_t* p = msg;
+  auto put_le = [&p](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) *p++ = static_cast<uint8_t>(v >> (8 * i));
+  };
+  std::memcpy(p, salt.data(), salt.size());
+  p += salt.size();
+  *p++ = static_cast<uint8_t>(key.kind);
+  put_le(key.hash, 8);
+  put_le(static_cast<uint64_t>(key.num_tokens), 8);
+  put_le(key.digest.size(), 4);
+  if (!key.digest.empty()) std::memcpy(p, key.digest.data(), key.digest.size());
   uint8_t out[kSha256DigestBytes];
-  SHA256(reinterpret_cast<const uint8_t*>(msg.data()), msg.size(), out);
-  PrefixKey salted = key;
+  Sha256(msg, size, out);
+  PrefixKey salted;
+  salted.hash = key.hash;
+  salted.num_tokens = key.num_tokens;
+  salted.kind = key.kind;
   salted.digest.assign(reinterpret_cast<const char*>(out), sizeof(out));
   return salted;
+}
+
+PrefixKey SaltKey(absl::string_view tenant, const PrefixKey& key) {
+  return SaltKey(TenantSalt(tenant), key);
+}
+
+std::vector<PrefixKey> SaltKeys(absl::string_view tenant, absl::Span<const PrefixKey> keys) {
+  const std::array<uint8_t, kSha256DigestBytes> salt = TenantSalt(tenant);
+  std::vector<PrefixKey> out;
+  out.reserve(keys.size());
+  for (const PrefixKey& k : keys) out.push_back(SaltKey(salt, k));
+  return out;
 }
 
 }  // namespace statecache

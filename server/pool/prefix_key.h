@@ -87,11 +87,17 @@ std::vector<PrefixKey> ChainSha256PrefixKeys(absl::Span<const int32_t> tokens);
 PrefixKey Sha256KeyOfTokens(absl::Span<const int32_t> tokens);
 
 // The stored form of wire key `key` for `tenant` ("" in single-tenant mode):
-// kind, hash and num_tokens unchanged, digest = SHA-256("statecache.prefix-
-// key.salt.v1" || 0x00 || le32(|tenant|) || tenant || kind || le64(hash) ||
-// le64(num_tokens) || le32(|digest|) || digest). Deterministic, so two
-// servers salting one tenant's key agree (a shared tier).
+// kind, hash and num_tokens unchanged, digest =
+//   SHA-256(salt || kind || le64(hash) || le64(num_tokens) || le32(|digest|) || digest)
+// with salt = TenantSalt(tenant). Deterministic, so two servers salting one
+// tenant's key agree (a shared tier).
 PrefixKey SaltKey(absl::string_view tenant, const PrefixKey& key);
+// SaltKey of each key (one salt derivation for all).
+std::vector<PrefixKey> SaltKeys(absl::string_view tenant, absl::Span<const PrefixKey> keys);
+
+// SHA-256("statecache.prefix-key.salt.v1" || 0x00 || le32(|tenant|) || tenant).
+std::array<uint8_t, kSha256DigestBytes> TenantSalt(absl::string_view tenant);
+PrefixKey SaltKey(const std::array<uint8_t, kSha256DigestBytes>& salt, const PrefixKey& key);
 
 }  // namespace statecache
 
