@@ -259,6 +259,11 @@ TEST_F(PrefixCacheRpcTest, PeekTakesNoLeaseAndReleaseFreesTheCheckpoint) {
   EXPECT_EQ(st.lookups_hit(), 1);
   EXPECT_EQ(client_->Snapshot(kModel, s[0], {8}).status().code(),
             absl::StatusCode::kResourceExhausted);
+  auto wrong_key = client_->Restore(kModel, s[0], KeyOfTokens({9}), lease->lease_id);
+  EXPECT_EQ(wrong_key.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(wrong_key.status().message()),
+            absl::StrCat("lease_id: the lease is for another key than ",
+                         KeyOfTokens({9}).DebugString()));
   EXPECT_TRUE(client_->ReleaseLease(kModel, lease->lease_id).ok());
   st = Stats();
   EXPECT_EQ(st.leases_active(), 0);

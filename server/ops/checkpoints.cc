@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
@@ -174,10 +175,16 @@ absl::Status Restore(const Context& ctx, Model& m, const v1::RestoreRequest& req
   absl::StatusOr<CheckpointStore::RestoreResult> stored =
       m.checkpoints->Restore(SaltKey(m.tenant, key), req.lease_id(), m.slots->view(),
                              access.indices()[0]);
-  if (stored.status().code() == absl::StatusCode::kNotFound) {  // name the wire key
+  // The store names salted keys; callers know their wire keys.
+  if (stored.status().code() == absl::StatusCode::kNotFound) {
     return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ", key.DebugString(),
                                             req.lease_id() != 0 ? " (lease unknown or expired)"
                                                                 : ""));
+  }
+  if (stored.status().code() == absl::StatusCode::kInvalidArgument &&
+      absl::StartsWith(stored.status().message(), "lease_id:")) {
+    return absl::InvalidArgumentError(absl::StrCat("lease_id: the lease is for another key than ",
+                                                   key.DebugString()));
   }
   RETURN_IF_ERROR(stored.status());
   CheckpointStore::RestoreResult& restored = *stored;
