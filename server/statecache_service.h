@@ -107,6 +107,14 @@ class StateCacheService final : public v1::StateCache::Service {
                        v1::RestoreResponse* resp) override;
   grpc::Status LookupPrefix(grpc::ServerContext* ctx, const v1::LookupPrefixRequest* req,
                             v1::LookupPrefixResponse* resp) override;
+  grpc::Status ReleaseLease(grpc::ServerContext* ctx, const v1::ReleaseLeaseRequest* req,
+                            v1::ReleaseLeaseResponse* resp) override;
+  grpc::Status BatchSnapshot(grpc::ServerContext* ctx, const v1::BatchSnapshotRequest* req,
+                             v1::BatchSnapshotResponse* resp) override;
+  grpc::Status BatchRestore(grpc::ServerContext* ctx, const v1::BatchRestoreRequest* req,
+                            v1::BatchRestoreResponse* resp) override;
+  grpc::Status BatchLookupPrefix(grpc::ServerContext* ctx, const v1::BatchLookupPrefixRequest* req,
+                                 v1::BatchLookupPrefixResponse* resp) override;
   grpc::Status Export(grpc::ServerContext* ctx, const v1::ExportRequest* req,
                       v1::ExportResponse* resp) override;
   grpc::Status Import(grpc::ServerContext* ctx, const v1::ImportRequest* req,
@@ -174,6 +182,13 @@ class StateCacheService final : public v1::StateCache::Service {
   absl::Status DoRestore(Tenant& caller, const v1::RestoreRequest& req, v1::RestoreResponse* resp);
   absl::Status DoLookupPrefix(Tenant& caller, const v1::LookupPrefixRequest& req,
                               v1::LookupPrefixResponse* resp);
+  absl::Status DoReleaseLease(Tenant& caller, const v1::ReleaseLeaseRequest& req);
+  absl::Status DoBatchSnapshot(Tenant& caller, const v1::BatchSnapshotRequest& req,
+                               v1::BatchSnapshotResponse* resp);
+  absl::Status DoBatchRestore(Tenant& caller, const v1::BatchRestoreRequest& req,
+                              v1::BatchRestoreResponse* resp);
+  absl::Status DoBatchLookupPrefix(Tenant& caller, const v1::BatchLookupPrefixRequest& req,
+                                   v1::BatchLookupPrefixResponse* resp);
   absl::Status DoExport(Tenant& caller, const v1::ExportRequest& req, v1::ExportResponse* resp);
   absl::Status DoImport(Tenant& caller, const v1::ImportRequest& req);
   absl::Status DoGetStats(Tenant& caller, const v1::GetStatsRequest& req,

@@ -74,10 +74,41 @@ absl::StatusOr<std::vector<float>> FloatsOf(const v1::Tensor& t, absl::string_vi
   return out;
 }
 
+void KeyToWire(const PrefixKey& k, v1::PrefixKey* out) {
+  out->set_hash(k.hash);
+  out->set_num_tokens(k.num_tokens);
+  out->set_kind(static_cast<v1::PrefixKeyKind>(k.kind));
+  out->set_digest(k.digest);
+}
+
+PrefixKey KeyFromWire(const v1::PrefixKey& k) {
+  PrefixKey key{k.hash(), k.num_tokens()};
+  key.kind = static_cast<PrefixKeyKind>(k.kind());
+  key.digest = k.digest();
+  return key;
+}
+
+absl::Status ItemError(const v1::Error& e) {
+  return absl::Status(static_cast<absl::StatusCode>(e.code()), e.message());
+}
+
+void LookupItemToProto(absl::string_view model_id, const LookupItem& in,
+                       v1::LookupPrefixRequest* req) {
+  req->set_model_id(std::string(model_id));
+  if (!in.tokens.empty() || in.keys.empty()) {
+    req->mutable_tokens()->mutable_ids()->Add(in.tokens.begin(), in.tokens.end());
+  } else {
+    for (const PrefixKey& k : in.keys) KeyToWire(k, req->mutable_keys()->add_keys());
+  }
+  req->set_key_kind(static_cast<v1::PrefixKeyKind>(in.key_kind));
+  req->set_lease_ms(absl::ToInt64Milliseconds(in.lease));
+  req->set_peek(in.peek);
+}
+
 PrefixLookup LookupFromProto(const v1::LookupPrefixResponse& r) {
   PrefixLookup out;
   out.hit = r.hit();
-  out.key = PrefixKey{r.key().hash(), r.key().num_tokens()};
+  out.key = KeyFromWire(r.key());
   out.lease_id = r.lease_id();
   out.lease_expiry = absl::FromUnixMillis(r.lease_expiry_unix_ms());
   out.candidate_tokens = r.candidate_tokens();
@@ -378,35 +409,38 @@ absl::Status StateCacheClient::PrefillStates(absl::string_view model_id,
 
 absl::StatusOr<PrefixKey> StateCacheClient::Snapshot(absl::string_view model_id, SlotHandle slot,
                                                      absl::Span<const int32_t> tokens,
-                                                     const std::vector<std::string>& aux) {
+                                                     const std::vector<std::string>& aux,
+                                                     PrefixKeyKind key_kind) {
   v1::SnapshotRequest req = SnapshotRequestFor(model_id, slot, aux);
   req.mutable_tokens()->mutable_ids()->Add(tokens.begin(), tokens.end());
+  req.set_key_kind(static_cast<v1::PrefixKeyKind>(key_kind));
   v1::SnapshotResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   RETURN_IF_ERROR(FromGrpcStatus(stub_->Snapshot(&ctx, req, &resp)));
-  return PrefixKey{resp.key().hash(), resp.key().num_tokens()};
+  return KeyFromWire(resp.key());
 }
 
 absl::StatusOr<PrefixKey> StateCacheClient::SnapshotKey(absl::string_view model_id,
                                                         SlotHandle slot, PrefixKey key,
                                                         const std::vector<std::string>& aux) {
   v1::SnapshotRequest req = SnapshotRequestFor(model_id, slot, aux);
-  req.mutable_key()->set_hash(key.hash);
-  req.mutable_key()->set_num_tokens(key.num_tokens);
+  KeyToWire(key, req.mutable_key());
   v1::SnapshotResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   RETURN_IF_ERROR(FromGrpcStatus(stub_->Snapshot(&ctx, req, &resp)));
-  return PrefixKey{resp.key().hash(), resp.key().num_tokens()};
+  return KeyFromWire(resp.key());
 }
 
 absl::StatusOr<PrefixLookup> StateCacheClient::LookupPrefix(absl::string_view model_id,
                                                             absl::Span<const int32_t> tokens,
-                                                            absl::Duration lease) {
+                                                            absl::Duration lease,
+                                                            PrefixKeyKind key_kind) {
   v1::LookupPrefixRequest req;
   req.set_model_id(std::string(model_id));
   req.mutable_tokens()->mutable_ids()->Add(tokens.begin(), tokens.end());
+  req.set_key_kind(static_cast<v1::PrefixKeyKind>(key_kind));
   req.set_lease_ms(absl::ToInt64Milliseconds(lease));
   v1::LookupPrefixResponse resp;
   grpc::ClientContext ctx;
@@ -420,11 +454,7 @@ absl::StatusOr<PrefixLookup> StateCacheClient::LookupPrefixKeys(absl::string_vie
                                                                 absl::Duration lease) {
   v1::LookupPrefixRequest req;
   req.set_model_id(std::string(model_id));
-  for (const PrefixKey& k : keys) {
-    v1::PrefixKey* p = req.mutable_keys()->add_keys();
-    p->set_hash(k.hash);
-    p->set_num_tokens(k.num_tokens);
-  }
+  for (const PrefixKey& k : keys) KeyToWire(k, req.mutable_keys()->add_keys());
   req.set_lease_ms(absl::ToInt64Milliseconds(lease));
   v1::LookupPrefixResponse resp;
   grpc::ClientContext ctx;
@@ -439,8 +469,7 @@ absl::StatusOr<RestoredCheckpoint> StateCacheClient::Restore(absl::string_view m
   v1::RestoreRequest req;
   req.set_model_id(std::string(model_id));
   SetHandle(slot, req.mutable_slot());
-  req.mutable_key()->set_hash(key.hash);
-  req.mutable_key()->set_num_tokens(key.num_tokens);
+  KeyToWire(key, req.mutable_key());
   req.set_lease_id(lease_id);
   v1::RestoreResponse resp;
   grpc::ClientContext ctx;
@@ -449,6 +478,106 @@ absl::StatusOr<RestoredCheckpoint> StateCacheClient::Restore(absl::string_view m
   RestoredCheckpoint out;
   out.aux.assign(resp.aux().begin(), resp.aux().end());
   out.num_tokens = resp.num_tokens();
+  return out;
+}
+
+absl::StatusOr<PrefixLookup> StateCacheClient::PeekPrefix(absl::string_view model_id,
+                                                          const LookupItem& item) {
+  v1::LookupPrefixRequest req;
+  LookupItemToProto(model_id, item, &req);
+  req.set_peek(true);
+  v1::LookupPrefixResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->LookupPrefix(&ctx, req, &resp)));
+  return LookupFromProto(resp);
+}
+
+absl::Status StateCacheClient::ReleaseLease(absl::string_view model_id, uint64_t lease_id) {
+  v1::ReleaseLeaseRequest req;
+  req.set_model_id(std::string(model_id));
+  req.set_lease_id(lease_id);
+  v1::ReleaseLeaseResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  return FromGrpcStatus(stub_->ReleaseLease(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<PrefixKey>>> StateCacheClient::BatchSnapshot(
+    absl::string_view model_id, absl::Span<const SnapshotItem> items) {
+  v1::BatchSnapshotRequest req;
+  req.set_model_id(std::string(model_id));
+  for (const SnapshotItem& in : items) {
+    v1::SnapshotRequest* item = req.add_items();
+    SetHandle(in.slot, item->mutable_slot());
+    if (!in.tokens.empty()) {
+      item->mutable_tokens()->mutable_ids()->Add(in.tokens.begin(), in.tokens.end());
+      item->set_key_kind(static_cast<v1::PrefixKeyKind>(in.key_kind));
+    } else {
+      KeyToWire(in.key, item->mutable_key());
+    }
+    for (const std::string& a : in.aux) item->add_aux(a);
+  }
+  v1::BatchSnapshotResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->BatchSnapshot(&ctx, req, &resp)));
+  std::vector<absl::StatusOr<PrefixKey>> out;
+  for (const v1::BatchSnapshotResult& r : resp.results()) {
+    if (r.error().code() != 0) {
+      out.push_back(ItemError(r.error()));
+    } else {
+      out.push_back(KeyFromWire(r.response().key()));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<RestoredCheckpoint>>> StateCacheClient::BatchRestore(
+    absl::string_view model_id, absl::Span<const RestoreItem> items) {
+  v1::BatchRestoreRequest req;
+  req.set_model_id(std::string(model_id));
+  for (const RestoreItem& in : items) {
+    v1::RestoreRequest* item = req.add_items();
+    SetHandle(in.slot, item->mutable_slot());
+    KeyToWire(in.key, item->mutable_key());
+    item->set_lease_id(in.lease_id);
+  }
+  v1::BatchRestoreResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->BatchRestore(&ctx, req, &resp)));
+  std::vector<absl::StatusOr<RestoredCheckpoint>> out;
+  for (const v1::BatchRestoreResult& r : resp.results()) {
+    if (r.error().code() != 0) {
+      out.push_back(ItemError(r.error()));
+      continue;
+    }
+    RestoredCheckpoint c;
+    c.aux.assign(r.response().aux().begin(), r.response().aux().end());
+    c.num_tokens = r.response().num_tokens();
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<PrefixLookup>>> StateCacheClient::BatchLookupPrefix(
+    absl::string_view model_id, absl::Span<const LookupItem> items) {
+  v1::BatchLookupPrefixRequest req;
+  req.set_model_id(std::string(model_id));
+  for (const LookupItem& in : items) LookupItemToProto("", in, req.add_items());
+  v1::BatchLookupPrefixResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->BatchLookupPrefix(&ctx, req, &resp)));
+  std::vector<absl::StatusOr<PrefixLookup>> out;
+  for (const v1::BatchLookupPrefixResult& r : resp.results()) {
+    if (r.error().code() != 0) {
+      out.push_back(ItemError(r.error()));
+    } else {
+      out.push_back(LookupFromProto(r.response()));
+    }
+  }
   return out;
 }
 

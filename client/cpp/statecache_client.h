@@ -114,6 +114,34 @@ struct RestoredCheckpoint {
   int64_t num_tokens = 0;
 };
 
+// One item of BatchSnapshot: `tokens` (the server computes a key_kind
+// chain) when non-empty, else `key` (any kind, e.g. an engine block hash).
+struct SnapshotItem {
+  SlotHandle slot;
+  std::vector<int32_t> tokens;
+  PrefixKeyKind key_kind = PrefixKeyKind::kFnv64;
+  PrefixKey key;
+  std::vector<std::string> aux;
+};
+
+// One item of BatchRestore (as Restore).
+struct RestoreItem {
+  SlotHandle slot;
+  PrefixKey key;
+  uint64_t lease_id = 0;
+};
+
+// One lookup: every prefix of `tokens` (a key_kind chain) when non-empty,
+// else the candidate `keys`. peek: no lease (lease_id 0 in the answer), no
+// LRU touch, not counted in the lookup statistics.
+struct LookupItem {
+  std::vector<int32_t> tokens;
+  std::vector<PrefixKey> keys;
+  PrefixKeyKind key_kind = PrefixKeyKind::kFnv64;
+  absl::Duration lease = absl::ZeroDuration();
+  bool peek = false;
+};
+
 struct ExportedState {
   v1::CompatibilityTags tags;
   std::string packed;
@@ -220,23 +248,40 @@ class StateCacheClient {
   absl::Status PrefillStates(absl::string_view model_id, absl::Span<const SlotHandle> slots,
                              absl::Span<const float> states);
 
-  // Checkpoint `slot` under the prefix `tokens` (the server hashes them) or
-  // an explicit chained key. Returns the key.
+  // Checkpoint `slot` under the prefix `tokens` (the server hashes them into
+  // a key_kind chain) or an explicit key of any kind (kSha256 / kFnv64 chain,
+  // kEngine block hash). Returns the key.
   absl::StatusOr<PrefixKey> Snapshot(absl::string_view model_id, SlotHandle slot,
                                      absl::Span<const int32_t> tokens,
-                                     const std::vector<std::string>& aux = {});
+                                     const std::vector<std::string>& aux = {},
+                                     PrefixKeyKind key_kind = PrefixKeyKind::kFnv64);
   absl::StatusOr<PrefixKey> SnapshotKey(absl::string_view model_id, SlotHandle slot,
                                         PrefixKey key, const std::vector<std::string>& aux = {});
   // Longest cached prefix of `tokens` (every prefix is a candidate), leased
   // for `lease` (zero = server default).
   absl::StatusOr<PrefixLookup> LookupPrefix(absl::string_view model_id,
                                             absl::Span<const int32_t> tokens,
-                                            absl::Duration lease = absl::ZeroDuration());
+                                            absl::Duration lease = absl::ZeroDuration(),
+                                            PrefixKeyKind key_kind = PrefixKeyKind::kFnv64);
   absl::StatusOr<PrefixLookup> LookupPrefixKeys(absl::string_view model_id,
                                                 absl::Span<const PrefixKey> keys,
                                                 absl::Duration lease = absl::ZeroDuration());
   absl::StatusOr<RestoredCheckpoint> Restore(absl::string_view model_id, SlotHandle slot,
                                         PrefixKey key, uint64_t lease_id = 0);
+  // LookupPrefix with peek set (item.peek is ignored): no lease is taken.
+  absl::StatusOr<PrefixLookup> PeekPrefix(absl::string_view model_id, const LookupItem& item);
+  // Drops a lease from LookupPrefix (kNotFound when unknown or expired).
+  absl::Status ReleaseLease(absl::string_view model_id, uint64_t lease_id);
+
+  // Batches (one RPC each): result[i] answers items[i], its own error
+  // ("items[i].<field>: ...") when it failed; the outer status fails only
+  // for the call (transport, unknown model, empty / oversized batch).
+  absl::StatusOr<std::vector<absl::StatusOr<PrefixKey>>> BatchSnapshot(
+      absl::string_view model_id, absl::Span<const SnapshotItem> items);
+  absl::StatusOr<std::vector<absl::StatusOr<RestoredCheckpoint>>> BatchRestore(
+      absl::string_view model_id, absl::Span<const RestoreItem> items);
+  absl::StatusOr<std::vector<absl::StatusOr<PrefixLookup>>> BatchLookupPrefix(
+      absl::string_view model_id, absl::Span<const LookupItem> items);
 
   absl::StatusOr<ExportedState> Export(absl::string_view model_id, SlotHandle slot);
   absl::Status Import(absl::string_view model_id, SlotHandle slot, const ExportedState& state);

@@ -1,8 +1,9 @@
 // statecachectl lookup | snapshot: the prefix cache by hand.
 //
-//   statecachectl lookup qwen --tokens=1,2,3,4 [--lease_ms=N]
+//   statecachectl lookup qwen --tokens=1,2,3,4 [--lease_ms=N | --peek] [--key_kind=sha256]
 //   statecachectl lookup qwen --keys=0123456789abcdef@12,...
 //   statecachectl snapshot qwen 0123456789abcdef/1 --tokens_file=prompt.txt
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/ctl/ctl_command.h"
@@ -12,16 +13,30 @@
 namespace statecache {
 namespace {
 
+// --key_kind: the chain the server computes from tokens.
+absl::StatusOr<PrefixKeyKind> KeyKindFromFlags(const CliFlags& f) {
+  const std::string kind = f.Get("key_kind", "fnv64");
+  if (kind == "fnv64") return PrefixKeyKind::kFnv64;
+  if (kind == "sha256") return PrefixKeyKind::kSha256;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--key_kind: '", kind, "' is not fnv64 or sha256"));
+}
+
 absl::Status RunLookup(CtlContext& ctx, const std::vector<std::string>& args) {
   CliFlags::Spec spec;
-  spec.value_flags = {"tokens", "tokens_file", "keys", "lease_ms"};
-  spec.bool_flags = {"json"};
+  spec.value_flags = {"tokens", "tokens_file", "keys", "lease_ms", "key_kind"};
+  spec.bool_flags = {"json", "peek"};
   spec.positional = true;
   ASSIGN_OR_RETURN(CliFlags f, ParseCommandFlags(args, spec));
   if (f.positional().size() != 1) return absl::InvalidArgumentError("lookup: want exactly one MODEL_ID");
   const std::string& model = f.positional()[0];
   ASSIGN_OR_RETURN(int lease_ms, f.GetInt("lease_ms", 0));
   if (lease_ms < 0) return absl::InvalidArgumentError("--lease_ms: must be >= 0");
+  const bool peek = f.Has("peek");
+  if (peek && lease_ms != 0) {
+    return absl::InvalidArgumentError("--peek takes no lease; drop --lease_ms");
+  }
+  ASSIGN_OR_RETURN(const PrefixKeyKind key_kind, KeyKindFromFlags(f));
   std::vector<PrefixKey> keys;
   std::vector<int32_t> tokens;
   if (f.Has("keys")) {
@@ -38,8 +53,15 @@ absl::Status RunLookup(CtlContext& ctx, const std::vector<std::string>& args) {
   }
   ASSIGN_OR_RETURN(StateCacheClient * client, ctx.client());
   PrefixLookup r;
-  if (keys.empty()) {
-    ASSIGN_OR_RETURN(r, client->LookupPrefix(model, tokens, absl::Milliseconds(lease_ms)));
+  if (peek) {
+    LookupItem item;
+    item.tokens = tokens;
+    item.keys = keys;
+    item.key_kind = key_kind;
+    ASSIGN_OR_RETURN(r, client->PeekPrefix(model, item));
+  } else if (keys.empty()) {
+    ASSIGN_OR_RETURN(r, client->LookupPrefix(model, tokens, absl::Milliseconds(lease_ms),
+                                             key_kind));
   } else {
     ASSIGN_OR_RETURN(r, client->LookupPrefixKeys(model, keys, absl::Milliseconds(lease_ms)));
   }
@@ -50,11 +72,16 @@ absl::Status RunLookup(CtlContext& ctx, const std::vector<std::string>& args) {
     w.Key("candidate_tokens").Int(r.candidate_tokens);
     if (r.hit) {
       w.Key("key").String(r.key.DebugString()).Key("tokens").Int(r.key.num_tokens);
-      w.Key("lease_id").String(absl::StrFormat("%016x", r.lease_id));
-      w.Key("lease_expiry_unix_ms").Int(absl::ToUnixMillis(r.lease_expiry));
+      if (!peek) {
+        w.Key("lease_id").String(absl::StrFormat("%016x", r.lease_id));
+        w.Key("lease_expiry_unix_ms").Int(absl::ToUnixMillis(r.lease_expiry));
+      }
     }
     w.EndObject();
     absl::FPrintF(out, "%s\n", w.str());
+  } else if (r.hit && peek) {
+    absl::FPrintF(out, "hit %s: %d of %d tokens cached (peek: no lease)\n", r.key.DebugString(),
+                  r.key.num_tokens, r.candidate_tokens);
   } else if (r.hit) {
     absl::FPrintF(out, "hit %s: %d of %d tokens cached, lease %016x until %s\n",
                   r.key.DebugString(), r.key.num_tokens, r.candidate_tokens, r.lease_id,
@@ -67,7 +94,7 @@ absl::Status RunLookup(CtlContext& ctx, const std::vector<std::string>& args) {
 
 absl::Status RunSnapshot(CtlContext& ctx, const std::vector<std::string>& args) {
   CliFlags::Spec spec;
-  spec.value_flags = {"tokens", "tokens_file", "key"};
+  spec.value_flags = {"tokens", "tokens_file", "key", "key_kind"};
   spec.bool_flags = {"json"};
   spec.positional = true;
   ASSIGN_OR_RETURN(CliFlags f, ParseCommandFlags(args, spec));
@@ -91,7 +118,8 @@ absl::Status RunSnapshot(CtlContext& ctx, const std::vector<std::string>& args) 
   if (f.Has("key")) {
     ASSIGN_OR_RETURN(stored, client->SnapshotKey(model, slot, key));
   } else {
-    ASSIGN_OR_RETURN(stored, client->Snapshot(model, slot, tokens));
+    ASSIGN_OR_RETURN(const PrefixKeyKind key_kind, KeyKindFromFlags(f));
+    ASSIGN_OR_RETURN(stored, client->Snapshot(model, slot, tokens, {}, key_kind));
   }
   if (f.Has("json")) {
     JsonWriter w;
@@ -107,20 +135,23 @@ absl::Status RunSnapshot(CtlContext& ctx, const std::vector<std::string>& args) 
 
 constexpr char kPrefixHelp[] =
     "  --tokens=LIST         token ids, comma / space separated (every prefix is a candidate)\n"
-    "  --tokens_file=FILE    the same, read from a file\n";
+    "  --tokens_file=FILE    the same, read from a file\n"
+    "  --key_kind=KIND       the chain the server computes from tokens: fnv64 (default) or\n"
+    "                        sha256 (issue 31; both are accepted during the migration)\n";
 
 }  // namespace
 
 Command LookupCommand() {
   Command c{"lookup", "longest cached prefix of a token sequence (takes a lease on a hit)",
-            "lookup MODEL_ID (--tokens=LIST | --tokens_file=FILE | --keys=KEYS) [--lease_ms=N] "
-            "[--json]",
+            "lookup MODEL_ID (--tokens=LIST | --tokens_file=FILE | --keys=KEYS) "
+            "[--key_kind=KIND] [--lease_ms=N | --peek] [--json]",
             RunLookup};
   c.help = absl::StrCat(
       kPrefixHelp,
       "  --keys=HASH@N,...     chained prefix keys instead of tokens\n"
       "  --lease_ms=N          lease on a hit (0 = the server's --lease_default_ms); the lease\n"
       "                        pins the checkpoint until it expires\n"
+      "  --peek                answer without a lease (and without counting as a lookup)\n"
       "  --json                {model_id, hit, candidate_tokens, key, tokens, lease_id,\n"
       "                        lease_expiry_unix_ms}\n");
   return c;
@@ -128,7 +159,8 @@ Command LookupCommand() {
 
 Command SnapshotCommand() {
   Command c{"snapshot", "checkpoint a slot's state under the prefix it has consumed",
-            "snapshot MODEL_ID HANDLE (--tokens=LIST | --tokens_file=FILE | --key=HASH@N) [--json]",
+            "snapshot MODEL_ID HANDLE (--tokens=LIST | --tokens_file=FILE | --key=HASH@N) "
+            "[--key_kind=KIND] [--json]",
             RunSnapshot};
   c.help = absl::StrCat(kPrefixHelp,
                         "  --key=HASH@N          the chained key instead of tokens\n"

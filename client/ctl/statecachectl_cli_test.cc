@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/io/json.h"
+#include "server/pool/prefix_key.h"
 
 namespace statecache {
 namespace {
@@ -234,6 +235,23 @@ TEST_F(StatecachectlServerTest, OperatorCommandsWithJson) {
   r = Ctl({"lookup", "tiny", "--tokens=9,9", "--json"});
   ASSERT_EQ(r.rc, 0) << Show(r);
   EXPECT_FALSE(Json(r).Find("hit")->AsBool().value());
+  // SHA-256 keys: a snapshot under the sha256 chain, found by it (peek: no
+  // lease) and not by the FNV-1a chain of the same tokens.
+  r = Ctl({"snapshot", "tiny", h1, "--tokens=5,6,7", "--key_kind=sha256", "--json"});
+  ASSERT_EQ(r.rc, 0) << Show(r);
+  EXPECT_EQ(Str(Json(r).Find("key")), Sha256KeyOfTokens({5, 6, 7}).DebugString());
+  r = Ctl({"lookup", "tiny", "--tokens=5,6,7,8", "--key_kind=sha256", "--peek", "--json"});
+  ASSERT_EQ(r.rc, 0) << Show(r);
+  JsonValue peeked = Json(r);
+  EXPECT_TRUE(peeked.Find("hit")->AsBool().value());
+  EXPECT_EQ(Str(peeked.Find("key")), Sha256KeyOfTokens({5, 6, 7}).DebugString());
+  EXPECT_EQ(peeked.Find("lease_id"), nullptr);
+  r = Ctl({"lookup", "tiny", "--tokens=5,6", "--key_kind=md5"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_THAT(r.err, HasSubstr("--key_kind: 'md5' is not fnv64 or sha256"));
+  r = Ctl({"lookup", "tiny", "--tokens=5,6", "--peek", "--lease_ms=5"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_THAT(r.err, HasSubstr("--peek takes no lease"));
   r = Ctl({"lookup", "tiny", "--tokens=5,x"});
   EXPECT_EQ(r.rc, 2);
   EXPECT_THAT(r.err, HasSubstr("--tokens: 'x' is not a token id"));

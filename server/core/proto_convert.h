@@ -56,10 +56,18 @@ inline void HandleToProto(const SlotHandle& h, v1::SlotHandle* out) {
 std::vector<SlotHandle> HandlesFromProto(
     const google::protobuf::RepeatedPtrField<v1::SlotHandle>& handles);
 
-inline PrefixKey KeyFromProto(const v1::PrefixKey& k) { return PrefixKey{k.hash(), k.num_tokens()}; }
+// Field for field, unvalidated (server/ops checks kind and digest first).
+inline PrefixKey KeyFromProto(const v1::PrefixKey& k) {
+  PrefixKey key{k.hash(), k.num_tokens()};
+  key.kind = static_cast<PrefixKeyKind>(k.kind());
+  key.digest = k.digest();
+  return key;
+}
 inline void KeyToProto(const PrefixKey& k, v1::PrefixKey* out) {
   out->set_hash(k.hash);
   out->set_num_tokens(k.num_tokens);
+  out->set_kind(static_cast<v1::PrefixKeyKind>(k.kind));
+  out->set_digest(k.digest);
 }
 
 void TierBytesToProto(const TierBytes& t, v1::HeadBytes* out);

@@ -59,15 +59,32 @@ absl::Status Prefill(const Context& ctx, Model& m, const v1::PrefillRequest& req
 absl::Status PrefillTokens(const Context& ctx, TensorSource& source, Model& m,
                            const v1::PrefillRequest& req, v1::PrefillResponse* resp);
 
-// Copies a slot into the model's checkpoint store under a prefix key.
+// Copies a slot into the model's checkpoint store under a prefix key
+// (salted with m.tenant).
 absl::Status Snapshot(const Context& ctx, Model& m, const v1::SnapshotRequest& req,
                       v1::SnapshotResponse* resp);
 // Copies a leased checkpoint into a slot.
 absl::Status Restore(const Context& ctx, Model& m, const v1::RestoreRequest& req,
                      v1::RestoreResponse* resp);
-// The longest cached prefix among the candidates, leased on a hit.
+// The longest cached prefix among the candidates, leased on a hit (unless
+// req.peek). Keys are salted with m.tenant (SaltKey) before the store sees
+// them; responses carry the caller's wire keys.
 absl::Status LookupPrefix(const Context& ctx, Model& m, const v1::LookupPrefixRequest& req,
                           v1::LookupPrefixResponse* resp);
+// Drops a LookupPrefix lease (kNotFound when unknown or expired).
+absl::Status ReleaseLease(const Context& ctx, Model& m, const v1::ReleaseLeaseRequest& req);
+// Snapshot / Restore / LookupPrefix over req.items in order, one result per
+// item: an item that fails gets its code and "items[i].<message>" and fails
+// nothing else. The call fails (kInvalidArgument naming "items") only for an
+// empty batch, more than ctx.limits.max_batch items, or (lookups) more than
+// ctx.limits.max_lookup_tokens candidates in all.
+absl::Status BatchSnapshot(const Context& ctx, Model& m, const v1::BatchSnapshotRequest& req,
+                           v1::BatchSnapshotResponse* resp);
+absl::Status BatchRestore(const Context& ctx, Model& m, const v1::BatchRestoreRequest& req,
+                          v1::BatchRestoreResponse* resp);
+absl::Status BatchLookupPrefix(const Context& ctx, Model& m,
+                               const v1::BatchLookupPrefixRequest& req,
+                               v1::BatchLookupPrefixResponse* resp);
 // A slot's packed bytes with the compatibility tags of its layout.
 absl::Status Export(const Context& ctx, Model& m, const v1::ExportRequest& req,
                     v1::ExportResponse* resp);

@@ -374,6 +374,29 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   return result;
 }
 
+CheckpointStore::LookupResult CheckpointStore::Peek(absl::Span<const PrefixKey> candidates) {
+  LookupResult result;
+  absl::MutexLock lock(&mu_);
+  for (const PrefixKey& key : candidates) {
+    result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
+    if (index_.contains(key) && (!result.hit || key.num_tokens > result.key.num_tokens)) {
+      result.hit = true;
+      result.key = key;
+    }
+  }
+  // A longer prefix held by a lower tier is what a Lookup would promote
+  // (Peek moves nothing, so a corrupt lower copy can still be reported).
+  for (const auto& t : lower_) {
+    PrefixKey k;
+    if (t->LongestHeld(candidates, &k) && (!result.hit || k.num_tokens > result.key.num_tokens)) {
+      result.hit = true;
+      result.key = k;
+      result.tier = t->tier();
+    }
+  }
+  return result;
+}
+
 absl::Status CheckpointStore::ReleaseLease(uint64_t lease_id) {
   absl::MutexLock lock(&mu_);
   SweepExpiredLocked(Now());

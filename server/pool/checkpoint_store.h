@@ -198,6 +198,11 @@ class CheckpointStore {
                                         const PoolView& dst, int32_t dst_slot)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Lookup without side effects: the longest candidate cached in any tier
+  // (`tier` says which; nothing is promoted), no lease, no LRU touch, not
+  // counted in the lookup statistics.
+  LookupResult Peek(absl::Span<const PrefixKey> candidates) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops a lease without restoring. kNotFound for an unknown or expired one.
   absl::Status ReleaseLease(uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
 

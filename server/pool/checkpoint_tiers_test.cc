@@ -20,6 +20,7 @@
 #include "server/pool/checkpoint_store.h"
 #include "server/pool/disk_tier.h"
 #include "server/pool/host_tier.h"
+#include "server/pool/prefix_key.h"
 #include "server/pool/slot_pool.h"
 
 namespace statecache {
@@ -399,6 +400,37 @@ TEST_F(DiskTierTest, LruOrderBudgetAndRoundTrip) {
   EXPECT_EQ(CountFiles(dir_), 1);
   EXPECT_EQ(disk->Put(CheckpointBlob{Key(9), std::string(300, 'x'), {}}, &evicted).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DiskTierTest, KeysDifferingOnlyInKindOrSaltKeepTheirOwnFiles) {
+  // Stored keys are tenant-salted: the same tokens give the same FNV hash and
+  // length under every tenant, told apart only by the salted digest.
+  const PrefixKey a = SaltKey("tenant-a", Key(4));
+  const PrefixKey b = SaltKey("tenant-b", Key(4));
+  std::vector<int32_t> tokens = {100, 101, 102, 103};
+  const PrefixKey sha = SaltKey("tenant-a", Sha256KeyOfTokens(tokens));
+  ASSERT_EQ(a.hash, b.hash);
+  ASSERT_EQ(a.num_tokens, b.num_tokens);
+  ASSERT_NE(a, b);
+  auto disk = Open(/*capacity=*/1 << 20);
+  std::vector<CheckpointBlob> evicted;
+  int seed = 40;
+  for (const PrefixKey& k : {a, b, sha}) {
+    ASSERT_TRUE(disk->Put(CheckpointBlob{k, Pattern(seed++, 100), {"x"}}, &evicted).ok());
+  }
+  EXPECT_EQ(CountFiles(dir_), 3);
+  // The files' headers carry kind and digest: a re-index finds the same keys.
+  disk.reset();
+  disk = Open(/*capacity=*/1 << 20);
+  EXPECT_THAT(disk->KeysByRecency(), ::testing::UnorderedElementsAre(a, b, sha));
+  seed = 40;
+  for (const PrefixKey& k : {a, b, sha}) {
+    auto blob = disk->Take(k);
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    EXPECT_EQ(blob->key, k);
+    EXPECT_EQ(blob->packed, Pattern(seed++, 100));
+  }
+  EXPECT_EQ(CountFiles(dir_), 0);
 }
 
 TEST_F(DiskTierTest, DecodeRejectsEveryFlippedByteAndEveryTruncation) {

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,7 +22,7 @@
 namespace statecache {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'C', 'C', 'K', 'P', 'T', '0', '1'};
+constexpr char kMagic[8] = {'S', 'C', 'C', 'K', 'P', 'T', '0', '2'};  // 02: key kind + digest
 constexpr absl::string_view kSuffix = ".ckpt";
 
 void AppendLe(std::string* out, uint64_t v, int bytes) {
@@ -86,16 +87,21 @@ absl::StatusOr<Header> ParseHeader(Reader* r) {
     return absl::DataLossError("bad magic");
   }
   Header h;
-  uint64_t tags_len = 0, hash = 0, tokens = 0, aux_count = 0;
-  absl::string_view tags;
+  uint64_t tags_len = 0, hash = 0, tokens = 0, kind = 0, digest_len = 0, aux_count = 0;
+  absl::string_view tags, digest;
   if (!r->Read(4, &tags_len) || !r->Take(tags_len, &tags)) return absl::DataLossError("truncated tags");
   h.tags = std::string(tags);
-  if (!r->Read(8, &hash) || !r->Read(8, &tokens) || !r->Read(8, &h.packed_len) ||
+  if (!r->Read(8, &hash) || !r->Read(8, &tokens) || !r->Read(1, &kind) ||
+      !r->Read(1, &digest_len) || !r->Take(digest_len, &digest) || !r->Read(8, &h.packed_len) ||
       !r->Read(4, &aux_count)) {
     return absl::DataLossError("truncated header");
   }
+  if (kind > static_cast<uint64_t>(PrefixKeyKind::kEngine)) {
+    return absl::DataLossError("key kind out of range");
+  }
   if (aux_count > 4096) return absl::DataLossError("aux_count out of range");
-  h.key = PrefixKey{hash, static_cast<int64_t>(tokens)};
+  h.key = PrefixKey{hash, static_cast<int64_t>(tokens), static_cast<PrefixKeyKind>(kind),
+                    std::string(digest)};
   h.aux_len.resize(aux_count);
   for (uint64_t& a : h.aux_len) {
     if (!r->Read(8, &a)) return absl::DataLossError("truncated aux lengths");
@@ -134,6 +140,9 @@ std::string DiskTier::Encode(const std::string& tags, const CheckpointBlob& blob
   out += tags;
   AppendLe(&out, blob.key.hash, 8);
   AppendLe(&out, static_cast<uint64_t>(blob.key.num_tokens), 8);
+  AppendLe(&out, static_cast<uint64_t>(blob.key.kind), 1);
+  AppendLe(&out, blob.key.digest.size(), 1);
+  out += blob.key.digest;
   AppendLe(&out, blob.packed.size(), 8);
   AppendLe(&out, blob.aux.size(), 4);
   for (const std::string& a : blob.aux) AppendLe(&out, a.size(), 8);
@@ -261,7 +270,11 @@ absl::Status DiskTier::Reindex() {
 }
 
 std::string DiskTier::PathOf(const PrefixKey& key) const {
-  return absl::StrFormat("%s/%016x-%d%s", dir_, key.hash, key.num_tokens, kSuffix);
+  // Every field of the key, so that keys differing only in kind or digest
+  // (other tenants' salts, SHA-256 and engine keys) never share a file.
+  return absl::StrFormat("%s/%016x-%d-%d-%s%s", dir_, key.hash, key.num_tokens,
+                         static_cast<int>(key.kind), absl::BytesToHexString(key.digest),
+                         kSuffix);
 }
 
 void DiskTier::Remove(std::list<File>::iterator it) {

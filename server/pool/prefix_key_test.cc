@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 
 namespace statecache {
@@ -44,6 +45,59 @@ TEST(PrefixKeyTest, KnownValue) {
 TEST(PrefixKeyTest, OrderAndLengthMatter) {
   EXPECT_NE(KeyOfTokens({1, 2}), KeyOfTokens({2, 1}));
   EXPECT_NE(KeyOfTokens({0}), KeyOfTokens({0, 0}));
+}
+
+TEST(PrefixKeyTest, Sha256KnownValues) {
+  // Pinned (hashlib in Python: d = sha256(d + struct.pack("<i", t))).
+  const std::vector<PrefixKey> keys = ChainSha256PrefixKeys({1, 2, 3});
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(absl::BytesToHexString(keys[0].digest),
+            "71c99cc3bc21757feed5b712744ebb0f770d5c41d99189f9457495747bf11050");
+  EXPECT_EQ(absl::BytesToHexString(keys[2].digest),
+            "f2032b5b5b68166de50faefebf08f31965507f5555eb836098863a12700dade7");
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(keys[i].kind, PrefixKeyKind::kSha256);
+    EXPECT_EQ(keys[i].hash, 0u);
+    EXPECT_EQ(keys[i].num_tokens, static_cast<int64_t>(i + 1));
+  }
+  EXPECT_EQ(Sha256KeyOfTokens({1, 2, 3}), keys[2]);
+  EXPECT_EQ(Sha256KeyOfTokens({}).num_tokens, 0);
+}
+
+TEST(PrefixKeyTest, KindsNeverCompareEqual) {
+  const PrefixKey fnv = KeyOfTokens({1, 2, 3});
+  const PrefixKey sha = Sha256KeyOfTokens({1, 2, 3});
+  PrefixKey engine;
+  engine.kind = PrefixKeyKind::kEngine;
+  engine.num_tokens = 3;
+  engine.digest = sha.digest;  // same bytes, other kind
+  EXPECT_NE(fnv, sha);
+  EXPECT_NE(sha, engine);
+  EXPECT_NE(SaltKey("", sha), SaltKey("", engine));
+}
+
+TEST(PrefixKeyTest, SaltSeparatesTenants) {
+  for (const PrefixKey& key : std::vector<PrefixKey>{KeyOfTokens({5, 6}), Sha256KeyOfTokens({5, 6})}) {
+    const PrefixKey a = SaltKey("tenant-a", key);
+    const PrefixKey b = SaltKey("tenant-b", key);
+    const PrefixKey none = SaltKey("", key);
+    EXPECT_NE(a, b);
+    EXPECT_NE(a, none);
+    EXPECT_NE(a, key);
+    EXPECT_EQ(a, SaltKey("tenant-a", key));  // deterministic
+    EXPECT_EQ(a.kind, key.kind);
+    EXPECT_EQ(a.hash, key.hash);
+    EXPECT_EQ(a.num_tokens, key.num_tokens);
+    EXPECT_EQ(a.digest.size(), 32u);
+  }
+  // The tenant id is length-prefixed: ("ab", key) and ("a", key') never
+  // share a message.
+  EXPECT_NE(SaltKey("ab", KeyOfTokens({1})), SaltKey("a", KeyOfTokens({1})));
+}
+
+TEST(PrefixKeyTest, DebugStrings) {
+  EXPECT_EQ(KeyOfTokens({1, 2, 3}).DebugString(), "accf2087cdf1ef5d@3");
+  EXPECT_EQ(Sha256KeyOfTokens({1, 2, 3}).DebugString(), "sha256:f2032b5b5b68166d@3");
 }
 
 }  // namespace

@@ -263,6 +263,51 @@ TEST_F(TenantsTest, AnotherTenantsModelsHandlesAndKeysLookUnknown) {
   EXPECT_TRUE(a_->Export("shared-name", stolen).ok());
 }
 
+// Issue 31: every key kind is salted with the tenant; the same wire key of
+// another tenant misses on lookup, peek, batch lookup and restore.
+TEST_F(TenantsTest, SameWireKeyOfAnotherTenantNeverHits) {
+  ASSERT_TRUE(a_->RegisterModel(Tiny("shared-name", 2, 3)).ok());  // one checkpoint per kind
+  ASSERT_TRUE(b_->RegisterModel(Tiny("shared-name")).ok());
+  auto a_slot = a_->AllocateSlots("shared-name", 1);
+  auto b_slot = b_->AllocateSlots("shared-name", 1);
+  ASSERT_TRUE(a_slot.ok() && b_slot.ok());
+  const std::vector<int32_t> tokens = {7, 8, 9};
+  PrefixKey engine;
+  engine.kind = PrefixKeyKind::kEngine;
+  engine.digest = "engine-block-7-8-9";
+  engine.num_tokens = 3;
+  const std::vector<PrefixKey> keys = {KeyOfTokens(tokens), Sha256KeyOfTokens(tokens), engine};
+  for (const PrefixKey& key : keys) {
+    ASSERT_TRUE(a_->SnapshotKey("shared-name", (*a_slot)[0], key).ok()) << key.DebugString();
+    auto a_hit = a_->LookupPrefixKeys("shared-name", std::vector<PrefixKey>{key});
+    ASSERT_TRUE(a_hit.ok());
+    EXPECT_TRUE(a_hit->hit) << key.DebugString();
+    ASSERT_TRUE(a_->ReleaseLease("shared-name", a_hit->lease_id).ok());
+
+    auto b_lookup = b_->LookupPrefixKeys("shared-name", std::vector<PrefixKey>{key});
+    ASSERT_TRUE(b_lookup.ok());
+    EXPECT_FALSE(b_lookup->hit) << key.DebugString();
+    LookupItem item;
+    item.keys = {key};
+    auto b_peek = b_->PeekPrefix("shared-name", item);
+    ASSERT_TRUE(b_peek.ok());
+    EXPECT_FALSE(b_peek->hit) << key.DebugString();
+    auto b_batch = b_->BatchLookupPrefix("shared-name", std::vector<LookupItem>{item});
+    ASSERT_TRUE(b_batch.ok() && b_batch->size() == 1 && (*b_batch)[0].ok());
+    EXPECT_FALSE((*b_batch)[0]->hit) << key.DebugString();
+    auto b_restore = b_->Restore("shared-name", (*b_slot)[0], key);
+    EXPECT_EQ(b_restore.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(std::string(b_restore.status().message()),
+              absl::StrCat("key: no checkpoint for prefix ", key.DebugString()));
+  }
+  // a's lease ids are unknown to b.
+  auto a_lease = a_->LookupPrefix("shared-name", tokens);
+  ASSERT_TRUE(a_lease.ok() && a_lease->hit);
+  EXPECT_EQ(b_->ReleaseLease("shared-name", a_lease->lease_id).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(a_->ReleaseLease("shared-name", a_lease->lease_id).ok());
+}
+
 TEST_F(TenantsTest, QuotasFailWithResourceExhaustedNamingTheQuota) {
   // max_checkpoint_bytes = 3 checkpoints: 4 explicit ones exceed it.
   auto too_many = a_->RegisterModel(Tiny("m1", 4, 4));

@@ -26,13 +26,17 @@ from statecache.errors import (  # noqa: E402
     PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange, Unimplemented,
     Internal, Unavailable, DataLoss, Unauthenticated, error_from_code,
 )
-from statecache.prefix import prefix_keys, prefix_hash, prefix_hashes, block_keys  # noqa: E402
+from statecache.prefix import (  # noqa: E402
+    prefix_keys, prefix_hash, prefix_hashes, block_keys, sha256_prefix_keys, sha256_prefix_hash,
+    engine_keys,
+)
 from statecache.ring import HashRing  # noqa: E402
 from statecache.tensor import TensorData, to_tensor, to_numpy, to_torch  # noqa: E402
 from statecache.types import (  # noqa: E402
     Geometry, LayoutMaps, SlotHandle, PrefixKey, HeadBytes, CompatibilityTags, ModelInfo,
     ModelStats, StatsEntry, Stats, UpdateResult, PrefillResult, SnapshotResult, RestoreResult,
-    LookupResult, ExportedState, CalibrationResult,
+    LookupResult, ExportedState, CalibrationResult, SnapshotItem, RestoreItem, LookupItem,
+    KEY_FNV64, KEY_SHA256, KEY_ENGINE,
 )
 from statecache.client import Client, IdentityLayoutWarning  # noqa: E402
 from statecache.stream import UpdateStream  # noqa: E402
@@ -41,6 +45,8 @@ from statecache.sharded import ShardedClient  # noqa: E402
 __all__ = [
     "Client", "ShardedClient", "UpdateStream", "HashRing", "TensorData", "to_tensor",
     "to_numpy", "to_torch", "prefix_keys", "prefix_hash", "prefix_hashes", "block_keys",
+    "sha256_prefix_keys", "sha256_prefix_hash", "engine_keys", "KEY_FNV64", "KEY_SHA256",
+    "KEY_ENGINE", "SnapshotItem", "RestoreItem", "LookupItem",
     "Geometry", "LayoutMaps", "SlotHandle", "PrefixKey", "HeadBytes", "CompatibilityTags",
     "ModelInfo", "ModelStats", "StatsEntry", "Stats", "UpdateResult", "PrefillResult",
     "SnapshotResult", "RestoreResult", "LookupResult", "ExportedState", "CalibrationResult",

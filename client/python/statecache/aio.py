@@ -18,7 +18,8 @@ channel to the loop).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Iterable, List, Optional, Sequence, Tuple, TypeVar
+from typing import (Any, Awaitable, Callable, Iterable, List, Optional, Sequence, Tuple, TypeVar,
+                    Union)
 
 import grpc
 import grpc.aio
@@ -29,9 +30,10 @@ from statecache.client import (DEFAULT_MAX_MESSAGE_BYTES, BytesOrPath, _Api, cha
 from statecache.client import Client as _SyncClient
 from statecache.errors import InvalidArgument, StateCacheError, Unavailable, error_from_rpc
 from statecache.stream import check_flow_args, full_error, result
-from statecache.types import (CalibrationResult, ExportedState, Geometry, LayoutMaps,
-                              LookupResult, ModelInfo, PrefillResult, PrefixKey, RestoreResult,
-                              SlotHandle, SnapshotResult, Stats, UpdateResult)
+from statecache.types import (KEY_FNV64, CalibrationResult, ExportedState, Geometry, LayoutMaps,
+                              LookupItem, LookupResult, ModelInfo, PrefillResult, PrefixKey,
+                              RestoreItem, RestoreResult, SlotHandle, SnapshotItem,
+                              SnapshotResult, Stats, UpdateResult)
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -179,8 +181,9 @@ class Client(_Api):
     @_doc
     async def snapshot(self, model_id: str, slot: SlotHandle, *,
                        tokens: Optional[Sequence[int]] = None, key: Optional[PrefixKey] = None,
-                       aux: Sequence[bytes] = ()) -> SnapshotResult:
-        return await super().snapshot(model_id, slot, tokens=tokens, key=key, aux=aux)
+                       aux: Sequence[bytes] = (), key_kind: int = KEY_FNV64) -> SnapshotResult:
+        return await super().snapshot(model_id, slot, tokens=tokens, key=key, aux=aux,
+                                      key_kind=key_kind)
 
     @_doc
     async def restore(self, model_id: str, slot: SlotHandle, key: PrefixKey,
@@ -190,9 +193,29 @@ class Client(_Api):
     @_doc
     async def lookup_prefix(self, model_id: str, *, tokens: Optional[Sequence[int]] = None,
                             keys: Optional[Sequence[PrefixKey]] = None,
-                            lease_ms: int = 0) -> LookupResult:
+                            lease_ms: int = 0, key_kind: int = KEY_FNV64,
+                            peek: bool = False) -> LookupResult:
         return await super().lookup_prefix(model_id, tokens=tokens, keys=keys,
-                                           lease_ms=lease_ms)
+                                           lease_ms=lease_ms, key_kind=key_kind, peek=peek)
+
+    @_doc
+    async def release_lease(self, model_id: str, lease_id: int) -> None:
+        return await super().release_lease(model_id, lease_id)
+
+    @_doc
+    async def batch_snapshot(self, model_id: str, items: Sequence[SnapshotItem]
+                             ) -> List[Union[SnapshotResult, StateCacheError]]:
+        return await super().batch_snapshot(model_id, items)
+
+    @_doc
+    async def batch_restore(self, model_id: str, items: Sequence[RestoreItem]
+                            ) -> List[Union[RestoreResult, StateCacheError]]:
+        return await super().batch_restore(model_id, items)
+
+    @_doc
+    async def batch_lookup_prefix(self, model_id: str, items: Sequence[LookupItem]
+                                  ) -> List[Union[LookupResult, StateCacheError]]:
+        return await super().batch_lookup_prefix(model_id, items)
 
     @_doc
     async def export_state(self, model_id: str, slot: SlotHandle) -> ExportedState:

@@ -28,12 +28,15 @@ import grpc
 
 from statecache import _args
 from statecache._stubs import pb2, pb2_grpc
-from statecache.errors import InvalidArgument, Unavailable, error_from_rpc
+from statecache.errors import (InvalidArgument, StateCacheError, Unavailable, error_from_code,
+                               error_from_rpc)
 from statecache.stream import UpdateStream
 from statecache.tensor import output, to_tensor
 from statecache.types import (CalibrationResult, CompatibilityTags, ExportedState, Geometry,
-                              LayoutMaps, LookupResult, ModelInfo, PrefillResult, PrefixKey,
-                              RestoreResult, SlotHandle, SnapshotResult, Stats, UpdateResult)
+                              KEY_ENGINE, KEY_FNV64, KEY_SHA256, LayoutMaps, LookupItem,
+                              LookupResult, ModelInfo, PrefillResult, PrefixKey, RestoreItem,
+                              RestoreResult, SlotHandle, SnapshotItem, SnapshotResult, Stats,
+                              UpdateResult)
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
 
@@ -264,20 +267,17 @@ class _Api:
 
     # -- prefix cache -------------------------------------------------------------
     def snapshot(self, model_id: str, slot: SlotHandle, *, tokens: Optional[Sequence[int]] = None,
-                 key: Optional[PrefixKey] = None, aux: Sequence[bytes] = ()) -> SnapshotResult:
+                 key: Optional[PrefixKey] = None, aux: Sequence[bytes] = (),
+                 key_kind: int = KEY_FNV64) -> SnapshotResult:
         """Checkpoints `slot` under the prefix given as tokens or as its key
-        (exactly one); aux: per-layer bytes returned by restore()."""
+        (exactly one); aux: per-layer bytes returned by restore(). key_kind:
+        the chain the server computes from tokens (KEY_FNV64 or KEY_SHA256);
+        a key carries its own kind."""
         m = "snapshot"
         p = pb2()
-        which = _args.one_of(m, tokens=tokens, key=key)
-        req = p.SnapshotRequest(model_id=_args.string(model_id, "model_id", m),
-                                slot=_args.slot(slot, "slot", m).to_pb(p), aux=_aux(aux, m))
-        if which == "tokens":
-            req.tokens.ids.extend(_token_ids(tokens, m))
-        else:
-            req.key.CopyFrom(_args.key(key, "key", m).to_pb(p))
-        return self._run("Snapshot", req,
-                         lambda r: SnapshotResult(PrefixKey.from_pb(r.key), r.evicted))
+        req = _snapshot_request(p, model_id, SnapshotItem(slot, tokens, key, aux, key_kind), m, "")
+        req.model_id = _args.string(model_id, "model_id", m)
+        return self._run("Snapshot", req, _snapshot_result)
 
     def restore(self, model_id: str, slot: SlotHandle, key: PrefixKey,
                 lease_id: int = 0) -> RestoreResult:
@@ -285,32 +285,68 @@ class _Api:
         lookup_prefix keeps it from eviction meanwhile)."""
         m = "restore"
         p = pb2()
-        req = p.RestoreRequest(model_id=_args.string(model_id, "model_id", m),
-                               slot=_args.slot(slot, "slot", m).to_pb(p),
-                               key=_args.key(key, "key", m).to_pb(p),
-                               lease_id=_args.integer(lease_id, "lease_id", m, minimum=0))
-        return self._run("Restore", req, lambda r: RestoreResult(list(r.aux), r.num_tokens))
+        req = _restore_request(p, RestoreItem(slot, key, lease_id), m, "")
+        req.model_id = _args.string(model_id, "model_id", m)
+        return self._run("Restore", req, _restore_result)
 
     def lookup_prefix(self, model_id: str, *, tokens: Optional[Sequence[int]] = None,
                       keys: Optional[Sequence[PrefixKey]] = None,
-                      lease_ms: int = 0) -> LookupResult:
-        """Longest cached prefix among every prefix of `tokens` (or among
-        `keys`), leased for lease_ms (0 = server default) on a hit."""
+                      lease_ms: int = 0, key_kind: int = KEY_FNV64,
+                      peek: bool = False) -> LookupResult:
+        """Longest cached prefix among every prefix of `tokens` (a key_kind
+        chain) or among `keys`, leased for lease_ms (0 = server default) on
+        a hit. peek=True: no lease (lease_id 0), no LRU touch, not counted
+        in the lookup statistics."""
         m = "lookup_prefix"
         p = pb2()
-        which = _args.one_of(m, tokens=tokens, keys=keys)
-        req = p.LookupPrefixRequest(model_id=_args.string(model_id, "model_id", m),
-                                    lease_ms=_args.integer(lease_ms, "lease_ms", m, minimum=0))
-        if which == "tokens":
-            req.tokens.ids.extend(_token_ids(tokens, m))
-        else:
-            if isinstance(keys, PrefixKey):
-                raise InvalidArgument("keys: a PrefixKey, not a sequence of them", m)
-            req.keys.keys.extend(_args.key(k, f"keys[{i}]", m).to_pb(p)
-                                 for i, k in enumerate(keys))
-        return self._run("LookupPrefix", req, lambda r: LookupResult(
-            r.hit, PrefixKey.from_pb(r.key) if r.hit else None, r.lease_id,
-            r.lease_expiry_unix_ms, r.candidate_tokens))
+        req = _lookup_request(p, LookupItem(tokens, keys, lease_ms, key_kind, peek), m, "")
+        req.model_id = _args.string(model_id, "model_id", m)
+        return self._run("LookupPrefix", req, _lookup_result)
+
+    def release_lease(self, model_id: str, lease_id: int) -> None:
+        """Drops a lease from lookup_prefix without restoring (NotFound when
+        it is unknown or expired)."""
+        m = "release_lease"
+        req = pb2().ReleaseLeaseRequest(model_id=_args.string(model_id, "model_id", m),
+                                        lease_id=_args.integer(lease_id, "lease_id", m, minimum=1))
+        return self._run("ReleaseLease", req, _none)
+
+    def batch_snapshot(self, model_id: str,
+                       items: Sequence[SnapshotItem]) -> List[Union[SnapshotResult, StateCacheError]]:
+        """snapshot() of every item in one call: element i is items[i]'s
+        SnapshotResult, or its error (a StateCacheError whose message starts
+        "items[i].<field>") when that item failed; other items are unaffected."""
+        m = "batch_snapshot"
+        p = pb2()
+        req = p.BatchSnapshotRequest(model_id=_args.string(model_id, "model_id", m))
+        for i, it in enumerate(_items(items, SnapshotItem, m)):
+            req.items.append(_snapshot_request(p, model_id, it, m, f"items[{i}]."))
+        return self._run("BatchSnapshot", req,
+                         lambda r: _batch_results(r, _snapshot_result, "BatchSnapshot"))
+
+    def batch_restore(self, model_id: str,
+                      items: Sequence[RestoreItem]) -> List[Union[RestoreResult, StateCacheError]]:
+        """restore() of every item in one call (per-item results as
+        batch_snapshot)."""
+        m = "batch_restore"
+        p = pb2()
+        req = p.BatchRestoreRequest(model_id=_args.string(model_id, "model_id", m))
+        for i, it in enumerate(_items(items, RestoreItem, m)):
+            req.items.append(_restore_request(p, it, m, f"items[{i}]."))
+        return self._run("BatchRestore", req,
+                         lambda r: _batch_results(r, _restore_result, "BatchRestore"))
+
+    def batch_lookup_prefix(self, model_id: str, items: Sequence[LookupItem]
+                            ) -> List[Union[LookupResult, StateCacheError]]:
+        """lookup_prefix() of every item in one call (per-item results as
+        batch_snapshot)."""
+        m = "batch_lookup_prefix"
+        p = pb2()
+        req = p.BatchLookupPrefixRequest(model_id=_args.string(model_id, "model_id", m))
+        for i, it in enumerate(_items(items, LookupItem, m)):
+            req.items.append(_lookup_request(p, it, m, f"items[{i}]."))
+        return self._run("BatchLookupPrefix", req,
+                         lambda r: _batch_results(r, _lookup_result, "BatchLookupPrefix"))
 
     # -- transfer -----------------------------------------------------------------
     def export_state(self, model_id: str, slot: SlotHandle) -> ExportedState:
@@ -344,6 +380,74 @@ class _Api:
 
 def _none(_response: Any) -> None:
     return None
+
+
+def _kind(kind: Any, name: str, method: str) -> int:
+    k = _args.integer(kind, name, method)
+    if k not in (KEY_FNV64, KEY_SHA256, KEY_ENGINE):
+        raise InvalidArgument(f"{name}: {k} is not KEY_FNV64, KEY_SHA256 or KEY_ENGINE", method)
+    return k
+
+
+def _snapshot_request(p: Any, model_id: str, it: SnapshotItem, m: str, at: str) -> Any:
+    which = _args.one_of(m, **{f"{at}tokens": it.tokens, f"{at}key": it.key})
+    req = p.SnapshotRequest(slot=_args.slot(it.slot, f"{at}slot", m).to_pb(p),
+                            aux=_aux(it.aux, m),
+                            key_kind=_kind(it.key_kind, f"{at}key_kind", m))
+    if which.endswith("tokens"):
+        req.tokens.ids.extend(_token_ids(it.tokens, m))
+    else:
+        req.key.CopyFrom(_args.key(it.key, f"{at}key", m).to_pb(p))
+    return req
+
+
+def _restore_request(p: Any, it: RestoreItem, m: str, at: str) -> Any:
+    return p.RestoreRequest(slot=_args.slot(it.slot, f"{at}slot", m).to_pb(p),
+                            key=_args.key(it.key, f"{at}key", m).to_pb(p),
+                            lease_id=_args.integer(it.lease_id, f"{at}lease_id", m, minimum=0))
+
+
+def _lookup_request(p: Any, it: LookupItem, m: str, at: str) -> Any:
+    which = _args.one_of(m, **{f"{at}tokens": it.tokens, f"{at}keys": it.keys})
+    if not isinstance(it.peek, bool):
+        raise InvalidArgument(f"{at}peek: {it.peek!r} is not a bool", m)
+    req = p.LookupPrefixRequest(lease_ms=_args.integer(it.lease_ms, f"{at}lease_ms", m, minimum=0),
+                                key_kind=_kind(it.key_kind, f"{at}key_kind", m), peek=it.peek)
+    if which.endswith("tokens"):
+        req.tokens.ids.extend(_token_ids(it.tokens, m))
+    else:
+        if isinstance(it.keys, PrefixKey):
+            raise InvalidArgument(f"{at}keys: a PrefixKey, not a sequence of them", m)
+        req.keys.keys.extend(_args.key(k, f"{at}keys[{i}]", m).to_pb(p)
+                             for i, k in enumerate(it.keys))
+    return req
+
+
+def _snapshot_result(r: Any) -> SnapshotResult:
+    return SnapshotResult(PrefixKey.from_pb(r.key), r.evicted)
+
+
+def _restore_result(r: Any) -> RestoreResult:
+    return RestoreResult(list(r.aux), r.num_tokens)
+
+
+def _lookup_result(r: Any) -> LookupResult:
+    return LookupResult(r.hit, PrefixKey.from_pb(r.key) if r.hit else None, r.lease_id,
+                        r.lease_expiry_unix_ms, r.candidate_tokens)
+
+
+def _items(items: Any, cls: Any, method: str) -> List[Any]:
+    if isinstance(items, cls) or not isinstance(items, Sequence):
+        raise InvalidArgument(f"items: {items!r} is not a sequence of {cls.__name__}", method)
+    for i, it in enumerate(items):
+        if not isinstance(it, cls):
+            raise InvalidArgument(f"items[{i}]: {it!r} is not a {cls.__name__}", method)
+    return list(items)
+
+
+def _batch_results(r: Any, convert: Callable[[Any], T], method: str) -> List[Any]:
+    return [error_from_code(x.error.code, x.error.message, method) if x.error.code
+            else convert(x.response) for x in r.results]
 
 
 def _geometry(geometry: Any, p: Any, method: str) -> Any:

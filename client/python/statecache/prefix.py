@@ -13,6 +13,17 @@ with many candidates sends 12 bytes per candidate instead of the tokens).
     h = prefix_hashes(np.asarray(ids, np.int32))    # uint64 [n], no objects
     keys = block_keys(engine_block_hashes, 16)      # an engine's own block hashes
 
+Stronger keys (issue 31; FNV-1a stays the default for this release):
+
+    d_0 = 32 zero bytes
+    d_i = SHA-256(d_{i-1} || le32(token_i))          # kind KEY_SHA256, digest d_n
+
+    keys = sha256_prefix_keys(prompt_ids, every=16)  # or tokens=..., key_kind=KEY_SHA256
+    keys = engine_keys(vllm_block_hashes, 16)        # kind KEY_ENGINE, opaque bytes
+
+The server salts every key with the caller's tenant before storing it, so
+keys stay the same for every tenant on the client side.
+
 The chain is computed by a small C library (statecache/_prefixhash.c, built
 with the package; about 1 ms for 128k tokens) and by equivalent pure Python
 where it is absent (`NATIVE` says which; about 0.5 s for 128k tokens).
@@ -21,14 +32,17 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
+import itertools
 import os
+import struct
 from typing import Any, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
 from statecache.errors import InvalidArgument
 from statecache.ring import FNV_OFFSET_BASIS, FNV_PRIME, _MASK, fnv1a64
-from statecache.types import PrefixKey
+from statecache.types import KEY_ENGINE, KEY_FNV64, KEY_SHA256, PrefixKey
 
 
 def _load_native() -> Optional[ctypes.CDLL]:
@@ -133,7 +147,8 @@ def prefix_keys(tokens: Any, *, every: int = 1,
     h = prefix_hashes(tokens, start)
     base = 0 if start is None else int(start.num_tokens)
     idx = np.arange(every - 1, h.size, every)
-    return list(map(PrefixKey._make, zip(h[idx].tolist(), (idx + (1 + base)).tolist())))
+    return list(map(PrefixKey._make, zip(h[idx].tolist(), (idx + (1 + base)).tolist(),
+                                         itertools.repeat(KEY_FNV64), itertools.repeat(b""))))
 
 
 def prefix_hash(tokens: Any) -> PrefixKey:
@@ -152,7 +167,8 @@ def block_keys(block_hashes: Iterable[Union[int, bytes, str]],
     FNV-1a-64. Such keys name checkpoints only for calls that pass keys
     (snapshot(key=), lookup_prefix(keys=)): the server's own `tokens=` keys
     are the chain above. The engine's hash must cover the whole prefix (as
-    chained block hashes do), not only the block."""
+    chained block hashes do), not only the block. engine_keys keeps the
+    engine's bytes whole (KEY_ENGINE) instead of folding them into 64 bits."""
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
             or block_size < 1:
         raise InvalidArgument(f"block_size: {block_size!r} is not a positive integer")
@@ -167,4 +183,54 @@ def block_keys(block_hashes: Iterable[Union[int, bytes, str]],
         else:
             raise InvalidArgument(f"block_hashes[{i}]: {b!r} is not an int, bytes or str")
         out.append(PrefixKey(h, (i + 1) * int(block_size)))
+    return out
+
+
+def sha256_prefix_keys(tokens: Any, *, every: int = 1,
+                       start: Optional[PrefixKey] = None) -> List[PrefixKey]:
+    """KEY_SHA256 keys of the prefixes of every `every` tokens (as
+    prefix_keys): d_i = SHA-256(d_{i-1} || le32(token_i)), d_0 = 32 zero
+    bytes, or start.digest to continue a known SHA-256 key."""
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+        raise InvalidArgument(f"every: {every!r} is not a positive integer")
+    if start is not None and (start.kind != KEY_SHA256 or len(start.digest) != 32):
+        raise InvalidArgument("start: not a KEY_SHA256 key with a 32-byte digest")
+    a = _tokens_array(tokens)
+    d = bytes(32) if start is None else bytes(start.digest)
+    base = 0 if start is None else int(start.num_tokens)
+    sha, pack = hashlib.sha256, struct.Struct("<i").pack
+    out = []
+    for i, t in enumerate(a.tolist()):
+        d = sha(d + pack(t)).digest()
+        if (i + 1) % every == 0:
+            out.append(PrefixKey(0, base + i + 1, KEY_SHA256, d))
+    return out
+
+
+def sha256_prefix_hash(tokens: Any) -> PrefixKey:
+    """KEY_SHA256 key of the whole token sequence (InvalidArgument when empty)."""
+    keys = sha256_prefix_keys(tokens)
+    if not keys:
+        raise InvalidArgument("tokens: empty")
+    return keys[-1]
+
+
+def engine_keys(block_hashes: Iterable[Union[bytes, str]], block_size: int) -> List[PrefixKey]:
+    """KEY_ENGINE keys from an engine's own chained block hashes, kept as
+    opaque bytes (1..64 bytes each; str is UTF-8 encoded): element i is the
+    key of (i+1) * block_size tokens. Unlike block_keys nothing is folded into
+    64 bits, so two engine hashes never collide unless the engine's do."""
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+            or block_size < 1:
+        raise InvalidArgument(f"block_size: {block_size!r} is not a positive integer")
+    out = []
+    for i, b in enumerate(block_hashes):
+        if isinstance(b, str):
+            b = b.encode()
+        if not isinstance(b, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"block_hashes[{i}]: {b!r} is not bytes or str")
+        b = bytes(b)
+        if not 1 <= len(b) <= 64:
+            raise InvalidArgument(f"block_hashes[{i}]: {len(b)} bytes, need 1..64")
+        out.append(PrefixKey(0, (i + 1) * int(block_size), KEY_ENGINE, b))
     return out

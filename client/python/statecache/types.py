@@ -78,19 +78,33 @@ class SlotHandle:
         return cls(m.id, m.generation)
 
 
+# PrefixKey.kind (proto enum PrefixKeyKind). FNV64 stays the default for
+# this release; SHA256 chains (sha256_prefix_keys) and ENGINE block hashes
+# (engine_keys) are accepted next to it, and a checkpoint is found only
+# under the kind it was stored with.
+KEY_FNV64 = 0
+KEY_SHA256 = 1
+KEY_ENGINE = 2
+
+
 class PrefixKey(NamedTuple):
-    """Key of a prefix-cache checkpoint: chained hash h_n and n tokens.
-    Immutable and hashable (a NamedTuple: prefix_keys builds one per token,
-    and a tuple is ~5x cheaper to create than a frozen dataclass)."""
+    """Key of a prefix-cache checkpoint: chained hash h_n (FNV64), or a
+    digest (SHA256: the 32-byte chain d_n; ENGINE: the engine's block hash,
+    1..64 bytes), and n tokens. Immutable and hashable (a NamedTuple:
+    prefix_keys builds one per token, and a tuple is ~5x cheaper to create
+    than a frozen dataclass)."""
     hash: int
     num_tokens: int
+    kind: int = KEY_FNV64
+    digest: bytes = b""
 
     def to_pb(self, pb: Any) -> Any:
-        return pb.PrefixKey(hash=self.hash, num_tokens=self.num_tokens)
+        return pb.PrefixKey(hash=self.hash, num_tokens=self.num_tokens, kind=self.kind,
+                            digest=self.digest)
 
     @classmethod
     def from_pb(cls, m: Any) -> "PrefixKey":
-        return cls(m.hash, m.num_tokens)
+        return cls(m.hash, m.num_tokens, int(m.kind), bytes(m.digest))
 
 
 def _scalars_from_pb(cls: Any, m: Any, **overrides: Any) -> Any:
@@ -263,6 +277,36 @@ class LookupResult:
     lease_id: int
     lease_expiry_unix_ms: int
     candidate_tokens: int
+
+
+@dataclass(frozen=True)
+class SnapshotItem:
+    """One item of batch_snapshot: `tokens` (the server computes a key_kind
+    chain) or `key` (any kind), exactly one."""
+    slot: SlotHandle
+    tokens: Optional[Sequence[int]] = None
+    key: Optional[PrefixKey] = None
+    aux: Sequence[bytes] = ()
+    key_kind: int = KEY_FNV64
+
+
+@dataclass(frozen=True)
+class RestoreItem:
+    """One item of batch_restore (as restore())."""
+    slot: SlotHandle
+    key: PrefixKey
+    lease_id: int = 0
+
+
+@dataclass(frozen=True)
+class LookupItem:
+    """One item of batch_lookup_prefix (as lookup_prefix()): `tokens` or
+    `keys`, exactly one."""
+    tokens: Optional[Sequence[int]] = None
+    keys: Optional[Sequence[PrefixKey]] = None
+    lease_ms: int = 0
+    key_kind: int = KEY_FNV64
+    peek: bool = False
 
 
 @dataclass(frozen=True)
