@@ -379,11 +379,8 @@ CheckpointStore::LookupResult CheckpointStore::Peek(absl::Span<const PrefixKey> 
   absl::MutexLock lock(&mu_);
   for (const PrefixKey& key : candidates) {
     result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
-    if (index_.contains(key) && (!result.hit || key.num_tokens > result.key.num_tokens)) {
-      result.hit = true;
-      result.key = key;
-    }
   }
+  result.hit = LongestHeldIn(index_, candidates, &result.key);
   // A longer prefix held by a lower tier is what a Lookup would promote
   // (Peek moves nothing, so a corrupt lower copy can still be reported).
   for (const auto& t : lower_) {

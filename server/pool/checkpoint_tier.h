@@ -68,6 +68,20 @@ struct TierUse {
   int64_t dropped_corrupt = 0; // blobs found unreadable (checksum, size, tags) and deleted
 };
 
+// The longest of `candidates` that `held` (any container keyed by PrefixKey
+// with contains()) holds: true and `*best` set, or false. The one search of
+// every tier, the device index included.
+template <typename Held>
+bool LongestHeldIn(const Held& held, absl::Span<const PrefixKey> candidates, PrefixKey* best) {
+  bool found = false;
+  for (const PrefixKey& key : candidates) {
+    if (!held.contains(key)) continue;
+    if (!found || key.num_tokens > best->num_tokens) *best = key;
+    found = true;
+  }
+  return found;
+}
+
 class CheckpointTier {
  public:
   virtual ~CheckpointTier() = default;
@@ -81,7 +95,7 @@ class CheckpointTier {
   // the disk tier returns kUnavailable / kDataLoss when it cannot write.
   virtual absl::Status Put(CheckpointBlob blob, std::vector<CheckpointBlob>* evicted) = 0;
 
-  // The longest candidate held (keys compared by hash and length): true and
+  // The longest candidate held (keys compared by every field): true and
   // `*best` set, or false. Does not change the LRU order.
   virtual bool LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* best) const = 0;
 

@@ -322,13 +322,7 @@ absl::Status DiskTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* evi
 }
 
 bool DiskTier::LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* best) const {
-  bool found = false;
-  for (const PrefixKey& key : candidates) {
-    if (!index_.contains(key)) continue;
-    if (!found || key.num_tokens > best->num_tokens) *best = key;
-    found = true;
-  }
-  return found;
+  return LongestHeldIn(index_, candidates, best);
 }
 
 absl::StatusOr<CheckpointBlob> DiskTier::Take(const PrefixKey& key) {

@@ -35,13 +35,7 @@ absl::Status HostTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* evi
 }
 
 bool HostTier::LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* best) const {
-  bool found = false;
-  for (const PrefixKey& key : candidates) {
-    if (!index_.contains(key)) continue;
-    if (!found || key.num_tokens > best->num_tokens) *best = key;
-    found = true;
-  }
-  return found;
+  return LongestHeldIn(index_, candidates, best);
 }
 
 absl::StatusOr<CheckpointBlob> HostTier::Take(const PrefixKey& key) {
