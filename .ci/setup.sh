@@ -16,6 +16,8 @@ PACKAGES=(
   libgtest-dev
   libgmock-dev
   libssl-dev
+  libhiredis-dev
+  redis-server
   openssl
   clang
   libclang-rt-14-dev
