@@ -225,6 +225,9 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.host_checkpoint_bytes = mem.host_checkpoint_bytes;
   ro.disk_checkpoint_dir = mem.disk_checkpoint_dir;
   ro.disk_checkpoint_bytes = mem.disk_checkpoint_bytes;
+  ro.redis_checkpoint_address = mem.redis_checkpoint_address;
+  ro.redis_checkpoint_ttl_s = mem.redis_checkpoint_ttl_s;
+  ro.redis_checkpoint_timeout_ms = mem.redis_checkpoint_timeout_ms;
   ro.clock = options.clock;
   // Shared pools are for backends whose memory is shared host memory (the
   // CPU's); device arenas are exported by their own handles.

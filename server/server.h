@@ -93,6 +93,10 @@ class StateCacheServer {
     int64_t host_checkpoint_bytes = 0;
     std::string disk_checkpoint_dir;
     int64_t disk_checkpoint_bytes = 0;
+    // Redis checkpoint tier below disk (host:port, empty = none).
+    std::string redis_checkpoint_address;
+    int64_t redis_checkpoint_ttl_s = 3600;
+    int redis_checkpoint_timeout_ms = 20;
     absl::Duration lease_default = absl::Seconds(30);
     absl::Duration lease_max = absl::Minutes(10);
   };

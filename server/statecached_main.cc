@@ -122,6 +122,13 @@ ABSL_FLAG(std::string, disk_checkpoint_dir, "",
 ABSL_FLAG(int64_t, disk_checkpoint_bytes, 0,
           "Byte budget of the disk checkpoint tier per model (LRU); required with "
           "--disk_checkpoint_dir.");
+ABSL_FLAG(std::string, redis_checkpoint_address, "",
+          "host:port of a Redis node used as a checkpoint tier below disk, shared by "
+          "servers using the same node; unavailable Redis only turns hits into misses. "
+          "Empty = off.");
+ABSL_FLAG(int64_t, redis_checkpoint_ttl_s, 3600, "TTL of checkpoints written to Redis, seconds.");
+ABSL_FLAG(int32_t, redis_checkpoint_timeout_ms, 20,
+          "Connect / command timeout of the Redis checkpoint tier, milliseconds.");
 ABSL_FLAG(double, checkpoint_fraction, 0.2,
           "Fraction of available backend memory used for checkpoints when "
           "--checkpoint_memory_bytes=0.");
@@ -190,6 +197,9 @@ int Main() {
   options.memory.host_checkpoint_bytes = absl::GetFlag(FLAGS_host_checkpoint_bytes);
   options.memory.disk_checkpoint_dir = absl::GetFlag(FLAGS_disk_checkpoint_dir);
   options.memory.disk_checkpoint_bytes = absl::GetFlag(FLAGS_disk_checkpoint_bytes);
+  options.memory.redis_checkpoint_address = absl::GetFlag(FLAGS_redis_checkpoint_address);
+  options.memory.redis_checkpoint_ttl_s = absl::GetFlag(FLAGS_redis_checkpoint_ttl_s);
+  options.memory.redis_checkpoint_timeout_ms = absl::GetFlag(FLAGS_redis_checkpoint_timeout_ms);
   options.memory.lease_default = absl::Milliseconds(absl::GetFlag(FLAGS_lease_default_ms));
   options.memory.lease_max = absl::Milliseconds(absl::GetFlag(FLAGS_lease_max_ms));
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);

@@ -12,6 +12,7 @@
 #include "server/core/log.h"
 #include "server/core/proto_convert.h"
 #include "server/pool/disk_tier.h"
+#include "server/pool/redis_tier.h"
 #include "server/pool/host_tier.h"
 
 namespace statecache {
@@ -132,6 +133,16 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
                              LogEvent(event, details);
                            }));
       co.disk = std::move(disk);
+    }
+    if (!options_.redis_checkpoint_address.empty()) {
+      RedisTierOptions ro;
+      RETURN_IF_ERROR(RedisTier::ParseAddress(options_.redis_checkpoint_address, &ro));
+      ro.ttl_s = options_.redis_checkpoint_ttl_s;
+      ro.timeout_ms = options_.redis_checkpoint_timeout_ms;
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<RedisTier> redis,
+          RedisTier::Create(CheckpointTierTags(spec.tenant, spec.id, model->layout), ro));
+      co.remote = std::move(redis);
     }
     ASSIGN_OR_RETURN(model->checkpoints, CheckpointStore::Create(backend_, model->layout, co));
   }

@@ -93,6 +93,11 @@ class ModelRegistry {
     int64_t host_checkpoint_bytes = 0;
     std::string disk_checkpoint_dir;
     int64_t disk_checkpoint_bytes = 0;
+    // A Redis tier below the disk tier (host:port, empty = none), shared by
+    // every server using the same node; keys carry the tags.
+    std::string redis_checkpoint_address;
+    int64_t redis_checkpoint_ttl_s = 3600;
+    int redis_checkpoint_timeout_ms = 20;
   };
 
   // `backend` must outlive the registry and every Model it hands out.

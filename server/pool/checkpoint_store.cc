@@ -44,6 +44,7 @@ CheckpointStore::CheckpointStore(Backend* backend, std::unique_ptr<BackendBuffer
   entries_.resize(view_.num_slots);
   if (options_.host) lower_.push_back(options_.host);
   if (options_.disk) lower_.push_back(options_.disk);
+  if (options_.remote) lower_.push_back(options_.remote);
   for (int64_t i = view_.num_slots - 1; i >= 0; --i) free_list_.push_back(static_cast<int32_t>(i));
 }
 

@@ -142,6 +142,8 @@ class CheckpointStore {
     // Lower tiers (tier() kHost / kDisk), or null. The store owns their use.
     std::shared_ptr<CheckpointTier> host;
     std::shared_ptr<CheckpointTier> disk;
+    // Below disk: the Redis tier (redis_tier.h); its stats count as disk.
+    std::shared_ptr<CheckpointTier> remote;
   };
 
   struct PutResult {
