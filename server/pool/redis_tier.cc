@@ -177,12 +177,11 @@ absl::StatusOr<CheckpointBlob> RedisTier::Take(const PrefixKey& key) {
   freeReplyObject(r);
   Succeed();
   absl::StatusOr<CheckpointBlob> blob = DiskTier::Decode(tags_, image);
-  if (!blob.ok() || blob->key.hash != key.hash || blob->key.num_tokens != key.num_tokens) {
+  if (!blob.ok() || blob->key != key) {
     ++dropped_corrupt_;
     return absl::DataLossError(absl::StrCat("redis checkpoint ", k, " corrupt: ",
                                             blob.ok() ? "key mismatch" : blob.status().message()));
   }
-  blob->key = key;
   return blob;
 }
 
