@@ -117,6 +117,8 @@ class StateCacheService final : public v1::StateCache::Service {
                                  v1::BatchLookupPrefixResponse* resp) override;
   grpc::Status Export(grpc::ServerContext* ctx, const v1::ExportRequest* req,
                       v1::ExportResponse* resp) override;
+  grpc::Status Unpack(grpc::ServerContext* ctx, const v1::UnpackRequest* req,
+                      v1::UnpackResponse* resp) override;
   grpc::Status Import(grpc::ServerContext* ctx, const v1::ImportRequest* req,
                       v1::ImportResponse* resp) override;
   grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
@@ -190,6 +192,7 @@ class StateCacheService final : public v1::StateCache::Service {
   absl::Status DoBatchLookupPrefix(Tenant& caller, const v1::BatchLookupPrefixRequest& req,
                                    v1::BatchLookupPrefixResponse* resp);
   absl::Status DoExport(Tenant& caller, const v1::ExportRequest& req, v1::ExportResponse* resp);
+  absl::Status DoUnpack(Tenant& caller, const v1::UnpackRequest& req, v1::UnpackResponse* resp);
   absl::Status DoImport(Tenant& caller, const v1::ImportRequest& req);
   absl::Status DoGetStats(Tenant& caller, const v1::GetStatsRequest& req,
                           v1::GetStatsResponse* resp);

@@ -98,6 +98,17 @@ grpc::Status StateCacheService::Export(grpc::ServerContext* ctx, const v1::Expor
   return Run(ctx, "Export", [&](Tenant& caller) { return DoExport(caller, *req, resp); });
 }
 
+absl::Status StateCacheService::DoUnpack(Tenant& caller, const v1::UnpackRequest& req,
+                                         v1::UnpackResponse* resp) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
+  return ops::Unpack(ops_, *m, req, resp);
+}
+
+grpc::Status StateCacheService::Unpack(grpc::ServerContext* ctx, const v1::UnpackRequest* req,
+                                       v1::UnpackResponse* resp) {
+  return Run(ctx, "Unpack", [&](Tenant& caller) { return DoUnpack(caller, *req, resp); });
+}
+
 absl::Status StateCacheService::DoImport(Tenant& caller, const v1::ImportRequest& req) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> m, registry_->Find(caller.name(), req.model_id()));
   return ops::Import(ops_, *m, req);

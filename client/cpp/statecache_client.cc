@@ -593,6 +593,23 @@ absl::StatusOr<ExportedState> StateCacheClient::Export(absl::string_view model_i
   return ExportedState{resp.tags(), std::move(*resp.mutable_packed())};
 }
 
+absl::StatusOr<std::vector<float>> StateCacheClient::Unpack(absl::string_view model_id,
+                                                            SlotHandle slot) {
+  v1::UnpackRequest req;
+  req.set_model_id(std::string(model_id));
+  SetHandle(slot, req.mutable_slot());
+  v1::UnpackResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->Unpack(&ctx, req, &resp)));
+  if (resp.states().size() % sizeof(float) != 0) {
+    return absl::InternalError(absl::StrCat("states: ", resp.states().size(), " bytes"));
+  }
+  std::vector<float> out(resp.states().size() / sizeof(float));
+  std::memcpy(out.data(), resp.states().data(), resp.states().size());
+  return out;
+}
+
 absl::Status StateCacheClient::Import(absl::string_view model_id, SlotHandle slot,
                                       const ExportedState& state) {
   v1::ImportRequest req;

@@ -285,6 +285,9 @@ class StateCacheClient {
 
   absl::StatusOr<ExportedState> Export(absl::string_view model_id, SlotHandle slot);
   absl::Status Import(absl::string_view model_id, SlotHandle slot, const ExportedState& state);
+  // The slot's states decoded to FP32 [layers][h_v][d_k][d_v] in natural key
+  // order: the inverse of PrefillStates (bit-exact for fp32).
+  absl::StatusOr<std::vector<float>> Unpack(absl::string_view model_id, SlotHandle slot);
 
   // All models ("" ) or one.
   absl::StatusOr<v1::GetStatsResponse> GetStats(absl::string_view model_id = "");

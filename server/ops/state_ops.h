@@ -91,6 +91,9 @@ absl::Status Export(const Context& ctx, Model& m, const v1::ExportRequest& req,
 // Packed bytes (checked against the tags, decoded and validated in a scratch
 // slot first) into a slot.
 absl::Status Import(const Context& ctx, Model& m, const v1::ImportRequest& req);
+// A slot's states decoded to FP32 [layers][h_v][d_k][d_v], natural key order.
+absl::Status Unpack(const Context& ctx, Model& m, const v1::UnpackRequest& req,
+                    v1::UnpackResponse* resp);
 
 }  // namespace ops
 }  // namespace statecache

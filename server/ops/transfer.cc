@@ -67,5 +67,23 @@ absl::Status Import(const Context& ctx, Model& m, const v1::ImportRequest& req) 
                                 dst.at<int32_t>(d_idx), 1);
 }
 
+absl::Status Unpack(const Context& ctx, Model& m, const v1::UnpackRequest& req,
+                    v1::UnpackResponse* resp) {
+  RETURN_IF_ERROR(CheckNotAttached(ctx, m, req.slot(), "slot"));
+  ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
+                   m.slots->Acquire({HandleFromProto(req.slot())}, "slot"));
+  const ModelGeometry& g = m.layout.geometry();
+  const int64_t values = g.HeadsPerSlot() * g.d_k * g.d_v;
+  HostStaging st;
+  const int s_idx = st.Add(access.indices().data(), sizeof(int32_t));
+  const int s_states = st.Add(nullptr, values * 4);
+  RETURN_IF_ERROR(st.Commit(*ctx.backend, *ctx.staging));
+  RETURN_IF_ERROR(ctx.backend->UnpackStates(*m.prepared, m.slots->view(), st.at<int32_t>(s_idx),
+                                            1, st.at<float>(s_states)));
+  std::string* out = resp->mutable_states();
+  out->resize(values * 4);
+  return ctx.backend->CopyOut(out->data(), st.at<float>(s_states), values * 4);
+}
+
 }  // namespace ops
 }  // namespace statecache

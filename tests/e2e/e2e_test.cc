@@ -449,6 +449,45 @@ TEST_F(E2eTest, PrefillStatesPacksLikeTheBackendAndImportRoundTrips) {
   EXPECT_EQ(client_->Export(kModel, (*slots)[1])->packed, exported->packed);
 }
 
+// Unpack is the inverse of PrefillStates: bit-exact for fp32, within the
+// format's error for damp:16; unknown and stale slots get their codes.
+TEST_F(E2eTest, UnpackReturnsPrefilledStatesInNaturalOrder) {
+  const ModelGeometry geo = TinyGdn();
+  Register(kModel, geo, "fp32", 4, 1);
+  Register("unpack-damp", geo, "damp:16", 4, 1);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> states(geo.HeadsPerSlot() * geo.d_k * geo.d_v);
+  for (float& x : states) x = normal(rng);
+  auto slots = client_->AllocateSlots(kModel, 1);
+  ASSERT_TRUE(slots.ok());
+  ASSERT_TRUE(client_->PrefillStates(kModel, {(*slots)[0]}, states).ok());
+  auto back = client_->Unpack(kModel, (*slots)[0]);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), states.size());
+  EXPECT_EQ(std::memcmp(back->data(), states.data(), states.size() * 4), 0);
+
+  auto dslots = client_->AllocateSlots("unpack-damp", 1);
+  ASSERT_TRUE(dslots.ok());
+  ASSERT_TRUE(client_->PrefillStates("unpack-damp", {(*dslots)[0]}, states).ok());
+  auto dback = client_->Unpack("unpack-damp", (*dslots)[0]);
+  ASSERT_TRUE(dback.ok()) << dback.status();
+  ASSERT_EQ(dback->size(), states.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < states.size(); ++i) {
+    err += double((*dback)[i] - states[i]) * ((*dback)[i] - states[i]);
+    norm += double(states[i]) * states[i];
+  }
+  EXPECT_GT(err, 0.0);
+  EXPECT_LT(std::sqrt(err / norm), 0.05);
+
+  const SlotHandle a = (*slots)[0];
+  const SlotHandle stale{a.id, a.generation + 1};
+  EXPECT_EQ(client_->Unpack(kModel, stale).status().code(), absl::StatusCode::kFailedPrecondition);
+  const SlotHandle unknown{a.id ^ 0xdeadbeefULL, a.generation};
+  EXPECT_EQ(client_->Unpack(kModel, unknown).status().code(), absl::StatusCode::kNotFound);
+}
+
 // States enter the store only within the magnitude bound (finite, |x| <= 2^64:
 // kernels/formats/state_bound.h), so no update of an accepted state overflows.
 // Issue 26: Prefill of states (and Import) with every value 3e38 were OK, one

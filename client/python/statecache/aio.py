@@ -226,6 +226,10 @@ class Client(_Api):
         return await super().import_state(model_id, slot, state)
 
     @_doc
+    async def unpack(self, model_id: str, slot: SlotHandle) -> Any:
+        return await super().unpack(model_id, slot)
+
+    @_doc
     async def get_stats(self, model_id: str = "") -> Stats:
         return await super().get_stats(model_id)
 

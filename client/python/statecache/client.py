@@ -370,6 +370,17 @@ class _Api:
                               tags=state.tags.to_pb(p), packed=state.packed)
         return self._run("Import", req, _none)
 
+    def unpack(self, model_id: str, slot: SlotHandle) -> Any:
+        """The slot's states decoded to FP32: a flat numpy float32 array of
+        layers * h_v * d_k * d_v values, [layers][h_v][d_k][d_v] in natural key
+        order (the inverse of prefill_states; bit-exact for fp32)."""
+        import numpy as np
+        m = "unpack"
+        p = pb2()
+        req = p.UnpackRequest(model_id=_args.string(model_id, "model_id", m),
+                              slot=_args.slot(slot, "slot", m).to_pb(p))
+        return self._run("Unpack", req, lambda r: np.frombuffer(r.states, "<f4").copy())
+
     # -- observability ------------------------------------------------------------
     def get_stats(self, model_id: str = "") -> Stats:
         """Server-wide stats and per-model counters (one model when given)."""

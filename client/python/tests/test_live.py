@@ -201,6 +201,24 @@ def test_prefill_states_export_import(client, model):
         client.release_slots("fp32m", slots)
 
 
+def test_unpack_is_the_inverse_of_prefill_states(client, model):
+    rng = np.random.default_rng(9)
+    slots = client.allocate_slots("fp32m", 1)
+    try:
+        states = rng.standard_normal((1, 2, 4, 128, 128)).astype(np.float32)
+        client.prefill_states("fp32m", slots, states)
+        back = client.unpack("fp32m", slots[0])
+        assert back.dtype == np.float32
+        np.testing.assert_array_equal(back, states.ravel())
+        stale = sc.SlotHandle(slots[0].id, slots[0].generation + 1)
+        with pytest.raises(sc.FailedPrecondition):
+            client.unpack("fp32m", stale)
+        with pytest.raises(sc.NotFound):
+            client.unpack("fp32m", sc.SlotHandle(slots[0].id ^ 0xdeadbeef, slots[0].generation))
+    finally:
+        client.release_slots("fp32m", slots)
+
+
 def test_snapshot_lookup_restore(client, model):
     rng = np.random.default_rng(6)
     slots = client.allocate_slots("fp32m", 2)
