@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev
   libgmock-dev
   libssl-dev
+  zlib1g-dev
   libhiredis-dev
   redis-server
   openssl
