@@ -40,7 +40,7 @@ RUN bazel build -c opt //server:statecached //client/ctl:statecachectl \
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-      libabsl20220623 libc-ares2 libcivetweb1 libgrpc++1.51 libgrpc29 \
+      libabsl20220623 libc-ares2 libcivetweb1 libgrpc++1.51 libgrpc29 libhiredis0.14 \
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprotobuf32 libre2-9 \
       libssl3 libstdc++6 zlib1g ca-certificates \
  && rm -rf /var/lib/apt/lists/*
