@@ -62,19 +62,11 @@
 namespace statecache {
 namespace {
 
-// The calibrator's candidate widths of each STEPQuant format
-// (StepQuantCandidateBits; kernels/stepquant sits above kernels/cuda, so the
-// list is repeated here; any widths the kernel decodes would do).
-std::vector<int> CandidateBits(StateFormat f) {
-  if (f == StateFormat::kStepQuant6) return {4, 6, 8};
-  if (f == StateFormat::kStepQuant4) return {3, 4, 6, 8};
-  return {};
-}
-
 // kernels/testing's STEPQuant layout with this test's pivot heads (head 1 of
 // every layer).
 StateLayout MixedLayout(const ModelGeometry& geo, StateFormat f, uint32_t seed) {
-  return MixedStepQuantLayout(geo, f, seed, /*pivot_head_per_layer=*/true, CandidateBits(f));
+  return MixedStepQuantLayout(geo, f, seed, /*pivot_head_per_layer=*/true,
+                              StepQuantCandidateBits(f));
 }
 
 constexpr double kMaxDifferingByteFraction = 1e-3;

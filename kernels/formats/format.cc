@@ -80,4 +80,10 @@ absl::Status ValidateFormatSpec(const FormatSpec& spec, int d_k) {
   return absl::OkStatus();
 }
 
+std::vector<int> StepQuantCandidateBits(StateFormat format) {
+  if (format == StateFormat::kStepQuant6) return {4, 6, 8};
+  if (format == StateFormat::kStepQuant4) return {3, 4, 6, 8};
+  return {};
+}
+
 }  // namespace statecache

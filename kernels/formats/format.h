@@ -187,6 +187,10 @@ inline constexpr int kNumStateFormats = CountUniformHeadFormats();
 SC_HD_CONSTEXPR int StepQuantNominalBits(StateFormat f) {
   return IsStepQuantFormat(f) ? TraitsOf(f).bits : 0;
 }
+// Candidate code widths (ascending) the calibration allocates for a STEPQuant
+// format: stepquant-6 {4, 6, 8} (three precisions, seed 002 appendix D),
+// stepquant-4 {3, 4, 6, 8} (four); empty for every other format.
+std::vector<int> StepQuantCandidateBits(StateFormat format);
 
 inline constexpr int kDefaultKHi = 16;
 

@@ -88,12 +88,6 @@ double LifetimeWeight(double mean_log_retention, int horizon) {
 
 }  // namespace
 
-std::vector<int> StepQuantCandidateBits(StateFormat format) {
-  if (format == StateFormat::kStepQuant6) return {4, 6, 8};
-  if (format == StateFormat::kStepQuant4) return {3, 4, 6, 8};
-  return {};
-}
-
 absl::StatusOr<StepQuantOptions::RiskWeight> ParseRiskWeight(const std::string& name) {
   using W = StepQuantOptions::RiskWeight;
   if (name == "lifetime") return W::kLifetime;

@@ -69,7 +69,7 @@ struct StepQuantOptions {
   bool use_row_impact = true;
   // false: every unit at the nominal width, no pivots ("spatial only").
   bool allocate = true;
-  // Candidate widths (ascending, 2..8); empty = StepQuantCandidateBits.
+  // Candidate widths (ascending, 2..8); empty = StepQuantCandidateBits (kernels/formats/format.h).
   std::vector<int> candidates;
   // What the allocation and the pivot choice minimize (see RiskWeight).
   enum class RiskWeight {
@@ -91,10 +91,6 @@ struct StepQuantOptions {
 
 // "lifetime", "head-relative", "readout" (kInvalidArgument otherwise).
 absl::StatusOr<StepQuantOptions::RiskWeight> ParseRiskWeight(const std::string& name);
-
-// Candidate code widths of a STEPQuant format: stepquant-6 {4, 6, 8} (three
-// precisions, seed 002 appendix D), stepquant-4 {3, 4, 6, 8} (four).
-std::vector<int> StepQuantCandidateBits(StateFormat format);
 
 // The default pivot fraction of seed 002 for an architecture.
 double DefaultPivotFraction(Arch arch);
