@@ -469,10 +469,6 @@ absl::StatusOr<std::vector<ServerHandle>> SetupServers(const ServeBenchOptions& 
     }
     return out;
   }
-  if (!server.empty() && (setup.instances > 1 || setup.host || setup.redis)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--setups: '", setup.name, "' starts its own statecacheds; not with --server"));
-  }
   for (int i = 0; i < setup.instances; ++i) {
     ServerSetup ss;
     ss.server = server;
@@ -570,6 +566,13 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(const ServeBenchOptions o, ParseServeBenchOptions(f));
+  const std::string server = f.Get("server", ctx.server());
+  for (const ServeSetup& setup : o.setups) {
+    if (!server.empty() && (setup.instances > 1 || setup.host || setup.redis)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--setups: '", setup.name, "' starts its own statecacheds; not with --server"));
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
 
   ASSIGN_OR_RETURN(DemoData data, LoadDemoData(f.Get("model", "gdn-tiny"), o.threads));
@@ -616,7 +619,7 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
       redis_address = redis->address();
     }
     ASSIGN_OR_RETURN(std::vector<ServerHandle> servers,
-                     SetupServers(o, setup, f.Get("server", ctx.server()),
+                     SetupServers(o, setup, server,
                                   f.Get("statecached", ""), f.Get("backend", "cpu"),
                                   redis_address, extra_state, extra_ckpt));
     RouterOptions ro;

@@ -154,6 +154,24 @@ TEST(ServeBenchClusterTest, Qwen36SubjectSizesTheCheckpoints) {
   EXPECT_THAT(text, HasSubstr("| 1 | bf16 | 30.00 MiB | 3 | 2/2 (100%) | 2 | 0 |"));
 }
 
+TEST(ServeBenchClusterTest, RunsOnGivenServers) {
+  ServerSetup setup;
+  absl::StatusOr<ServerHandle> a = StartOrConnect(setup);
+  absl::StatusOr<ServerHandle> b = StartOrConnect(setup);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto [status, text] = ServeBench(
+      {"--servers=" + a->child->address() + "," + b->child->address(), "--formats=bf16",
+       "--conversations=2", "--turns=2", "--prompt_bytes=16", "--reply_bytes=2", "--round_robin",
+       "--repeats=1", "--join_after=0", "--markdown"});
+  ASSERT_TRUE(status.ok()) << status << "\n" << text;
+  EXPECT_THAT(text, HasSubstr("setup 2 given  hash ring over 2 instances;"));
+  EXPECT_EQ(Cell(text, "2 given", "bf16", 4), "2/2 (100%)") << text;  // affinity, no join
+  // Everything serve-bench registered is dropped again.
+  absl::StatusOr<std::vector<v1::ModelInfo>> left = a->client->ListModels();
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty());
+}
+
 TEST(ServeBenchClusterTest, BadClusterFlagsNameTheFlag) {
   for (const auto& [arg, field] : std::vector<std::pair<std::string, std::string>>{
            {"--setups=2+disk", "--setups"},
@@ -167,6 +185,13 @@ TEST(ServeBenchClusterTest, BadClusterFlagsNameTheFlag) {
   }
   auto [both, text] = ServeBench({"--budget_mib=1", "--budget_gib=1"});
   EXPECT_THAT(both.message(), HasSubstr("--budget_gib"));
+  // Checked before anything runs (no server answers at this address).
+  auto [given, given_text] = ServeBench({"--server=unix:/nonexistent.sock", "--setups=1,2"});
+  EXPECT_EQ(given.code(), absl::StatusCode::kInvalidArgument) << given;
+  EXPECT_THAT(given.message(), HasSubstr("'2' starts its own statecacheds"));
+  EXPECT_EQ(given_text, "");
+  auto [servers, servers_text] = ServeBench({"--servers=unix:/a.sock,unix:/b.sock", "--setups=2"});
+  EXPECT_THAT(servers.message(), HasSubstr("--setups: not with --servers"));
 }
 
 }  // namespace
