@@ -154,17 +154,12 @@ void PrintLatencyAndAccuracy(std::FILE* out, const WorkloadResult& run, const Ac
 }
 
 absl::Status RunDemo(CtlContext& ctx, const std::vector<std::string>& args) {
-  std::vector<std::string> argv_s = {"demo"};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(&a[0]);
-  ASSIGN_OR_RETURN(
-      CliFlags f,
-      CliFlags::Parse(static_cast<int>(argv.size()), argv.data(),
-                      {"server", "statecached", "backend", "model", "format", "layout",
-                       "calibration_docs", "conversations", "turns", "prompt_bytes",
-                       "reply_bytes", "threads"},
-                      {"help"}));
+  CliFlags::Spec spec;
+  spec.value_flags = {"server",        "statecached", "backend", "model",
+                      "format",        "layout",      "calibration_docs",
+                      "conversations", "turns",       "prompt_bytes",
+                      "reply_bytes",   "threads"};
+  ASSIGN_OR_RETURN(CliFlags f, ParseCommandFlags(args, spec));
   std::FILE* out = ctx.out();
   if (f.Has("help")) {
     absl::FPrintF(out, "%s", kDemoHelp);

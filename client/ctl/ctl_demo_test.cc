@@ -92,6 +92,61 @@ TEST(CtlDemoTest, ServeBenchComparesFormatsUnderOneBudget) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The help texts as they were before serve-bench and demo parsed their flags
+// with ParseCommandFlags: demo's is unchanged, serve-bench's only gained
+// lines at the end; -h prints the same.
+constexpr char kDemoHelpGolden[] =
+    "statecachectl demo [flags]\n"
+    "  Serves a multi-turn workload of the shipped GDN model through statecached with DAMP\n"
+    "  states and compares it with FP32 states. Flags (defaults in brackets):\n"
+    "  --server=ADDR          use a running statecached [start a child statecached]\n"
+    "  --statecached=PATH     the child's binary [found next to statecachectl / in runfiles]\n"
+    "  --backend=cpu|cuda|auto  the child's backend [cpu]\n"
+    "  --model=NAME|DIR       model under <shared>/models or a folder [gdn-tiny]\n"
+    "  --format=SPEC          state format of the served run [damp:16]\n"
+    "  --layout=FILE          layout file (statecachectl calibrate --out) instead of calibrating\n"
+    "  --calibration_docs=N   calibration documents per domain (of 8) [2]\n"
+    "  --conversations=N      conversations, one per held-out document (<= 6) [4]\n"
+    "  --turns=N              turns per conversation [4]\n"
+    "  --prompt_bytes=N       new bytes per turn, prefilled [96]\n"
+    "  --reply_bytes=N        reply bytes per turn, decoded one step at a time [16]\n"
+    "  --threads=N            worker matmul threads, 0 = all cores [0]\n";
+constexpr char kServeBenchHelpBefore[] =
+    "statecachectl serve-bench [flags]\n"
+    "  The demo's multi-turn workload (random interleaving of conversations) served once per\n"
+    "  format under one checkpoint-memory budget: checkpoint hits, restores, recomputed\n"
+    "  tokens, time to first output (TTFT) per turn, accuracy vs FP32. Flags [defaults]:\n"
+    "  --formats=LIST         comma-separated format specs [fp32,bf16,damp:16]\n"
+    "  --budget_mib=X         checkpoint memory per format, MiB [4]\n"
+    "  --conversations=N      conversations, one per held-out document (<= 6) [6]\n"
+    "  --turns=N              turns per conversation [4]\n"
+    "  --prompt_bytes=N       new bytes per turn, prefilled [96]\n"
+    "  --reply_bytes=N        reply bytes per turn, decoded one step at a time [16]\n"
+    "  --seed=N               interleaving seed [1]; --round_robin for a fixed rotation\n"
+    "  --calibration_docs=N   DAMP calibration documents per domain [2]\n"
+    "  --repeats=N            serve the workload N times per format; TTFT = median [3]\n"
+    "  --markdown             also print the tables as Markdown\n"
+    "  --server, --statecached, --backend, --model, --threads   as for demo\n";
+
+TEST(CtlDemoTest, HelpTextsAreKept) {
+  auto [demo_status, demo] = RunCommand(DemoCommand(), {"--help"});
+  ASSERT_TRUE(demo_status.ok());
+  EXPECT_EQ(demo, kDemoHelpGolden);
+  EXPECT_EQ(RunCommand(DemoCommand(), {"-h"}).second, demo);
+  auto [sb_status, sb] = RunCommand(ServeBenchCommand(), {"--help"});
+  ASSERT_TRUE(sb_status.ok());
+  EXPECT_EQ(sb.substr(0, std::string(kServeBenchHelpBefore).size()), kServeBenchHelpBefore);
+  EXPECT_EQ(RunCommand(ServeBenchCommand(), {"-h"}).second, sb);
+  for (const char* flag : {"--budget_gib", "--setups", "--host_mib", "--redis=", "--redis_server",
+                           "--servers", "--route", "--join_after", "--state_geometry"}) {
+    EXPECT_THAT(sb, HasSubstr(flag));
+  }
+  // A global flag after the command name is not one of its own.
+  auto [bad, text] = RunCommand(ServeBenchCommand(), {"--token_file=x"});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("global flag"));
+}
+
 TEST(CtlDemoTest, CalibrateAndEvaluateDispatchToTheCalibrationCommands) {
   const Command c = CalibrateCommand();
   EXPECT_TRUE(c.own_flags);

@@ -44,6 +44,7 @@ absl::StatusOr<ServerHandle> StartOrConnect(const ServerSetup& setup) {
     o.args = {absl::StrCat("--backend=", setup.backend),
               absl::StrCat("--state_memory_bytes=", setup.state_memory_bytes),
               absl::StrCat("--checkpoint_memory_bytes=", setup.checkpoint_memory_bytes)};
+    o.args.insert(o.args.end(), setup.extra_args.begin(), setup.extra_args.end());
     ASSIGN_OR_RETURN(h.child, ChildServer::Start(o));
     address = h.child->address();
   }

@@ -44,6 +44,8 @@ struct ServerSetup {
   std::string backend = "cpu";
   int64_t state_memory_bytes = int64_t{64} << 20;
   int64_t checkpoint_memory_bytes = int64_t{256} << 20;
+  // More flags of the child ("--host_checkpoint_bytes=...").
+  std::vector<std::string> extra_args;
 };
 
 struct ServerHandle {

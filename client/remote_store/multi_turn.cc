@@ -188,11 +188,44 @@ std::vector<std::pair<int, int>> MakeSchedule(const std::vector<Conversation>& c
   return out;
 }
 
+namespace {
+
+// A turn's restore: the longest checkpointed prefix of `prompt`, or with a
+// `cache` exactly the prefix it names (0: the session is Reset).
+absl::StatusOr<RestoreOutcome> RestoreTurn(TurnCache* cache, size_t step, int ci, int turn,
+                                           const std::vector<int32_t>& prompt,
+                                           ModelSession& session, RemoteStateStore& store,
+                                           const std::string& name) {
+  if (cache == nullptr) return RestoreSession(session, store, prompt);
+  ASSIGN_OR_RETURN(const int64_t n, cache->BeforeTurn(static_cast<int>(step), ci, turn, prompt));
+  if (n < 0 || n >= static_cast<int64_t>(prompt.size())) {
+    return absl::InternalError(absl::StrCat("conversation ", name, " turn ", turn,
+                                            ": the turn cache names ", n, " of ", prompt.size(),
+                                            " tokens"));
+  }
+  if (n == 0) {
+    RETURN_IF_ERROR(session.Reset());
+    return RestoreOutcome{};
+  }
+  ASSIGN_OR_RETURN(RestoreOutcome r,
+                   RestoreSession(session, store, absl::MakeConstSpan(prompt.data(), n)));
+  if (r.restored_tokens != n) {
+    return absl::InternalError(absl::StrCat("conversation ", name, " turn ", turn,
+                                            ": the run's own checkpoint of ", n,
+                                            " tokens is gone (restored ", r.restored_tokens,
+                                            "); give the model's own registration more room"));
+  }
+  return r;
+}
+
+}  // namespace
+
 absl::StatusOr<WorkloadResult> RunRemoteWorkload(const LanguageModel& model, StateCacheClient* client,
                                                  const std::string& model_id,
                                                  const std::vector<Conversation>& conversations,
                                                  const std::vector<std::pair<int, int>>& schedule,
-                                                 RemoteStateStore::Options store_options) {
+                                                 RemoteStateStore::Options store_options,
+                                                 TurnCache* cache) {
   const Clock::time_point start = Clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<RemoteStateStore> store,
                    RemoteStateStore::Create(client, model_id, std::move(store_options)));
@@ -207,7 +240,8 @@ absl::StatusOr<WorkloadResult> RunRemoteWorkload(const LanguageModel& model, Sta
     masks.push_back(ReplyMask(c));
     result.scores.push_back(EmptyScores(c));
   }
-  for (const auto& [ci, turn] : schedule) {
+  for (size_t step = 0; step < schedule.size(); ++step) {
+    const auto& [ci, turn] = schedule[step];
     const Conversation& c = conversations[ci];
     const TurnSpan span = SpanOf(c, turn);
     TurnStats stats;
@@ -216,7 +250,8 @@ absl::StatusOr<WorkloadResult> RunRemoteWorkload(const LanguageModel& model, Sta
     stats.context_tokens = span.start;
     const Clock::time_point turn_start = Clock::now();
     const std::vector<int32_t> prompt(tokens[ci].begin(), tokens[ci].begin() + span.prompt_end);
-    ASSIGN_OR_RETURN(RestoreOutcome restored, RestoreSession(session, *store, prompt));
+    ASSIGN_OR_RETURN(RestoreOutcome restored, RestoreTurn(cache, step, ci, turn, prompt, session,
+                                                          *store, c.name));
     if (restored.restored_tokens >= span.prompt_end) {
       return absl::InternalError(absl::StrCat("conversation ", c.name, " turn ", turn,
                                               ": a checkpoint covers the whole prompt"));
@@ -228,6 +263,7 @@ absl::StatusOr<WorkloadResult> RunRemoteWorkload(const LanguageModel& model, Sta
                             vocab, &result.scores[ci], turn_start, &stats));
     const std::vector<int32_t> context(tokens[ci].begin(), tokens[ci].begin() + span.end);
     RETURN_IF_ERROR(SnapshotSession(session, *store, context).status());
+    if (cache != nullptr) RETURN_IF_ERROR(cache->AfterTurn(step, ci, turn, context));
     stats.turn_ms = MillisSince(turn_start);
     result.turns.push_back(stats);
   }

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "client/cpp/statecache_client.h"
 #include "client/model/corpus.h"
 #include "client/model/model.h"
@@ -118,13 +119,36 @@ struct WorkloadResult {
   double wall_seconds = 0;
 };
 
+// Decides, turn by turn, how much of a turn's context the remote run
+// restores, in place of the run's own LookupPrefix (serve-bench's cache
+// subject: checkpoints of another geometry, other instances). Calls come in
+// schedule order from the run's thread; `step` indexes the schedule.
+class TurnCache {
+ public:
+  virtual ~TurnCache() = default;
+  // Before the turn's restore; `prompt` = the turn's context + its new
+  // prompt. Returns how many leading tokens to restore: 0 (start from zero
+  // states), or the end of an earlier turn of this conversation (the run
+  // snapshots every turn's end, so that checkpoint exists), < prompt.size().
+  // Its time counts in the turn's TTFT.
+  virtual absl::StatusOr<int64_t> BeforeTurn(int step, int conversation, int turn,
+                                             absl::Span<const int32_t> prompt) = 0;
+  // After the turn's snapshot, with the context so far (turns 0..turn).
+  virtual absl::Status AfterTurn(int step, int conversation, int turn,
+                                 absl::Span<const int32_t> context) = 0;
+};
+
 // Serves the schedule through statecached with one RemoteStateStore (one
-// slot, reused turn after turn) of the registered `model_id`.
+// slot, reused turn after turn) of the registered `model_id`. Without
+// `cache` every turn restores the longest checkpointed prefix of its
+// context; with it, exactly the prefix cache->BeforeTurn names
+// (kInternal when the run's own checkpoint of that length is gone).
 absl::StatusOr<WorkloadResult> RunRemoteWorkload(const LanguageModel& model, StateCacheClient* client,
                                                  const std::string& model_id,
                                                  const std::vector<Conversation>& conversations,
                                                  const std::vector<std::pair<int, int>>& schedule,
-                                                 RemoteStateStore::Options store_options);
+                                                 RemoteStateStore::Options store_options,
+                                                 TurnCache* cache = nullptr);
 
 // The same turns with in-process FP32 states (one live session per
 // conversation).
