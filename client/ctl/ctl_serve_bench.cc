@@ -10,6 +10,8 @@
 //
 //   statecachectl serve-bench                              # fp32, bf16, damp:16; 4 MiB
 //   statecachectl serve-bench --budget_mib=8 --formats=fp32,damp:16 --markdown
+//   statecachectl serve-bench --formats=damp:16 --host_checkpoint_mib=64 \
+//       --checkpoint_format=int4-hadamard          # cold checkpoints in another format
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -46,6 +48,8 @@ constexpr char kServeBenchHelp[] =
     "  --calibration_docs=N   DAMP calibration documents per domain [2]\n"
     "  --repeats=N            serve the workload N times per format; TTFT = median [3]\n"
     "  --markdown             also print the tables as Markdown\n"
+    "  --host_checkpoint_mib=X  host checkpoint tier per format, MiB [0 = none]\n"
+    "  --checkpoint_format=F  format of the checkpoints in the host tier [each format's own]\n"
     "  --server, --statecached, --backend, --model, --threads   as for demo\n";
 
 struct FormatRow {
@@ -58,6 +62,9 @@ struct FormatRow {
   std::map<int, std::vector<double>> ttft_by_turn;
   Accuracy accuracy;
   double wall = 0;
+  // Cold tiers (--host_checkpoint_mib, --checkpoint_format).
+  std::string cold_format;
+  int64_t cold_bytes = 0, host_hits = 0, to_cold = 0, from_cold = 0;
 };
 
 double Mean(const std::vector<double>& v) {
@@ -74,6 +81,8 @@ struct ServeBenchOptions {
   int repeats = 3;
   int threads = 0;
   std::vector<FormatSpec> formats;
+  int64_t host_bytes = 0;         // host checkpoint tier per model
+  std::string checkpoint_format;  // "" = each format's own
 };
 
 absl::StatusOr<ServeBenchOptions> ParseServeBenchOptions(const CliFlags& f) {
@@ -96,6 +105,14 @@ absl::StatusOr<ServeBenchOptions> ParseServeBenchOptions(const CliFlags& f) {
   for (absl::string_view s : absl::StrSplit(f.Get("formats", "fp32,bf16,damp:16"), ',')) {
     ASSIGN_OR_RETURN(FormatSpec spec, ParseFormatSpec(s));
     o.formats.push_back(spec);
+  }
+  ASSIGN_OR_RETURN(const double host_mib, f.GetDouble("host_checkpoint_mib", 0));
+  if (!(host_mib >= 0)) return absl::InvalidArgumentError("--host_checkpoint_mib: must be >= 0");
+  o.host_bytes = static_cast<int64_t>(host_mib * (1 << 20));
+  o.checkpoint_format = f.Get("checkpoint_format", "");
+  if (!o.checkpoint_format.empty()) {
+    absl::StatusOr<FormatSpec> cf = ParseFormatSpec(o.checkpoint_format);
+    if (!cf.ok()) return absl::InvalidArgumentError(absl::StrCat("--checkpoint_format: ", cf.status().message()));
   }
   return o;
 }
@@ -142,6 +159,7 @@ absl::Status ServeOnce(const ServeBenchRun& r, const StateLayout& layout, const 
   Registration reg;
   reg.slots = 1;
   reg.max_checkpoint_bytes = r.o.budget;
+  reg.checkpoint_format = r.o.checkpoint_format;
   ASSIGN_OR_RETURN(v1::ModelInfo mi,
                    RegisterLayout(r.server.client.get(),
                                   absl::StrCat(r.data.model_name, "-bench"), layout, reg));
@@ -162,6 +180,13 @@ absl::Status ServeOnce(const ServeBenchRun& r, const StateLayout& layout, const 
   row.capacity = ms.checkpoint_capacity();
   row.restores = ms.restores();
   row.evictions = ms.evictions();
+  row.cold_format = mi.checkpoint_format();
+  row.cold_bytes = mi.checkpoint_format_slot_bytes();
+  row.to_cold = ms.checkpoint_transcodes_to_cold();
+  row.from_cold = ms.checkpoint_transcodes_from_cold();
+  for (const v1::CheckpointTierStats& t : ms.checkpoint_tiers()) {
+    if (t.tier() == v1::CHECKPOINT_TIER_HOST) row.host_hits = t.hits();
+  }
   for (const TurnStats& ts : run->turns) {
     row.recomputed += ts.recomputed_tokens;
     row.prefilled += ts.prefilled_tokens;
@@ -228,6 +253,24 @@ void PrintTables(std::FILE* out, const std::vector<FormatRow>& rows, int turns) 
                 Thousands(rows.empty() ? 0 : rows[0].accuracy.predicted));
 }
 
+// Where the checkpoints went cold (--host_checkpoint_mib): their format and
+// size there, the host tier's hits and the transcodes both ways.
+void PrintColdTiers(std::FILE* out, const std::vector<FormatRow>& rows, bool markdown) {
+  absl::FPrintF(out, markdown ? "\n| format | checkpoint format | checkpoint (device) | checkpoint "
+                                "(host) | host hits | transcodes to / from cold | bits/byte | "
+                                "greedy agreement |\n|---|---|---|---|---|---|---|---|\n"
+                              : "\n%-10s %-14s %10s %10s %9s %17s %9s %9s\n",
+                "format", "ckpt format", "device", "host", "host hits", "to/from cold",
+                "bits/byte", "agreement");
+  for (const FormatRow& r : rows) {
+    absl::FPrintF(out, markdown ? "| %s | %s | %s | %s | %d | %d / %d | %.4f | %.2f%% |\n"
+                                : "%-10s %-14s %10s %10s %9d %8d/%-8d %9.4f %8.2f%%\n",
+                  r.format, r.cold_format, Bytes(r.checkpoint_bytes), Bytes(r.cold_bytes),
+                  r.host_hits, r.to_cold, r.from_cold, r.accuracy.bits_per_byte,
+                  100 * r.accuracy.agreement);
+  }
+}
+
 // The same two tables as Markdown (--markdown).
 void PrintMarkdown(std::FILE* out, const std::vector<FormatRow>& rows, int turns) {
   const double fp32_ttft = Fp32Ttft(rows);
@@ -268,7 +311,8 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
       CliFlags::Parse(static_cast<int>(argv.size()), argv.data(),
                       {"server", "statecached", "backend", "model", "formats", "budget_mib",
                        "conversations", "turns", "prompt_bytes", "reply_bytes", "seed",
-                       "calibration_docs", "threads", "repeats"},
+                       "calibration_docs", "threads", "repeats", "host_checkpoint_mib",
+                       "checkpoint_format"},
                       {"help", "markdown", "round_robin"}));
   std::FILE* out = ctx.out();
   if (f.Has("help")) {
@@ -289,6 +333,7 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
   setup.statecached = f.Get("statecached", "");
   setup.backend = f.Get("backend", "cpu");
   setup.checkpoint_memory_bytes = o.budget;
+  setup.host_checkpoint_bytes = o.host_bytes;
   ASSIGN_OR_RETURN(ServerHandle server, StartOrConnect(setup));
 
   absl::FPrintF(out, "statecache serve-bench: multi-turn prefix reuse under one checkpoint budget\n\n");
@@ -298,6 +343,10 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
   absl::FPrintF(out, "  server     %s\n", server.description);
   absl::FPrintF(out, "  budget     %s of checkpoint memory per format (max_checkpoint_bytes)\n",
                 Bytes(o.budget));
+  if (o.host_bytes > 0) {
+    absl::FPrintF(out, "  host tier  %s per format; its checkpoints in %s\n", Bytes(o.host_bytes),
+                  o.checkpoint_format.empty() ? "each format's own" : o.checkpoint_format);
+  }
   absl::FPrintF(out,
                 "  workload   %d conversations x %d turns (%d new bytes prefilled + %d decoded per "
                 "turn), %s, %zu turns\n\n",
@@ -329,7 +378,9 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
   }
 
   PrintTables(out, rows, wo.turns);
+  if (o.host_bytes > 0) PrintColdTiers(out, rows, false);
   if (f.Has("markdown")) PrintMarkdown(out, rows, wo.turns);
+  if (f.Has("markdown") && o.host_bytes > 0) PrintColdTiers(out, rows, true);
   absl::FPrintF(out, "\nTotal %.1f s.\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return absl::OkStatus();

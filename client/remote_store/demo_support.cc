@@ -44,6 +44,9 @@ absl::StatusOr<ServerHandle> StartOrConnect(const ServerSetup& setup) {
     o.args = {absl::StrCat("--backend=", setup.backend),
               absl::StrCat("--state_memory_bytes=", setup.state_memory_bytes),
               absl::StrCat("--checkpoint_memory_bytes=", setup.checkpoint_memory_bytes)};
+    if (setup.host_checkpoint_bytes > 0) {
+      o.args.push_back(absl::StrCat("--host_checkpoint_bytes=", setup.host_checkpoint_bytes));
+    }
     ASSIGN_OR_RETURN(h.child, ChildServer::Start(o));
     address = h.child->address();
   }
@@ -78,6 +81,7 @@ absl::StatusOr<v1::ModelInfo> RegisterLayout(StateCacheClient* client, const std
   r.slots = reg.slots;
   r.checkpoints = reg.checkpoints;
   r.max_checkpoint_bytes = reg.max_checkpoint_bytes;
+  r.checkpoint_format = reg.checkpoint_format;
   for (int attempt = 1; attempt <= 100; ++attempt) {
     r.model_id = attempt == 1 ? base_id : absl::StrCat(base_id, "-", attempt);
     absl::StatusOr<v1::ModelInfo> info = client->RegisterModel(r);

@@ -202,6 +202,10 @@ class ModelInfo:
     storage_bits_per_value: float
     identity_layout: bool
     stats: ModelStats
+    # Format of the cold-tier checkpoints (= format when they are the slot's
+    # bytes) and the bytes of one checkpoint in it.
+    checkpoint_format: str = ""
+    checkpoint_format_slot_bytes: int = 0
 
     @classmethod
     def from_pb(cls, m: Any) -> "ModelInfo":
