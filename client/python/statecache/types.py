@@ -176,6 +176,9 @@ class ModelStats:
     bytes_snapshotted: int = 0
     bytes_restored: int = 0
     fp32_equivalent_bytes: int = 0
+    # Checkpoints transcoded into / out of the cold checkpoint format.
+    checkpoint_transcodes_to_cold: int = 0
+    checkpoint_transcodes_from_cold: int = 0
 
     @classmethod
     def from_pb(cls, m: Any) -> "ModelStats":
