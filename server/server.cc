@@ -307,6 +307,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                         " disk_checkpoint_dir=",
                         mem.disk_checkpoint_dir.empty() ? "none" : mem.disk_checkpoint_dir,
                         " disk_checkpoint_bytes=", mem.disk_checkpoint_bytes,
+                        " checkpoint_format=",
+                        mem.checkpoint_format.empty() ? "slot" : mem.checkpoint_format,
                         // metrics_port stays numeric (log readers parse it);
                         // metrics= says what it means.
                         " metrics_port=", options.metrics.port < 0 ? -1 : s->metrics_port(),
