@@ -155,6 +155,13 @@ const PoolSeriesRow kPoolSeries[] = {
      "Checkpoints found corrupt (checksum, size, tags) in each tier and deleted, never restored",
      SeriesType::kCounter, SplitLabel::kStoreTier,
      SC_FIELD(s.checkpoints.tiers[part].dropped_corrupt)},
+    {"statecache_checkpoint_transcodes_to_cold_total",
+     "Checkpoints encoded into the model's cold checkpoint format on leaving checkpoint memory "
+     "(0 when it is the slot format)",
+     SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.transcodes_to_cold)},
+    {"statecache_checkpoint_transcodes_from_cold_total",
+     "Cold-tier checkpoints decoded back into the slot format on promotion",
+     SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.transcodes_from_cold)},
 };
 constexpr int kPoolRows = sizeof(kPoolSeries) / sizeof(kPoolSeries[0]);
 

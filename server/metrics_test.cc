@@ -55,6 +55,8 @@ ModelStatsSnapshot Snapshot() {
 
 TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
   models_ = {Snapshot()};
+  models_[0].checkpoints.transcodes_to_cold = 11;
+  models_[0].checkpoints.transcodes_from_cold = 5;
   const std::string text = metrics_->Scrape();
   // Every family printed has a non-empty HELP line.
   std::regex type_re("# TYPE (\\S+) ");
@@ -68,10 +70,10 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
         << name << " has a short help string";
     ++families;
   }
-  // 38 families; statecache_rpcs_total and statecache_kernel_duration_seconds
+  // 40 families; statecache_rpcs_total and statecache_kernel_duration_seconds
   // have no series before the first observation, nor
   // statecache_device_memory_free_bytes without a device: not printed.
-  EXPECT_EQ(families, 35);
+  EXPECT_EQ(families, 37);
   const std::string l = "{format=\"damp:16\",model=\"m\"";
   EXPECT_THAT(text, HasSubstr("statecache_slots_used" + l + "} 3"));
   EXPECT_THAT(text, HasSubstr("statecache_slots_capacity" + l + "} 10"));
@@ -97,6 +99,8 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
                               ",store_tier=\"device\"} 6"));
   EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_checkpoints" + l +
                               ",store_tier=\"disk\"} 0"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_transcodes_to_cold_total" + l + "} 11"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_transcodes_from_cold_total" + l + "} 5"));
 }
 
 TEST_F(MetricsTest, CountersFollowCumulativeStatsAndRestartOnReregistration) {

@@ -228,6 +228,13 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.redis_checkpoint_address = mem.redis_checkpoint_address;
   ro.redis_checkpoint_ttl_s = mem.redis_checkpoint_ttl_s;
   ro.redis_checkpoint_timeout_ms = mem.redis_checkpoint_timeout_ms;
+  if (!mem.checkpoint_format.empty()) {
+    absl::StatusOr<FormatSpec> cf = ParseFormatSpec(mem.checkpoint_format);
+    if (!cf.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint_format: ", cf.status().message()));
+    }
+  }
+  ro.default_checkpoint_format = mem.checkpoint_format;
   ro.clock = options.clock;
   // Shared pools are for backends whose memory is shared host memory (the
   // CPU's); device arenas are exported by their own handles.
@@ -300,6 +307,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                         " disk_checkpoint_dir=",
                         mem.disk_checkpoint_dir.empty() ? "none" : mem.disk_checkpoint_dir,
                         " disk_checkpoint_bytes=", mem.disk_checkpoint_bytes,
+                        " checkpoint_format=",
+                        mem.checkpoint_format.empty() ? "slot" : mem.checkpoint_format,
                         // metrics_port stays numeric (log readers parse it);
                         // metrics= says what it means.
                         " metrics_port=", options.metrics.port < 0 ? -1 : s->metrics_port(),

@@ -97,6 +97,9 @@ class StateCacheServer {
     std::string redis_checkpoint_address;
     int64_t redis_checkpoint_ttl_s = 3600;
     int redis_checkpoint_timeout_ms = 20;
+    // Cold-tier checkpoint format of models that name none (a format spec;
+    // empty = each model's slot format).
+    std::string checkpoint_format;
     absl::Duration lease_default = absl::Seconds(30);
     absl::Duration lease_max = absl::Minutes(10);
   };

@@ -103,6 +103,8 @@ void StateCacheService::FillModelInfo(const Model& m, v1::ModelInfo* info) {
   info->set_payload_bits_per_value(head.PayloadBitsPerValue());
   info->set_storage_bits_per_value(head.StorageBitsPerValue());
   info->set_identity_layout(m.layout.identity_key_perm());
+  info->set_checkpoint_format(FormatSpecName(m.checkpoint_format));
+  info->set_checkpoint_format_slot_bytes(m.checkpoint_slot_bytes);
   StatsToProto(m.slots->stats(), m.checkpoints ? m.checkpoints->stats() : CheckpointStats(),
                info->mutable_stats());
 }
@@ -128,6 +130,7 @@ absl::Status StateCacheService::DoRegisterModel(Tenant& caller, const v1::Regist
   spec.checkpoints = req.checkpoints();
   spec.max_state_bytes = req.max_state_bytes();
   spec.max_checkpoint_bytes = req.max_checkpoint_bytes();
+  spec.checkpoint_format = req.checkpoint_format();
   spec.tenant = caller.name();
   absl::MutexLock quota_lock(&caller.allocation_mu());
   RETURN_IF_ERROR(CheckRegisterQuota(caller, &spec));
@@ -152,7 +155,8 @@ absl::Status StateCacheService::DoRegisterModel(Tenant& caller, const v1::Regist
                         " bits_per_value=", info.payload_bits_per_value(), " slots=",
                         model->slots->capacity(), " checkpoints=",
                         model->checkpoints ? model->checkpoints->capacity() : 0,
-                        " identity_layout=", info.identity_layout() ? "true" : "false"));
+                        " identity_layout=", info.identity_layout() ? "true" : "false",
+                        " checkpoint_format=", info.checkpoint_format()));
   return absl::OkStatus();
 }
 

@@ -126,6 +126,11 @@ ABSL_FLAG(std::string, redis_checkpoint_address, "",
           "host:port of a Redis node used as a checkpoint tier below disk, shared by "
           "servers using the same node; unavailable Redis only turns hits into misses. "
           "Empty = off.");
+ABSL_FLAG(std::string, checkpoint_format, "",
+          "Format of the checkpoints in the host / disk / Redis tiers for models whose "
+          "RegisterModel names no checkpoint_format (e.g. int4-hadamard): checkpoints are "
+          "transcoded on leaving checkpoint memory and back on a hit. Empty = each model's "
+          "slot format (the slot's bytes, unchanged).");
 ABSL_FLAG(int64_t, redis_checkpoint_ttl_s, 3600, "TTL of checkpoints written to Redis, seconds.");
 ABSL_FLAG(int32_t, redis_checkpoint_timeout_ms, 20,
           "Connect / command timeout of the Redis checkpoint tier, milliseconds.");
@@ -200,6 +205,7 @@ int Main() {
   options.memory.redis_checkpoint_address = absl::GetFlag(FLAGS_redis_checkpoint_address);
   options.memory.redis_checkpoint_ttl_s = absl::GetFlag(FLAGS_redis_checkpoint_ttl_s);
   options.memory.redis_checkpoint_timeout_ms = absl::GetFlag(FLAGS_redis_checkpoint_timeout_ms);
+  options.memory.checkpoint_format = absl::GetFlag(FLAGS_checkpoint_format);
   options.memory.lease_default = absl::Milliseconds(absl::GetFlag(FLAGS_lease_default_ms));
   options.memory.lease_max = absl::Milliseconds(absl::GetFlag(FLAGS_lease_max_ms));
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);

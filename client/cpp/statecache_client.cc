@@ -209,6 +209,7 @@ absl::StatusOr<v1::ModelInfo> StateCacheClient::RegisterModel(const ModelRegistr
   req.set_checkpoints(r.checkpoints);
   req.set_max_state_bytes(r.max_state_bytes);
   req.set_max_checkpoint_bytes(r.max_checkpoint_bytes);
+  req.set_checkpoint_format(r.checkpoint_format);
   v1::RegisterModelResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

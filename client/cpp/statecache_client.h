@@ -99,6 +99,9 @@ struct ModelRegistration {
   // Caps of the "0 = remaining budget" defaults above (0 = no cap).
   int64_t max_state_bytes = 0;
   int64_t max_checkpoint_bytes = 0;
+  // Format of the cold-tier checkpoints ("" = the server's default, itself
+  // the slot format unless statecached --checkpoint_format says otherwise).
+  std::string checkpoint_format;
 };
 
 struct PrefixLookup {

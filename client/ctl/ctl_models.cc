@@ -1,4 +1,5 @@
 // statecachectl models: the registered models.
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/ctl/ctl_command.h"
 #include "client/ctl/ctl_json.h"
@@ -23,9 +24,13 @@ void PrintModels(std::FILE* out, const std::vector<v1::ModelInfo>& models) {
                   HumanBytes(m.fp32_slot_bytes()), m.stats().slots_allocated(),
                   m.stats().slot_capacity(), m.stats().checkpoints(),
                   m.stats().checkpoint_capacity(),
-                  m.identity_layout() ? "identity"
-                                      : absl::StrFormat("calibrated %016x",
-                                                        m.tags().layout_fingerprint()));
+                  absl::StrCat(m.identity_layout()
+                                   ? "identity"
+                                   : absl::StrFormat("calibrated %016x",
+                                                     m.tags().layout_fingerprint()),
+                               m.checkpoint_format().empty() || m.checkpoint_format() == m.format()
+                                   ? ""
+                                   : absl::StrCat(", cold checkpoints ", m.checkpoint_format())));
   }
 }
 

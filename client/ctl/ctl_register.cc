@@ -27,7 +27,8 @@ absl::StatusOr<int64_t> GetInt64(const CliFlags& f, const std::string& name) {
 absl::Status RunRegister(CtlContext& ctx, const std::vector<std::string>& args) {
   CliFlags::Spec spec;
   spec.value_flags = {"geometry", "format", "layout", "slots",
-                      "checkpoints", "max_state_bytes", "max_checkpoint_bytes"};
+                      "checkpoints", "max_state_bytes", "max_checkpoint_bytes",
+                      "checkpoint_format"};
   spec.bool_flags = {"json"};
   spec.positional = true;
   ASSIGN_OR_RETURN(CliFlags f, ParseCommandFlags(args, spec));
@@ -58,6 +59,7 @@ absl::Status RunRegister(CtlContext& ctx, const std::vector<std::string>& args) 
   ASSIGN_OR_RETURN(r.checkpoints, GetInt64(f, "checkpoints"));
   ASSIGN_OR_RETURN(r.max_state_bytes, GetInt64(f, "max_state_bytes"));
   ASSIGN_OR_RETURN(r.max_checkpoint_bytes, GetInt64(f, "max_checkpoint_bytes"));
+  r.checkpoint_format = f.Get("checkpoint_format", "");
   ASSIGN_OR_RETURN(StateCacheClient * client, ctx.client());
   ASSIGN_OR_RETURN(v1::ModelInfo info, client->RegisterModel(r));
   if (f.Has("json")) {
@@ -104,6 +106,9 @@ Command RegisterCommand() {
       "  --checkpoints=N           checkpoints (0 = the remaining checkpoint budget)\n"
       "  --max_state_bytes=N       cap of the slots=0 default (0 = none)\n"
       "  --max_checkpoint_bytes=N  cap of the checkpoints=0 default (0 = none)\n"
+      "  --checkpoint_format=FMT   format of the checkpoints in the host / disk / Redis tiers\n"
+      "                            (e.g. int4-hadamard; default: statecached --checkpoint_format,\n"
+      "                            else --format): transcoded on eviction, back on a hit\n"
       "  --json                    {\"models\": [ModelInfo]} instead of the table\n";
   return c;
 }

@@ -16,6 +16,8 @@
 //   statecachectl serve-bench                              # fp32, bf16, damp:16; 4 MiB
 //   statecachectl serve-bench --budget_mib=8 --formats=fp32,damp:16 --markdown
 //   statecachectl serve-bench --state_geometry=qwen3.6 --setups=1,1+host,2,2+redis
+//   statecachectl serve-bench --formats=damp:16 --setups=1+host --host_mib=64 \
+//       --checkpoint_format=int4-hadamard          # cold checkpoints in another format
 #include <unistd.h>
 
 #include <chrono>
@@ -73,7 +75,9 @@ constexpr char kServeBenchHelp[] =
     "                         per instance, checkpointed with 30 x 48 KiB of conv windows; every\n"
     "                         turn it looks up / restores / snapshots on the routed instance and\n"
     "                         the served model restores exactly what it restored. Several\n"
-    "                         instances use a subject of the model's geometry. [model]\n";
+    "                         instances use a subject of the model's geometry. [model]\n"
+    "  --checkpoint_format=F  format of the checkpoints in the cold tiers (host, disk, Redis)\n"
+    "                         [each format's own]\n";
 
 struct FormatRow {
   std::string setup;  // ServeSetup::name
@@ -87,6 +91,9 @@ struct FormatRow {
   std::map<int, std::vector<double>> ttft_by_turn;
   Accuracy accuracy;
   double wall = 0;
+  // Cold tiers (--checkpoint_format; single-instance setups).
+  std::string cold_format;
+  int64_t cold_bytes = 0, host_hits = 0, to_cold = 0, from_cold = 0;
 };
 
 double Mean(const std::vector<double>& v) {
@@ -110,6 +117,7 @@ struct ServeBenchOptions {
   int join_after = -1;     // -1: a quarter of the schedule
   int64_t host_bytes = 0;  // per model, +host setups
   std::string redis, redis_server;
+  std::string checkpoint_format;  // "" = each format's own
   // The cache is a subject registration (SubjectCache), not the served
   // model's own checkpoints.
   bool subject() const {
@@ -125,7 +133,7 @@ constexpr char kServeBenchValueFlags[][20] = {
     "server", "statecached", "backend", "model", "formats", "budget_mib", "conversations",
     "turns", "prompt_bytes", "reply_bytes", "seed", "calibration_docs", "threads", "repeats",
     "budget_gib", "setups", "host_mib", "redis", "redis_server", "servers", "route",
-    "join_after", "state_geometry"};
+    "join_after", "state_geometry", "checkpoint_format"};
 
 absl::Status ParseClusterOptions(const CliFlags& f, ServeBenchOptions& o) {
   ASSIGN_OR_RETURN(o.setups, ParseServeSetups(f.Get("setups", "1")));
@@ -164,6 +172,14 @@ absl::Status ParseClusterOptions(const CliFlags& f, ServeBenchOptions& o) {
     RETURN_IF_ERROR(ParseHostPort(o.redis, "--redis", &host, &port));
   }
   o.redis_server = f.Get("redis_server", "redis-server");
+  o.checkpoint_format = f.Get("checkpoint_format", "");
+  if (!o.checkpoint_format.empty()) {
+    absl::StatusOr<FormatSpec> cf = ParseFormatSpec(o.checkpoint_format);
+    if (!cf.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--checkpoint_format: ", cf.status().message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -265,6 +281,7 @@ absl::Status ServeOnce(const ServeBenchRun& r, const StateLayout& layout, const 
   Registration reg;
   reg.slots = 1;
   reg.max_checkpoint_bytes = r.o.budget;
+  reg.checkpoint_format = r.o.checkpoint_format;
   ASSIGN_OR_RETURN(v1::ModelInfo mi,
                    RegisterLayout(client, absl::StrCat(r.data.model_name, "-bench"), layout, reg));
   const auto t = std::chrono::steady_clock::now();
@@ -283,6 +300,13 @@ absl::Status ServeOnce(const ServeBenchRun& r, const StateLayout& layout, const 
   row.capacity = ms.checkpoint_capacity();
   row.restores = ms.restores();
   row.evictions = ms.evictions();
+  row.cold_format = mi.checkpoint_format();
+  row.cold_bytes = mi.checkpoint_format_slot_bytes();
+  row.to_cold = ms.checkpoint_transcodes_to_cold();
+  row.from_cold = ms.checkpoint_transcodes_from_cold();
+  for (const v1::CheckpointTierStats& t : ms.checkpoint_tiers()) {
+    if (t.tier() == v1::CHECKPOINT_TIER_HOST) row.host_hits = t.hits();
+  }
   CountTurns(*run, row);
   ASSIGN_OR_RETURN(row.accuracy, CompareRuns(*run, ref));
   return absl::OkStatus();
@@ -331,6 +355,7 @@ absl::Status ServeSubjectOnce(const ServeBenchRun& r, const StateLayout& layout,
   Registration sreg;
   sreg.slots = 1;
   sreg.max_checkpoint_bytes = r.o.budget;
+  sreg.checkpoint_format = r.o.checkpoint_format;
   std::vector<StateCacheClient*> clients;
   v1::ModelInfo subject_info;
   for (ServerHandle& s : r.servers) {
@@ -418,6 +443,24 @@ void PrintTables(std::FILE* out, const std::vector<FormatRow>& rows, int turns) 
                 "first reply byte's logits (median of the repeats); bits/byte and agreement (same "
                 "greedy byte)\nagainst FP32 states in process, over %s scored positions.\n",
                 Thousands(rows.empty() ? 0 : rows[0].accuracy.predicted));
+}
+
+// Where the checkpoints went cold (--checkpoint_format): their format and
+// size there, the host tier's hits and the transcodes both ways.
+void PrintColdTiers(std::FILE* out, const std::vector<FormatRow>& rows, bool markdown) {
+  absl::FPrintF(out, markdown ? "\n| setup | format | checkpoint format | checkpoint (device) | "
+                                "checkpoint (cold) | host hits | transcodes to / from cold | "
+                                "bits/byte | greedy agreement |\n|---|---|---|---|---|---|---|---|---|\n"
+                              : "\n%-8s %-10s %-14s %10s %10s %9s %17s %9s %9s\n",
+                "setup", "format", "ckpt format", "device", "cold", "host hits", "to/from cold",
+                "bits/byte", "agreement");
+  for (const FormatRow& r : rows) {
+    absl::FPrintF(out, markdown ? "| %s | %s | %s | %s | %s | %d | %d / %d | %.4f | %.2f%% |\n"
+                                : "%-8s %-10s %-14s %10s %10s %9d %8d/%-8d %9.4f %8.2f%%\n",
+                  r.setup, r.format, r.cold_format, Bytes(r.checkpoint_bytes), Bytes(r.cold_bytes),
+                  r.host_hits, r.to_cold, r.from_cold, r.accuracy.bits_per_byte,
+                  100 * r.accuracy.agreement);
+  }
 }
 
 // The same two tables as Markdown (--markdown).
@@ -636,7 +679,10 @@ absl::Status RunServeBench(CtlContext& ctx, const std::vector<std::string>& args
   }
 
   PrintTables(out, rows, o.wo.turns);
+  const bool cold = !o.checkpoint_format.empty() && !o.subject();
+  if (cold) PrintColdTiers(out, rows, false);
   if (f.Has("markdown")) PrintMarkdown(out, rows, o.wo.turns);
+  if (f.Has("markdown") && cold) PrintColdTiers(out, rows, true);
   absl::FPrintF(out, "\nTotal %.1f s.\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return absl::OkStatus();

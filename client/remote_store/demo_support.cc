@@ -79,6 +79,7 @@ absl::StatusOr<v1::ModelInfo> RegisterLayout(StateCacheClient* client, const std
   r.slots = reg.slots;
   r.checkpoints = reg.checkpoints;
   r.max_checkpoint_bytes = reg.max_checkpoint_bytes;
+  r.checkpoint_format = reg.checkpoint_format;
   for (int attempt = 1; attempt <= 100; ++attempt) {
     r.model_id = attempt == 1 ? base_id : absl::StrCat(base_id, "-", attempt);
     absl::StatusOr<v1::ModelInfo> info = client->RegisterModel(r);

@@ -66,6 +66,8 @@ struct Registration {
   // When set: register by sending these layout-file bytes (the server parses
   // and checks them) instead of `layout`'s maps.
   std::string layout_file;
+  // Format of the cold-tier checkpoints ("" = the server's default).
+  std::string checkpoint_format;
 };
 // Registers `layout` (its calibrated maps) as `base_id`, or `base_id`-2, -3,
 // ... when that id is taken (a shared server may already hold it). The

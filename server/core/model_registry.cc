@@ -11,6 +11,7 @@
 #include "kernels/common/status_macros.h"
 #include "server/core/log.h"
 #include "server/core/proto_convert.h"
+#include "server/pool/checkpoint_transcoder.h"
 #include "server/pool/disk_tier.h"
 #include "server/pool/redis_tier.h"
 #include "server/pool/host_tier.h"
@@ -51,6 +52,33 @@ std::string Key(absl::string_view tenant, absl::string_view id) {
   return tenant.empty() ? std::string(id) : absl::StrCat(tenant, "/", id);
 }
 
+// The layout of the cold checkpoint format `name` for a model of `slot`
+// layout: the slot layout itself when the formats are equal.
+absl::StatusOr<StateLayout> CheckpointLayout(const StateLayout& slot, const std::string& name) {
+  if (name.empty()) return slot;
+  absl::StatusOr<FormatSpec> spec = ParseFormatSpec(name);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint_format: ", spec.status().message()));
+  }
+  if (*spec == slot.format()) return slot;
+  const bool sr = spec->format == StateFormat::kDampSr;
+  if (sr && slot.format().format != StateFormat::kDampSr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint_format: ", FormatSpecName(*spec),
+        " needs the value_order / value_scale maps of a damp-sr calibration, and the model's "
+        "format ", FormatSpecName(slot.format()), " has none"));
+  }
+  absl::StatusOr<StateLayout> cold = StateLayout::Create(
+      slot.geometry(), *spec, slot.all_key_perms(),
+      sr ? slot.all_value_orders() : std::vector<int32_t>(),
+      sr ? slot.all_value_scales() : std::vector<float>());
+  if (!cold.ok()) {
+    return absl::Status(cold.status().code(),
+                        absl::StrCat("checkpoint_format: ", cold.status().message()));
+  }
+  return cold;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& spec) {
@@ -79,6 +107,10 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
                                      msg));
   }
   const int64_t slot_bytes = layout->slot_bytes();
+  ASSIGN_OR_RETURN(const StateLayout cold,
+                   CheckpointLayout(*layout, spec.checkpoint_format.empty()
+                                                 ? options_.default_checkpoint_format
+                                                 : spec.checkpoint_format));
 
   absl::MutexLock lock(&mu_);
   if (models_.contains(Key(spec.tenant, spec.id))) {
@@ -127,7 +159,7 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
                        spec.id);
       ASSIGN_OR_RETURN(
           std::unique_ptr<DiskTier> disk,
-          DiskTier::Create(dir, CheckpointTierTags(spec.tenant, spec.id, model->layout),
+          DiskTier::Create(dir, CheckpointTierTags(spec.tenant, spec.id, cold),
                            options_.disk_checkpoint_bytes,
                            [](absl::string_view event, absl::string_view details) {
                              LogEvent(event, details);
@@ -141,11 +173,24 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
       ro.timeout_ms = options_.redis_checkpoint_timeout_ms;
       ASSIGN_OR_RETURN(
           std::unique_ptr<RedisTier> redis,
-          RedisTier::Create(CheckpointTierTags(spec.tenant, spec.id, model->layout), ro));
+          RedisTier::Create(CheckpointTierTags(spec.tenant, spec.id, cold), ro));
       co.remote = std::move(redis);
+    }
+    const bool cold_tiers = co.host || co.disk || co.remote;
+    if (cold_tiers && !(cold.format() == model->layout.format())) {
+      absl::StatusOr<std::unique_ptr<CheckpointTranscoder>> transcoder =
+          CheckpointTranscoder::Create(backend_, model->prepared.get(), cold);
+      if (!transcoder.ok()) {
+        return absl::Status(transcoder.status().code(),
+                            absl::StrCat("checkpoint_format: ", FormatSpecName(cold.format()),
+                                         ": ", transcoder.status().message()));
+      }
+      co.transcoder = *std::move(transcoder);
     }
     ASSIGN_OR_RETURN(model->checkpoints, CheckpointStore::Create(backend_, model->layout, co));
   }
+  model->checkpoint_format = cold.format();
+  model->checkpoint_slot_bytes = cold.slot_bytes();
   model->state_bytes = slots * slot_bytes;
   model->checkpoint_bytes = checkpoints * slot_bytes;
   model->registered_at = absl::Now();

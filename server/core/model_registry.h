@@ -43,6 +43,10 @@ struct Model {
   std::unique_ptr<PreparedModel> prepared;
   std::unique_ptr<SlotPool> slots;
   std::unique_ptr<CheckpointStore> checkpoints;  // null when it has no checkpoint memory
+  // Format of the checkpoints in the cold tiers (host, disk, remote); equal
+  // to layout.format() when they hold the slot's bytes unchanged.
+  FormatSpec checkpoint_format;
+  int64_t checkpoint_slot_bytes = 0;  // packed bytes of one checkpoint in it
   int64_t state_bytes = 0;       // reserved of the state budget
   int64_t checkpoint_bytes = 0;  // reserved of the checkpoint budget
   absl::Time registered_at;
@@ -67,6 +71,9 @@ struct ModelSpec {
   int64_t checkpoints = 0;
   int64_t max_state_bytes = 0;       // 0 = no cap
   int64_t max_checkpoint_bytes = 0;  // 0 = no cap
+  // Format of the cold-tier checkpoints (ParseFormatSpec syntax); "" = the
+  // registry's default_checkpoint_format, itself "" = the slot format.
+  std::string checkpoint_format;
 };
 
 class ModelRegistry {
@@ -98,14 +105,24 @@ class ModelRegistry {
     std::string redis_checkpoint_address;
     int64_t redis_checkpoint_ttl_s = 3600;
     int redis_checkpoint_timeout_ms = 20;
+    // Checkpoint format of models that name none (--checkpoint_format;
+    // "" = each model's slot format).
+    std::string default_checkpoint_format;
   };
 
   // `backend` must outlive the registry and every Model it hands out.
   ModelRegistry(Backend* backend, Options options);
 
   // Validates the spec (kInvalidArgument naming the field: model_id, format,
-  // geometry.*, layout.*), checks the id is free (kAlreadyExists) and the
-  // budgets (kResourceExhausted naming the budget), allocates the arenas.
+  // geometry.*, layout.*, checkpoint_format), checks the id is free
+  // (kAlreadyExists) and the budgets (kResourceExhausted naming the budget),
+  // allocates the arenas.
+  //
+  // A checkpoint format other than the slot format is a layout of the same
+  // geometry with the model's key permutation (damp-sr also takes its value
+  // maps, so it needs a damp-sr slot format); with lower tiers configured the
+  // checkpoint store transcodes through it (checkpoint_transcoder.h) and the
+  // tiers' tags name it.
   absl::StatusOr<std::shared_ptr<Model>> Register(const ModelSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
 
   // kNotFound naming model_id. The tenant-less overloads use tenant "".
@@ -146,7 +163,9 @@ class ModelRegistry {
 
 // The compatibility tags written into a model's disk-tier files: tenant,
 // model id, format, layout fingerprint, geometry, slot bytes and the packed
-// format revision (kPackedFormatVersion).
+// format revision (kPackedFormatVersion). `layout` is the layout of the
+// checkpoint format (Model::checkpoint_format), so a cold checkpoint of
+// another format never matches.
 std::string CheckpointTierTags(absl::string_view tenant, absl::string_view id,
                                const StateLayout& layout);
 

@@ -99,6 +99,8 @@ void StatsToProto(const SlotPoolStats& s, const CheckpointStats& c, v1::ModelSta
   out->set_restores(c.restores);
   out->set_bytes_snapshotted(c.bytes_snapshotted);
   out->set_bytes_restored(c.bytes_restored);
+  out->set_checkpoint_transcodes_to_cold(c.transcodes_to_cold);
+  out->set_checkpoint_transcodes_from_cold(c.transcodes_from_cold);
   static_assert(v1::CHECKPOINT_TIER_DEVICE == static_cast<int>(StoreTier::kDevice) &&
                     v1::CHECKPOINT_TIER_HOST == static_cast<int>(StoreTier::kHost) &&
                     v1::CHECKPOINT_TIER_DISK == static_cast<int>(StoreTier::kDisk),

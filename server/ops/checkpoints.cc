@@ -248,6 +248,9 @@ absl::Status LookupPrefix(const Context& ctx, Model& m, const v1::LookupPrefixRe
       }
     }
     resp->set_tier(static_cast<v1::CheckpointTier>(r.tier));
+    if (r.tier != StoreTier::kDevice && !(m.checkpoint_format == m.layout.format())) {
+      resp->set_checkpoint_format(FormatSpecName(m.checkpoint_format));
+    }
     if (r.lease_id != 0) {
       resp->set_lease_id(r.lease_id);
       resp->set_lease_expiry_unix_ms(absl::ToUnixMillis(r.lease_expiry));

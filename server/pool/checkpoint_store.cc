@@ -108,11 +108,31 @@ void CheckpointStore::DemoteLocked(int32_t e) {
   Entry& entry = entries_[e];
   CheckpointBlob blob;
   blob.key = entry.key;
-  blob.packed.resize(static_cast<size_t>(view_.slot_bytes()));
-  if (!backend_->CopyOut(&blob.packed[0], view_.slot(e), view_.slot_bytes()).ok()) return;
+  if (options_.transcoder) {
+    absl::StatusOr<std::string> cold = options_.transcoder->ToCold(view_, e);
+    if (!cold.ok()) return;  // dropped, as an unwritable tier drops it
+    blob.packed = *std::move(cold);
+    ++counters_.transcodes_to_cold;
+  } else {
+    blob.packed.resize(static_cast<size_t>(view_.slot_bytes()));
+    if (!backend_->CopyOut(&blob.packed[0], view_.slot(e), view_.slot_bytes()).ok()) return;
+  }
   blob.aux = entry.aux;
   ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
   SpillLocked(0, std::move(blob));
+}
+
+absl::Status CheckpointStore::PromoteBytesLocked(const std::string& packed, int32_t e) {
+  if (!options_.transcoder) {
+    if (static_cast<int64_t>(packed.size()) != view_.slot_bytes()) {
+      return absl::DataLossError(absl::StrCat("checkpoint: ", packed.size(), " bytes, a slot has ",
+                                              view_.slot_bytes()));
+    }
+    return backend_->CopyIn(view_.slot(e), packed.data(), view_.slot_bytes());
+  }
+  RETURN_IF_ERROR(options_.transcoder->FromCold(packed, view_, e));
+  ++counters_.transcodes_from_cold;
+  return absl::OkStatus();
 }
 
 void CheckpointStore::SpillLocked(size_t i, CheckpointBlob blob) {
@@ -155,7 +175,9 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     if (!blob.ok()) continue;
     int evicted = 0;
     const int32_t e = TakeFreeEntryLocked(&evicted);
-    if (e >= 0 && backend_->CopyIn(view_.slot(e), blob->packed.data(), view_.slot_bytes()).ok()) {
+    const absl::Status promoted =
+        e >= 0 ? PromoteBytesLocked(blob->packed, e) : absl::ResourceExhaustedError("pinned");
+    if (promoted.ok()) {
       Entry& entry = entries_[e];
       entry.state = EntryState::kReady;
       entry.key = lower_key;
@@ -177,7 +199,8 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     // where it was and the longest arena hit, if any, is served.
     if (e >= 0) free_list_.push_back(e);
     std::vector<CheckpointBlob> spilled;
-    if (from->Put(*std::move(blob), &spilled).ok()) {
+    // Bytes of the wrong size are dropped, never put back.
+    if (!absl::IsDataLoss(promoted) && from->Put(*std::move(blob), &spilled).ok()) {
       size_t i = 0;
       while (lower_[i].get() != from) ++i;
       for (CheckpointBlob& b : spilled) {

@@ -30,6 +30,9 @@
 // and promotes it into the arena (Backend::CopyIn) before leasing, so leases
 // and Restore always read the arena. A corrupt disk file is a miss (the tier
 // deletes it) and the search goes on. Tier copies run under the store's lock.
+// With a transcoder (checkpoint_transcoder.h) the lower tiers hold the
+// checkpoint format instead of the slot's bytes: demotion encodes into it,
+// promotion decodes back into the slot format.
 //
 // Thread-safe. Slots passed in must be held exclusively by the caller
 // (SlotPool::Acquire).
@@ -60,6 +63,7 @@
 #include "kernels/backend/pool_view.h"
 #include "kernels/layout/state_layout.h"
 #include "server/pool/checkpoint_tier.h"
+#include "server/pool/checkpoint_transcoder.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/tier_bytes.h"
 
@@ -127,6 +131,12 @@ struct CheckpointStats {
   int64_t bytes_restored = 0;
   // By storage tier, indexed by StoreTier (device, host, disk).
   CheckpointTierStats tiers[kNumStoreTiers];
+  // Checkpoints transcoded into the cold checkpoint format on demotion from
+  // device checkpoint memory, and back into the slot format on promotion
+  // (statecache_checkpoint_transcodes_total{direction="to_cold"|"from_cold"});
+  // 0 when the checkpoint format is the slot format.
+  int64_t transcodes_to_cold = 0;
+  int64_t transcodes_from_cold = 0;
 };
 
 class CheckpointStore {
@@ -144,6 +154,10 @@ class CheckpointStore {
     std::shared_ptr<CheckpointTier> disk;
     // Below disk: the Redis tier (redis_tier.h); its stats count as disk.
     std::shared_ptr<CheckpointTier> remote;
+    // Null: the lower tiers hold the slot's packed bytes. Else they hold the
+    // transcoder's cold format (its cold_slot_bytes() per checkpoint); its
+    // slot model must be this store's layout.
+    std::shared_ptr<CheckpointTranscoder> transcoder;
   };
 
   struct PutResult {
@@ -259,10 +273,15 @@ class CheckpointStore {
   int32_t FindOrPromoteLocked(absl::Span<const PrefixKey> candidates, PrefixKey* key,
                               StoreTier* tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the arena entry `e` (indexed, referenced only by the index) into
-  // the lower tiers; its arena entry stays as it is.
+  // the lower tiers (transcoded when the store has a transcoder); its arena
+  // entry stays as it is.
   void DemoteLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts `blob` into lower tier `i` and what it evicts into tier i + 1.
   void SpillLocked(size_t i, CheckpointBlob blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes a lower tier's packed bytes into arena entry `e` (CopyIn, or the
+  // transcoder's FromCold).
+  absl::Status PromoteBytesLocked(const std::string& packed, int32_t e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
                     int32_t dst_slot);
 

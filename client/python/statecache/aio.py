@@ -129,11 +129,12 @@ class Client(_Api):
                              slots: int, checkpoints: int, layout: Optional[LayoutMaps] = None,
                              layout_file: Optional[BytesOrPath] = None,
                              max_state_bytes: int = 0,
-                             max_checkpoint_bytes: int = 0) -> ModelInfo:
+                             max_checkpoint_bytes: int = 0,
+                             checkpoint_format: str = "") -> ModelInfo:
         return await super().register_model(
             model_id, geometry, format, slots=slots, checkpoints=checkpoints, layout=layout,
             layout_file=layout_file, max_state_bytes=max_state_bytes,
-            max_checkpoint_bytes=max_checkpoint_bytes)
+            max_checkpoint_bytes=max_checkpoint_bytes, checkpoint_format=checkpoint_format)
 
     @_doc
     async def calibrate(self, geometry: Geometry, format: str,

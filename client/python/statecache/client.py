@@ -108,7 +108,7 @@ class _Api:
     def register_model(self, model_id: str, geometry: Geometry, format: str = "damp", *,
                        slots: int, checkpoints: int, layout: Optional[LayoutMaps] = None,
                        layout_file: Optional[BytesOrPath] = None, max_state_bytes: int = 0,
-                       max_checkpoint_bytes: int = 0) -> ModelInfo:
+                       max_checkpoint_bytes: int = 0, checkpoint_format: str = "") -> ModelInfo:
         """Registers a model and preallocates its arenas; returns its ModelInfo.
 
         slots / checkpoints are required: how many live slots and prefix
@@ -118,7 +118,9 @@ class _Api:
         second model. layout: calibrated LayoutMaps; layout_file: the bytes
         (or path) of a layout file from calibrate() / `statecachectl
         calibrate --out`. A "damp" / "damp-sr" model with neither uses
-        identity maps and warns (IdentityLayoutWarning). Errors:
+        identity maps and warns (IdentityLayoutWarning). checkpoint_format:
+        the format of its checkpoints in the host / disk / Redis tiers ("" =
+        the server's --checkpoint_format, else `format`). Errors:
         AlreadyExists (id taken), InvalidArgument (geometry, format, layout;
         names the field), ResourceExhausted (budget)."""
         m = "register_model"
@@ -130,7 +132,9 @@ class _Api:
             checkpoints=_args.integer(checkpoints, "checkpoints", m, minimum=0),
             max_state_bytes=_args.integer(max_state_bytes, "max_state_bytes", m, minimum=0),
             max_checkpoint_bytes=_args.integer(max_checkpoint_bytes, "max_checkpoint_bytes", m,
-                                               minimum=0))
+                                               minimum=0),
+            checkpoint_format=_args.string(checkpoint_format, "checkpoint_format", m,
+                                           required=False))
         if layout is not None:
             if not isinstance(layout, LayoutMaps):
                 raise InvalidArgument(f"layout: {layout!r} is not a LayoutMaps", m)

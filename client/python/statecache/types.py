@@ -176,6 +176,9 @@ class ModelStats:
     bytes_snapshotted: int = 0
     bytes_restored: int = 0
     fp32_equivalent_bytes: int = 0
+    # Checkpoints transcoded into / out of the cold checkpoint format.
+    checkpoint_transcodes_to_cold: int = 0
+    checkpoint_transcodes_from_cold: int = 0
 
     @classmethod
     def from_pb(cls, m: Any) -> "ModelStats":
@@ -202,6 +205,10 @@ class ModelInfo:
     storage_bits_per_value: float
     identity_layout: bool
     stats: ModelStats
+    # Format of the cold-tier checkpoints (= format when they are the slot's
+    # bytes) and the bytes of one checkpoint in it.
+    checkpoint_format: str = ""
+    checkpoint_format_slot_bytes: int = 0
 
     @classmethod
     def from_pb(cls, m: Any) -> "ModelInfo":

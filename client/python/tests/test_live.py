@@ -71,8 +71,25 @@ def test_damp_sizes(client):
         assert info.format == "damp:16"
         assert info.head_bytes == sc.HeadBytes(4096, 14336, 1792, 0, 20224)
         assert info.slot_bytes == 8 * 20224 and info.payload_bits_per_value == 9.875
+        assert info.checkpoint_format == "damp:16"
+        assert info.checkpoint_format_slot_bytes == info.slot_bytes
     finally:
         client.drop_model("dampm")
+
+
+def test_checkpoint_format(client):
+    info = client.register_model("coldm", GEOM, "damp", slots=1, checkpoints=1,
+                                 checkpoint_format="int4-hadamard")
+    try:
+        assert info.format == "damp:16" and info.checkpoint_format == "int4-hadamard"
+        # int4 codes + fp16 (s, z) per 32 values: 64 + 16 bytes per 128-value row.
+        assert info.checkpoint_format_slot_bytes == 8 * 128 * 80
+        assert info.stats.checkpoint_transcodes_to_cold == 0
+    finally:
+        client.drop_model("coldm")
+    with pytest.raises(sc.InvalidArgument, match="checkpoint_format"):
+        client.register_model("bad", GEOM, "damp", slots=1, checkpoints=0,
+                              checkpoint_format="damp-sr")
 
 
 def test_update_matches_numpy_reference(client, model):
