@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
-#include "server/pool/disk_tier.h"
+#include "server/pool/checkpoint_blob.h"
 
 namespace statecache {
 namespace {
@@ -98,7 +98,7 @@ absl::Status RedisTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* /*
   redisContext* c = Conn();
   if (c == nullptr) return absl::OkStatus();
   const std::string k = RedisKey(blob.key);
-  const std::string v = DiskTier::Encode(tags_, blob);
+  const std::string v = EncodeCheckpointBlob(tags_, blob);
   const std::string ttl = absl::StrCat(options_.ttl_s);
   const char* argv[] = {"SET", k.data(), v.data(), "EX", ttl.data()};
   const size_t lens[] = {3, k.size(), v.size(), 2, ttl.size()};
@@ -176,7 +176,7 @@ absl::StatusOr<CheckpointBlob> RedisTier::Take(const PrefixKey& key) {
   std::string image(r->str, r->len);
   freeReplyObject(r);
   Succeed();
-  absl::StatusOr<CheckpointBlob> blob = DiskTier::Decode(tags_, image);
+  absl::StatusOr<CheckpointBlob> blob = DecodeCheckpointBlob(tags_, image);
   if (!blob.ok() || blob->key != key) {
     ++dropped_corrupt_;
     return absl::DataLossError(absl::StrCat("redis checkpoint ", k, " corrupt: ",

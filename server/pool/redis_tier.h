@@ -3,9 +3,9 @@
 //
 // Key: "sc:" + 16 hex digits of a hash of the tags + ":" + hash (hex) + ":" +
 // num_tokens + ":" + kind + ":" + hex(digest) (every PrefixKey field; the
-// server already salts keys by tenant). Value: DiskTier::Encode's image
-// (tags + CRC), stored with SET ... EX ttl_s. Take GETs and DELs the key and
-// Decodes it; a corrupt or foreign blob is deleted, counted in
+// server already salts keys by tenant). Value: the blob image of
+// checkpoint_blob.h (tags + CRC), stored with SET ... EX ttl_s. Take GETs
+// and DELs the key and decodes it; a corrupt or foreign blob is deleted, counted in
 // dropped_corrupt and reported as kDataLoss, never returned.
 //
 // LongestHeld asks Redis (one pipelined EXISTS per candidate), so servers
