@@ -126,6 +126,11 @@ ABSL_FLAG(std::string, redis_checkpoint_address, "",
           "host:port of a Redis node used as a checkpoint tier below disk, shared by "
           "servers using the same node; unavailable Redis only turns hits into misses. "
           "Empty = off.");
+ABSL_FLAG(std::string, redis_cluster_nodes, "",
+          "Comma-separated host:port seeds of a Redis Cluster used as the checkpoint tier "
+          "below disk instead of one node (slots from CLUSTER SLOTS, MOVED / ASK followed; "
+          "a node down only turns its keys' hits into misses). Empty = off; not with "
+          "--redis_checkpoint_address.");
 ABSL_FLAG(int64_t, redis_checkpoint_ttl_s, 3600, "TTL of checkpoints written to Redis, seconds.");
 ABSL_FLAG(int32_t, redis_checkpoint_timeout_ms, 20,
           "Connect / command timeout of the Redis checkpoint tier, milliseconds.");
@@ -198,6 +203,7 @@ int Main() {
   options.memory.disk_checkpoint_dir = absl::GetFlag(FLAGS_disk_checkpoint_dir);
   options.memory.disk_checkpoint_bytes = absl::GetFlag(FLAGS_disk_checkpoint_bytes);
   options.memory.redis_checkpoint_address = absl::GetFlag(FLAGS_redis_checkpoint_address);
+  options.memory.redis_cluster_nodes = absl::GetFlag(FLAGS_redis_cluster_nodes);
   options.memory.redis_checkpoint_ttl_s = absl::GetFlag(FLAGS_redis_checkpoint_ttl_s);
   options.memory.redis_checkpoint_timeout_ms = absl::GetFlag(FLAGS_redis_checkpoint_timeout_ms);
   options.memory.lease_default = absl::Milliseconds(absl::GetFlag(FLAGS_lease_default_ms));

@@ -442,6 +442,9 @@ CheckpointStats CheckpointStore::stats() {
     t.bytes = use.bytes;
     t.capacity_bytes = use.capacity_bytes;
     t.dropped_corrupt = use.dropped_corrupt;
+    t.requests = use.requests;
+    t.request_micros = use.request_micros;
+    t.errors = use.errors;
     if (tier == lower_.back()) t.demotions = use.evictions;
   }
   return s;
@@ -506,7 +509,8 @@ absl::Status CheckpointStore::CheckInvariants() const {
   if (index_.size() != lru_.size()) return fail("index and LRU sizes differ");
   for (const auto& tier : lower_) {
     const TierUse use = tier->use();
-    if (use.bytes > use.capacity_bytes || use.bytes < 0) {
+    // capacity_bytes 0: no budget (the remote tier).
+    if ((use.capacity_bytes > 0 && use.bytes > use.capacity_bytes) || use.bytes < 0) {
       return fail(StoreTierName(tier->tier()), " tier holds ", use.bytes, " bytes, budget ",
                   use.capacity_bytes);
     }

@@ -68,7 +68,7 @@ namespace statecache {
 // Current use and cumulative counts of a CheckpointStore. Every field maps 1:1
 // onto a metric (server/metrics.h) and onto statecache.v1.ModelStats.
 // One storage tier of a CheckpointStore (statecache_checkpoint_tier_* series
-// with label store_tier="device"|"host"|"disk").
+// with label store_tier="device"|"host"|"disk"|"remote").
 struct CheckpointTierStats {
   bool enabled = false;        // the device tier always; host / disk when configured
   int64_t entries = 0;         // checkpoints held
@@ -83,8 +83,13 @@ struct CheckpointTierStats {
   int64_t demotions = 0;
   // Checkpoints taken from this tier back into the device arena.
   int64_t promotions = 0;
-  // Checkpoints found corrupt (disk: checksum, size, tags) and deleted.
+  // Checkpoints found corrupt (disk, remote: checksum, size, tags) and deleted.
   int64_t dropped_corrupt = 0;
+  // Remote tier only (TierUse): calls to the store, their summed wall time
+  // in microseconds, and the failed ones.
+  int64_t requests = 0;
+  int64_t request_micros = 0;
+  int64_t errors = 0;
 };
 
 struct CheckpointStats {
@@ -125,7 +130,7 @@ struct CheckpointStats {
   int64_t restores = 0;
   int64_t bytes_snapshotted = 0;
   int64_t bytes_restored = 0;
-  // By storage tier, indexed by StoreTier (device, host, disk).
+  // By storage tier, indexed by StoreTier (device, host, disk, remote).
   CheckpointTierStats tiers[kNumStoreTiers];
 };
 
@@ -139,11 +144,11 @@ class CheckpointStore {
     absl::Duration max_lease = absl::Minutes(10);
     // Time source (tests inject a fake clock); absl::Now when empty.
     std::function<absl::Time()> clock;
-    // Lower tiers (tier() kHost / kDisk), or null. The store owns their use.
+    // Lower tiers (tier() kHost / kDisk / kRemote), or null, searched and
+    // demoted to in this order. The store owns their use.
     std::shared_ptr<CheckpointTier> host;
     std::shared_ptr<CheckpointTier> disk;
-    // Below disk: the Redis tier (redis_tier.h); its stats count as disk.
-    std::shared_ptr<CheckpointTier> remote;
+    std::shared_ptr<CheckpointTier> remote;  // the Redis tier (redis_tier.h)
   };
 
   struct PutResult {
