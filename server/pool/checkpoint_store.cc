@@ -115,7 +115,36 @@ void CheckpointStore::DemoteLocked(int32_t e) {
   SpillLocked(0, std::move(blob));
 }
 
+// Declared before a call's MutexLock, so that it runs after the lock is released.
+class CheckpointStore::FlushOnExit {
+ public:
+  explicit FlushOnExit(CheckpointStore* store) : store_(store) {}
+  ~FlushOnExit() { store_->FlushRemote(); }
+  FlushOnExit(const FlushOnExit&) = delete;
+  FlushOnExit& operator=(const FlushOnExit&) = delete;
+
+ private:
+  CheckpointStore* const store_;
+};
+
+void CheckpointStore::FlushRemote() {
+  if (!options_.remote) return;
+  std::vector<CheckpointBlob> out;
+  {
+    absl::MutexLock lock(&mu_);
+    out.swap(remote_outbox_);
+  }
+  for (CheckpointBlob& blob : out) {
+    std::vector<CheckpointBlob> evicted;  // the last tier: nothing to spill
+    (void)options_.remote->Put(std::move(blob), &evicted);  // a failed write is a dropped blob
+  }
+}
+
 void CheckpointStore::SpillLocked(size_t i, CheckpointBlob blob) {
+  if (lower_[i] == options_.remote) {  // the last tier, written outside the lock
+    remote_outbox_.push_back(std::move(blob));
+    return;
+  }
   std::vector<CheckpointBlob> evicted;
   if (!lower_[i]->Put(std::move(blob), &evicted).ok()) return;  // too large or unwritable: dropped
   if (i + 1 == lower_.size()) return;  // the last tier's drops are its use().evictions
@@ -176,12 +205,16 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     // Every arena entry is pinned (or the copy failed): the checkpoint stays
     // where it was and the longest arena hit, if any, is served.
     if (e >= 0) free_list_.push_back(e);
-    std::vector<CheckpointBlob> spilled;
-    if (from->Put(*std::move(blob), &spilled).ok()) {
-      size_t i = 0;
-      while (lower_[i].get() != from) ++i;
-      for (CheckpointBlob& b : spilled) {
-        if (i + 1 < lower_.size()) SpillLocked(i + 1, std::move(b));
+    if (from == options_.remote.get()) {
+      remote_outbox_.push_back(*std::move(blob));  // back where it was, outside the lock
+    } else {
+      std::vector<CheckpointBlob> spilled;
+      if (from->Put(*std::move(blob), &spilled).ok()) {
+        size_t i = 0;
+        while (lower_[i].get() != from) ++i;
+        for (CheckpointBlob& b : spilled) {
+          if (i + 1 < lower_.size()) SpillLocked(i + 1, std::move(b));
+        }
       }
     }
     best = -1;
@@ -233,6 +266,7 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
   if (src_slot < 0 || src_slot >= src.num_slots) {
     return absl::InvalidArgumentError(absl::StrCat("slot: index ", src_slot, " out of range"));
   }
+  FlushOnExit flush(this);  // destroyed after every lock below
   PutResult result;
   int32_t e;
   {
@@ -281,6 +315,7 @@ absl::StatusOr<CheckpointStore::LookupResult> CheckpointStore::Lookup(
   if (lease == absl::ZeroDuration()) lease = options_.default_lease;
   if (lease > options_.max_lease) lease = options_.max_lease;
   LookupResult result;
+  FlushOnExit flush(this);  // destroyed after `lock`
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   SweepExpiredLocked(now);
@@ -322,6 +357,7 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   if (dst_slot < 0 || dst_slot >= dst.num_slots) {
     return absl::InvalidArgumentError(absl::StrCat("slot: index ", dst_slot, " out of range"));
   }
+  FlushOnExit flush(this);  // destroyed after every lock below
   RestoreResult result;
   int32_t e = -1;
   bool leased = false;

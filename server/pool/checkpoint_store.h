@@ -29,7 +29,12 @@
 // holds the newest copy); a hit in a lower tier takes the checkpoint out of it
 // and promotes it into the arena (Backend::CopyIn) before leasing, so leases
 // and Restore always read the arena. A corrupt disk file is a miss (the tier
-// deletes it) and the search goes on. Tier copies run under the store's lock.
+// deletes it) and the search goes on. Tier copies run under the store's lock,
+// and so do the remote tier's lookups and takes (bounded by its timeout and
+// circuit breaker); writes to the remote tier (demotions, and a promoted blob
+// put back when every arena entry is pinned) are queued under the lock and
+// sent by the same call after it releases the lock, before it returns. Until
+// then the checkpoint is in no tier: a concurrent lookup misses it.
 //
 // Thread-safe. Slots passed in must be held exclusively by the caller
 // (SlotPool::Acquire).
@@ -266,8 +271,14 @@ class CheckpointStore {
   // Moves the arena entry `e` (indexed, referenced only by the index) into
   // the lower tiers; its arena entry stays as it is.
   void DemoteLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts `blob` into lower tier `i` and what it evicts into tier i + 1.
+  // Puts `blob` into lower tier `i` and what it evicts into tier i + 1; the
+  // remote tier's share goes to remote_outbox_.
   void SpillLocked(size_t i, CheckpointBlob blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends remote_outbox_ to the remote tier, outside the lock. Every public
+  // call that may demote runs it (through FlushOnExit) after its lock is
+  // released.
+  void FlushRemote() ABSL_LOCKS_EXCLUDED(mu_);
+  class FlushOnExit;
   absl::Status Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
                     int32_t dst_slot);
 
@@ -285,8 +296,10 @@ class CheckpointStore {
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   CheckpointStats counters_ ABSL_GUARDED_BY(mu_);  // cumulative fields only
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
-  // The configured lower tiers, upper first (host, then disk).
+  // The configured lower tiers, upper first (host, disk, remote).
   std::vector<std::shared_ptr<CheckpointTier>> lower_ ABSL_GUARDED_BY(mu_);
+  // Blobs for the remote tier, written by FlushRemote outside the lock.
+  std::vector<CheckpointBlob> remote_outbox_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace statecache

@@ -14,7 +14,9 @@
 // never meets a layout it was not written for; the disk tier stores and
 // checks them because its files outlive the process.
 //
-// Not thread-safe: the CheckpointStore calls its tiers under its own lock.
+// The CheckpointStore calls its tiers under its own lock, except the remote
+// tier's Put (sent after the lock is released): host and disk tiers need not
+// be thread-safe, the remote tier must be.
 //
 //   std::vector<CheckpointBlob> spilled;
 //   RETURN_IF_ERROR(host->Put(std::move(blob), &spilled));  // spilled -> next tier

@@ -78,6 +78,7 @@ absl::Status RedisTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* /*
   const std::string k = RedisKey(blob.key);
   const std::string v = EncodeCheckpointBlob(tags_, blob);
   const std::string ttl = absl::StrCat(options_.ttl_s);
+  absl::MutexLock lock(&mu_);
   const std::vector<RedisReply> r = router_->Run({{"SET", k, v, "EX", ttl}});
   if (r[0].type == RedisReply::Type::kStatus) {
     ++entries_;
@@ -93,6 +94,7 @@ bool RedisTier::LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* b
   for (const PrefixKey& key : candidates) keys.push_back(RedisKey(key));
   std::vector<RedisRouter::Command> cmds;
   for (const std::string& k : keys) cmds.push_back({"EXISTS", k});
+  absl::MutexLock lock(&mu_);
   const std::vector<RedisReply> r = router_->Run(cmds);
   bool found = false;
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -107,6 +109,7 @@ bool RedisTier::LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* b
 
 absl::StatusOr<CheckpointBlob> RedisTier::Take(const PrefixKey& key) {
   const std::string k = RedisKey(key);
+  absl::MutexLock lock(&mu_);
   std::vector<RedisReply> r = router_->Run({{"GET", k}, {"DEL", k}});
   if (r[0].type == RedisReply::Type::kFailed) return absl::NotFoundError("redis tier unavailable");
   if (r[0].type != RedisReply::Type::kString) return absl::NotFoundError("not held in redis");
@@ -121,7 +124,19 @@ absl::StatusOr<CheckpointBlob> RedisTier::Take(const PrefixKey& key) {
   return blob;
 }
 
+int64_t RedisTier::errors() const {
+  absl::MutexLock lock(&mu_);
+  return router_->errors();
+}
+
+std::string RedisTier::NodeOf(const PrefixKey& key) const {
+  const std::string k = RedisKey(key);
+  absl::MutexLock lock(&mu_);
+  return router_->NodeOf(k);
+}
+
 TierUse RedisTier::use() const {
+  absl::MutexLock lock(&mu_);
   TierUse u;
   u.entries = entries_;
   u.bytes = bytes_;

@@ -22,6 +22,9 @@
 // skipped for `breaker_cooldown_ms` (its keys: LongestHeld false, Take
 // kNotFound, Put dropped). Put reports success even when the write failed
 // (the blob is dropped, as the last tier's evictions are).
+//
+// Thread-safe (one lock around every call): the checkpoint store writes to
+// it outside its own lock while other calls look up under it.
 #ifndef STATECACHE_SERVER_POOL_REDIS_TIER_H_
 #define STATECACHE_SERVER_POOL_REDIS_TIER_H_
 
@@ -30,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "server/pool/checkpoint_tier.h"
 #include "server/pool/redis_router.h"
 
@@ -66,9 +71,9 @@ class RedisTier : public CheckpointTier {
   // The Redis key of `key` (tests corrupt values through it).
   std::string RedisKey(const PrefixKey& key) const;
   // Failed connects / commands so far (= use().errors).
-  int64_t errors() const { return router_->errors(); }
+  int64_t errors() const ABSL_LOCKS_EXCLUDED(mu_);
   // The node ("host:port") holding `key` by the current slot map (tests).
-  std::string NodeOf(const PrefixKey& key) const { return router_->NodeOf(RedisKey(key)); }
+  std::string NodeOf(const PrefixKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   RedisTier(std::string tags, RedisTierOptions options);
@@ -76,10 +81,12 @@ class RedisTier : public CheckpointTier {
   const std::string tags_;
   const std::string key_prefix_;
   const RedisTierOptions options_;
-  const std::unique_ptr<RedisRouter> router_;  // non-const calls from const methods: not thread-safe
-  int64_t entries_ = 0;  // written minus taken, >= 0
-  int64_t bytes_ = 0;    // blob bytes written minus taken, >= 0
-  int64_t dropped_corrupt_ = 0;
+  mutable absl::Mutex mu_;
+  // Non-const calls from const methods, always under mu_.
+  const std::unique_ptr<RedisRouter> router_ ABSL_PT_GUARDED_BY(mu_);
+  int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;  // written minus taken, >= 0
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;    // blob bytes written minus taken, >= 0
+  int64_t dropped_corrupt_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace statecache
