@@ -298,6 +298,7 @@ std::vector<RedisReply> RedisRouter::Run(const std::vector<Command>& commands) {
           ask[i] = NodeIndex(to);
           again.push_back(i);
         } else {
+          if (reply.type == RedisReply::Type::kError) ++errors_;  // e.g. OOM, WRONGTYPE
           out[i] = std::move(reply);
         }
       }
@@ -310,7 +311,6 @@ std::vector<RedisReply> RedisRouter::Run(const std::vector<Command>& commands) {
         nodes_[node].consecutive_failures = 0;
       }
     }
-    by_node.resize(nodes_.size());
     std::sort(again.begin(), again.end());  // keep the given order across nodes
     pending = std::move(again);
   }

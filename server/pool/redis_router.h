@@ -86,9 +86,10 @@ class RedisRouter {
   std::vector<RedisReply> Run(const std::vector<Command>& commands);
 
   // Attempts to reach a node (a pipeline, or a CLUSTER SLOTS; a node skipped
-  // by its breaker is not attempted), their summed wall time (connect
-  // included), and the failed ones (connect, timeout, error) plus redirect
-  // chains that ran out: errors() <= requests() + redirect failures.
+  // by its breaker is not attempted) and their summed wall time (connect
+  // included). errors(): failed attempts (connect, timeout, unreadable
+  // CLUSTER SLOTS), error replies other than MOVED / ASK, and redirect
+  // chains that ran out.
   int64_t requests() const { return requests_; }
   int64_t request_micros() const { return request_micros_; }
   int64_t errors() const { return errors_; }

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <random>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -32,19 +33,6 @@ bool PortFree(int port) {
   return ok;
 }
 
-int EphemeralPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // The INFO/CLUSTER INFO text of a node, "" when unreachable.
 std::string Query(int port, const char* command) {
   timeval tv{1, 0};
@@ -64,12 +52,12 @@ std::string Query(int port, const char* command) {
 }  // namespace
 
 int FreeRedisPort() {
+  std::random_device seed;
+  std::mt19937 rng(seed());
+  std::uniform_int_distribution<int> port(20000, 54999);
   for (int i = 0; i < 1000; ++i) {
-    const int p = EphemeralPort();
-    if (p > 1024 && p < 55000 && PortFree(p + 10000)) return p;
-    // Outside the range: a random port in 20000..54999.
-    const int q = 20000 + static_cast<int>((static_cast<unsigned>(p) * 7919u + i * 104729u) % 35000);
-    if (PortFree(q) && PortFree(q + 10000)) return q;
+    const int p = port(rng);
+    if (PortFree(p) && PortFree(p + 10000)) return p;
   }
   ADD_FAILURE() << "no free port pair";
   return 0;
