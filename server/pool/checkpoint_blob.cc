@@ -61,7 +61,8 @@ absl::StatusOr<CheckpointBlobHeader> ParseHeader(Reader* r) {
   CheckpointBlobHeader h;
   uint64_t tags_len = 0, hash = 0, tokens = 0, kind = 0, digest_len = 0, aux_count = 0;
   absl::string_view tags, digest;
-  if (!r->Read(4, &tags_len) || !r->Take(tags_len, &tags)) return absl::DataLossError("truncated tags");
+  if (!r->Read(4, &tags_len) || !r->Take(tags_len, &tags))
+    return absl::DataLossError("truncated tags");
   h.tags = std::string(tags);
   if (!r->Read(8, &hash) || !r->Read(8, &tokens) || !r->Read(1, &kind) ||
       !r->Read(1, &digest_len) || !r->Take(digest_len, &digest) || !r->Read(8, &h.packed_len) ||

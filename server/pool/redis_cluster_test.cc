@@ -53,9 +53,12 @@ std::string Raw(int port, const std::vector<std::string>& argv) {
       redisCommandArgv(c, static_cast<int>(args.size()), args.data(), lens.data()));
   std::string out = "(no reply)";
   if (r != nullptr) {
-    if (r->type == REDIS_REPLY_INTEGER) out = std::to_string(r->integer);
-    else if (r->type == REDIS_REPLY_NIL) out = "(nil)";
-    else if (r->str != nullptr) out.assign(r->str, r->len);
+    if (r->type == REDIS_REPLY_INTEGER)
+      out = std::to_string(r->integer);
+    else if (r->type == REDIS_REPLY_NIL)
+      out = "(nil)";
+    else if (r->str != nullptr)
+      out.assign(r->str, r->len);
     freeReplyObject(r);
   }
   redisFree(c);
@@ -88,7 +91,9 @@ class RedisClusterTest : public ::testing::Test {
     EXPECT_TRUE(t.ok()) << t.status();
     return std::move(*t);
   }
-  int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
+  int PortOf(const std::string& address) {
+    return std::stoi(address.substr(address.rfind(':') + 1));
+  }
 
   RedisCluster cluster_;
 };

@@ -53,8 +53,12 @@ RedisReply Convert(const redisReply* r) {
       out.type = RedisReply::Type::kInteger;
       out.integer = r->integer;
       break;
-    case REDIS_REPLY_NIL: out.type = RedisReply::Type::kNil; break;
-    default: out.type = RedisReply::Type::kArray; break;
+    case REDIS_REPLY_NIL:
+      out.type = RedisReply::Type::kNil;
+      break;
+    default:
+      out.type = RedisReply::Type::kArray;
+      break;
   }
   return out;
 }
@@ -72,8 +76,7 @@ bool ParseRedirect(absl::string_view error, absl::string_view word, RedisAddress
 
 std::string RedisAddress::ToString() const { return absl::StrCat(host, ":", port); }
 
-absl::Status ParseRedisAddress(absl::string_view text, absl::string_view field,
-                               RedisAddress* out) {
+absl::Status ParseRedisAddress(absl::string_view text, absl::string_view field, RedisAddress* out) {
   const size_t colon = text.rfind(':');
   int port = 0;
   if (colon == absl::string_view::npos || colon == 0 ||
@@ -144,8 +147,8 @@ void RedisRouter::Fail(int i) {
     n.ctx = nullptr;
   }
   if (++n.consecutive_failures >= options_.breaker_failures) {
-    n.open_until = std::chrono::steady_clock::now() +
-                   std::chrono::milliseconds(options_.breaker_cooldown_ms);
+    n.open_until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.breaker_cooldown_ms);
     n.consecutive_failures = 0;
   }
   if (options_.cluster) refresh_due_ = true;  // a failover may have moved its slots
@@ -155,8 +158,8 @@ redisContext* RedisRouter::Conn(int i) {
   Node& n = nodes_[i];
   if (std::chrono::steady_clock::now() < n.open_until) return nullptr;
   if (n.ctx != nullptr) return n.ctx;
-  redisContext* c = redisConnectWithTimeout(n.address.host.c_str(), n.address.port,
-                                            Tv(options_.timeout_ms));
+  redisContext* c =
+      redisConnectWithTimeout(n.address.host.c_str(), n.address.port, Tv(options_.timeout_ms));
   if (c == nullptr || c->err != 0 || redisSetTimeout(c, Tv(options_.timeout_ms)) != REDIS_OK) {
     if (c != nullptr) redisFree(c);
     Fail(i);

@@ -44,8 +44,7 @@ struct RedisAddress {
 };
 
 // "host:port" (port 1..65535). kInvalidArgument naming `field` otherwise.
-absl::Status ParseRedisAddress(absl::string_view text, absl::string_view field,
-                               RedisAddress* out);
+absl::Status ParseRedisAddress(absl::string_view text, absl::string_view field, RedisAddress* out);
 // Comma-separated "host:port" list, at least one. kInvalidArgument naming `field`.
 absl::Status ParseRedisAddressList(absl::string_view text, absl::string_view field,
                                    std::vector<RedisAddress>* out);
@@ -56,7 +55,7 @@ int RedisKeySlot(absl::string_view key);
 struct RedisReply {
   enum class Type { kFailed, kNil, kString, kInteger, kStatus, kError, kArray };
   Type type = Type::kFailed;
-  std::string str;      // kString, kStatus, kError
+  std::string str;        // kString, kStatus, kError
   long long integer = 0;  // kInteger
 };
 

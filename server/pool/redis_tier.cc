@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<RedisTier>> RedisTier::Create(std::string tags,
   if (options.ttl_s < 1) return bad("ttl_s", options.ttl_s);
   if (options.timeout_ms < 1) return bad("timeout_ms", options.timeout_ms);
   if (options.breaker_failures < 1) return bad("breaker_failures", options.breaker_failures);
-  if (options.breaker_cooldown_ms < 0) return bad("breaker_cooldown_ms", options.breaker_cooldown_ms);
+  if (options.breaker_cooldown_ms < 0)
+    return bad("breaker_cooldown_ms", options.breaker_cooldown_ms);
   return std::unique_ptr<RedisTier>(new RedisTier(std::move(tags), std::move(options)));
 }
 
@@ -70,8 +71,8 @@ RedisTier::RedisTier(std::string tags, RedisTierOptions options)
       router_(std::make_unique<RedisRouter>(RouterOptions(options_))) {}
 
 std::string RedisTier::RedisKey(const PrefixKey& key) const {
-  return absl::StrCat(key_prefix_, absl::Hex(key.hash, absl::kZeroPad16), ":", key.num_tokens,
-                      ":", static_cast<int>(key.kind), ":", absl::BytesToHexString(key.digest));
+  return absl::StrCat(key_prefix_, absl::Hex(key.hash, absl::kZeroPad16), ":", key.num_tokens, ":",
+                      static_cast<int>(key.kind), ":", absl::BytesToHexString(key.digest));
 }
 
 absl::Status RedisTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* /*evicted*/) {

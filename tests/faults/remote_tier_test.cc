@@ -174,8 +174,8 @@ TEST_F(RemoteTierTest, SnapshotOnARestoresOnBByteIdentical) {
     ASSERT_TRUE(hit.hit()) << "prefix " << n;
     EXPECT_EQ(hit.tier(), v1::CHECKPOINT_TIER_REMOTE);
     EXPECT_EQ(hit.key().num_tokens(), n);
-    auto restored = b().Restore(kModel, (*slots_b)[0], PrefixKey{hit.key().hash(), n},
-                                hit.lease_id());
+    auto restored =
+        b().Restore(kModel, (*slots_b)[0], PrefixKey{hit.key().hash(), n}, hit.lease_id());
     ASSERT_TRUE(restored.ok()) << restored.status();
     EXPECT_EQ(restored->aux, AuxOf(n));
     auto e = b().Export(kModel, (*slots_b)[0]);
@@ -206,8 +206,7 @@ TEST_F(RemoteTierTest, CorruptBlobInRedisIsNeverRestored) {
   std::string v(r->str, r->len);
   freeReplyObject(r);
   v[v.size() / 2] ^= 0x40;  // a payload byte: only the CRC can tell
-  r = static_cast<redisReply*>(
-      redisCommand(c, "SET %s %b", keys[0].c_str(), v.data(), v.size()));
+  r = static_cast<redisReply*>(redisCommand(c, "SET %s %b", keys[0].c_str(), v.data(), v.size()));
   freeReplyObject(r);
   redisFree(c);
 
