@@ -1,6 +1,8 @@
 #include "server/pool/checkpoint_store.h"
 
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -154,7 +156,39 @@ void CheckpointStore::SpillLocked(size_t i, CheckpointBlob blob) {
   }
 }
 
+int64_t CheckpointStore::LocalLongestLocked(absl::Span<const PrefixKey> candidates) const {
+  int64_t longest = 0;
+  PrefixKey k;
+  if (LongestHeldIn(index_, candidates, &k)) longest = k.num_tokens;
+  for (const auto& t : lower_) {
+    if (t != options_.remote && t->LongestHeld(candidates, &k)) {
+      longest = std::max(longest, k.num_tokens);
+    }
+  }
+  return longest;
+}
+
+std::optional<CheckpointBlob> CheckpointStore::FetchRemote(absl::Span<const PrefixKey> candidates,
+                                                           int64_t local_tokens) {
+  if (!options_.remote) return std::nullopt;
+  std::vector<PrefixKey> longer;
+  for (const PrefixKey& k : candidates) {
+    if (k.num_tokens > local_tokens) longer.push_back(k);
+  }
+  // A corrupt copy is deleted (and counted) by Take; the search goes on
+  // without that key, so the loop ends.
+  while (!longer.empty()) {
+    PrefixKey k;
+    if (!options_.remote->LongestHeld(longer, &k)) return std::nullopt;
+    absl::StatusOr<CheckpointBlob> blob = options_.remote->Take(k);
+    if (blob.ok()) return *std::move(blob);
+    longer.erase(std::find(longer.begin(), longer.end(), k));
+  }
+  return std::nullopt;
+}
+
 int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candidates,
+                                             std::optional<CheckpointBlob>* fetched,
                                              PrefixKey* key, StoreTier* tier) {
   int32_t best = -1;
   for (const PrefixKey& k : candidates) {
@@ -173,14 +207,22 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     int64_t longest = best >= 0 ? key->num_tokens : 0;  // keys have num_tokens >= 1
     for (const auto& t : lower_) {
       PrefixKey k;
-      if (t->LongestHeld(candidates, &k) && k.num_tokens > longest) {
+      if (t != options_.remote && t->LongestHeld(candidates, &k) && k.num_tokens > longest) {
         from = t.get();
         lower_key = k;
         longest = k.num_tokens;
       }
     }
+    // The remote tier was searched outside the lock (FetchRemote).
+    const bool use_fetched = fetched->has_value() && (*fetched)->key.num_tokens > longest;
+    if (use_fetched) {
+      from = options_.remote.get();
+      lower_key = (*fetched)->key;
+    }
     if (from == nullptr) break;
-    absl::StatusOr<CheckpointBlob> blob = from->Take(lower_key);
+    absl::StatusOr<CheckpointBlob> blob =
+        use_fetched ? absl::StatusOr<CheckpointBlob>(*std::move(*fetched)) : from->Take(lower_key);
+    if (use_fetched) fetched->reset();
     if (!blob.ok()) continue;
     int evicted = 0;
     const int32_t e = TakeFreeEntryLocked(&evicted);
@@ -226,6 +268,12 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
       }
     }
     break;
+  }
+  // A fetched blob not promoted (a local copy as long, or every entry
+  // pinned) goes back to the remote tier.
+  if (fetched->has_value()) {
+    remote_outbox_.push_back(*std::move(*fetched));
+    fetched->reset();
   }
   // Each lookup is a hit of the tier that served it and a miss of the others.
   auto& t = counters_.tiers;
@@ -316,13 +364,22 @@ absl::StatusOr<CheckpointStore::LookupResult> CheckpointStore::Lookup(
   if (lease > options_.max_lease) lease = options_.max_lease;
   LookupResult result;
   FlushOnExit flush(this);  // destroyed after `lock`
+  std::optional<CheckpointBlob> fetched;
+  if (options_.remote) {
+    int64_t local_tokens = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      local_tokens = LocalLongestLocked(candidates);
+    }
+    fetched = FetchRemote(candidates, local_tokens);  // outside the lock
+  }
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   SweepExpiredLocked(now);
   for (const PrefixKey& key : candidates) {
     result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
   }
-  const int32_t best = FindOrPromoteLocked(candidates, &result.key, &result.tier);
+  const int32_t best = FindOrPromoteLocked(candidates, &fetched, &result.key, &result.tier);
   if (best < 0) {
     result.key = PrefixKey();
     ++counters_.lookups_miss;
@@ -361,12 +418,28 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   RestoreResult result;
   int32_t e = -1;
   bool leased = false;
+  std::optional<CheckpointBlob> fetched;
+  if (options_.remote) {
+    int64_t local_tokens = 0;
+    bool has_lease = false;
+    {
+      absl::MutexLock lock(&mu_);
+      SweepExpiredLocked(Now());
+      has_lease = lease_id != 0 && leases_.contains(lease_id);
+      if (!has_lease) local_tokens = LocalLongestLocked(absl::MakeConstSpan(&key, 1));
+    }
+    if (!has_lease) fetched = FetchRemote(absl::MakeConstSpan(&key, 1), local_tokens);
+  }
   {
     absl::MutexLock lock(&mu_);
     SweepExpiredLocked(Now());
     if (lease_id != 0) {
       auto it = leases_.find(lease_id);
       if (it != leases_.end()) {
+        if (fetched.has_value()) {  // not needed after all: back to the remote tier
+          remote_outbox_.push_back(*std::move(fetched));
+          fetched.reset();
+        }
         if (it->second.key != key) {
           return absl::InvalidArgumentError(absl::StrCat(
               "lease_id: the lease is for key ", it->second.key.DebugString(), ", not ",
@@ -379,7 +452,7 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
     if (e < 0) {
       PrefixKey found;
       StoreTier tier = StoreTier::kDevice;
-      e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), &found, &tier);
+      e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), &fetched, &found, &tier);
       if (e < 0) {
         return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ",
                                                 key.DebugString(),
@@ -413,21 +486,27 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
 
 CheckpointStore::LookupResult CheckpointStore::Peek(absl::Span<const PrefixKey> candidates) {
   LookupResult result;
-  absl::MutexLock lock(&mu_);
   for (const PrefixKey& key : candidates) {
     result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
   }
-  result.hit = LongestHeldIn(index_, candidates, &result.key);
   // A longer prefix held by a lower tier is what a Lookup would promote
   // (Peek moves nothing, so a corrupt lower copy can still be reported).
-  for (const auto& t : lower_) {
+  auto consider = [&result](const CheckpointTier& t, absl::Span<const PrefixKey> candidates) {
     PrefixKey k;
-    if (t->LongestHeld(candidates, &k) && (!result.hit || k.num_tokens > result.key.num_tokens)) {
+    if (t.LongestHeld(candidates, &k) && (!result.hit || k.num_tokens > result.key.num_tokens)) {
       result.hit = true;
       result.key = k;
-      result.tier = t->tier();
+      result.tier = t.tier();
+    }
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    result.hit = LongestHeldIn(index_, candidates, &result.key);
+    for (const auto& t : lower_) {
+      if (t != options_.remote) consider(*t, candidates);
     }
   }
+  if (options_.remote) consider(*options_.remote, candidates);  // outside the lock
   return result;
 }
 

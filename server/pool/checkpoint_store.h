@@ -29,12 +29,14 @@
 // holds the newest copy); a hit in a lower tier takes the checkpoint out of it
 // and promotes it into the arena (Backend::CopyIn) before leasing, so leases
 // and Restore always read the arena. A corrupt disk file is a miss (the tier
-// deletes it) and the search goes on. Tier copies run under the store's lock,
-// and so do the remote tier's lookups and takes (bounded by its timeout and
-// circuit breaker); writes to the remote tier (demotions, and a promoted blob
-// put back when every arena entry is pinned) are queued under the lock and
-// sent by the same call after it releases the lock, before it returns. Until
-// then the checkpoint is in no tier: a concurrent lookup misses it.
+// deletes it) and the search goes on. Host and disk tier copies run under
+// the store's lock; the remote tier is called outside it: Lookup / Restore /
+// Peek first find the longest local hit under the lock, then ask the remote
+// tier for longer candidates (taking the longest one out of it) without the
+// lock, then promote under the lock; remote writes (demotions, and a taken
+// blob not promoted after all) are queued under the lock and sent by the
+// same call after it releases the lock, before it returns. While a blob is
+// in flight it is in no tier: a concurrent lookup of it misses.
 //
 // Thread-safe. Slots passed in must be held exclusively by the caller
 // (SlotPool::Acquire).
@@ -50,6 +52,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -265,9 +268,19 @@ class CheckpointStore {
   int32_t TakeFreeEntryLocked(int* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The arena entry holding the longest of `candidates`, promoting it from a
   // lower tier when that is where it is; -1 when no tier holds one (or the
-  // arena cannot take a promoted one). Counts tier hits and misses.
-  int32_t FindOrPromoteLocked(absl::Span<const PrefixKey> candidates, PrefixKey* key,
+  // arena cannot take a promoted one). Counts tier hits and misses. The
+  // remote tier is not asked: `*fetched` is what FetchRemote took from it
+  // (promoted when longest; otherwise queued back to it; empty on return).
+  int32_t FindOrPromoteLocked(absl::Span<const PrefixKey> candidates,
+                              std::optional<CheckpointBlob>* fetched, PrefixKey* key,
                               StoreTier* tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // num_tokens of the longest candidate in the arena, host or disk tier (0: none).
+  int64_t LocalLongestLocked(absl::Span<const PrefixKey> candidates) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Outside the lock: takes the longest candidate longer than `local_tokens`
+  // out of the remote tier; nullopt when it holds none (or none readable).
+  std::optional<CheckpointBlob> FetchRemote(absl::Span<const PrefixKey> candidates,
+                                            int64_t local_tokens) ABSL_LOCKS_EXCLUDED(mu_);
   // Moves the arena entry `e` (indexed, referenced only by the index) into
   // the lower tiers; its arena entry stays as it is.
   void DemoteLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

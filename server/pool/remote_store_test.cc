@@ -32,20 +32,22 @@ PrefixKey Key(int n) {
   return KeyOfTokens(tokens);
 }
 
-// A remote tier whose Put blocks until Release() (LongestHeld / Take do not).
+// A remote tier whose Put and LongestHeld block, while their gate is
+// armed, until it is released (Take never blocks).
 class GatedRemote : public CheckpointTier {
  public:
+  enum Call { kPut = 0, kLongestHeld = 1 };
+
   StoreTier tier() const override { return StoreTier::kRemote; }
   absl::Status Put(CheckpointBlob blob, std::vector<CheckpointBlob>*) override {
     std::unique_lock<std::mutex> lock(mu_);
-    entered_ = true;
-    cv_.notify_all();
-    cv_.wait(lock, [this] { return released_; });
+    Pass(kPut, lock);
     held_[blob.key] = std::move(blob);
     return absl::OkStatus();
   }
   bool LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* best) const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    Pass(kLongestHeld, lock);
     return LongestHeldIn(held_, candidates, best);
   }
   absl::StatusOr<CheckpointBlob> Take(const PrefixKey& key) override {
@@ -62,21 +64,35 @@ class GatedRemote : public CheckpointTier {
     u.entries = static_cast<int64_t>(held_.size());
     return u;
   }
-  bool WaitEntered(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout, [this] { return entered_; });
-  }
-  void Release() {
+  void Arm(Call c) {
     std::lock_guard<std::mutex> lock(mu_);
-    released_ = true;
+    gates_[c] = Gate{true, false, false};
+  }
+  bool WaitEntered(Call c, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return gates_[c].entered; });
+  }
+  void Release(Call c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    gates_[c].released = true;
     cv_.notify_all();
   }
 
  private:
+  struct Gate {
+    bool armed = false, entered = false, released = false;
+  };
+  void Pass(Call c, std::unique_lock<std::mutex>& lock) const {
+    Gate& g = gates_[c];
+    if (!g.armed) return;
+    g.entered = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return g.released; });
+  }
+
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool entered_ = false;
-  bool released_ = false;
+  mutable std::condition_variable cv_;
+  mutable Gate gates_[2];
   absl::flat_hash_map<PrefixKey, CheckpointBlob> held_;
 };
 
@@ -113,6 +129,7 @@ class RemoteStoreTest : public ::testing::Test {
 
 TEST_F(RemoteStoreTest, RemoteWritesRunAfterTheLockIsReleased) {
   auto remote = std::make_shared<GatedRemote>();
+  remote->Arm(GatedRemote::kPut);
   MakeStore(remote, /*capacity=*/1, /*slots=*/2);
   Fill(slot_[0], 1);
   ASSERT_TRUE(store_->Put(Key(1), pool_->view(), slot_[0], {}).ok());
@@ -121,7 +138,7 @@ TEST_F(RemoteStoreTest, RemoteWritesRunAfterTheLockIsReleased) {
   auto writer = std::async(std::launch::async, [&] {
     return store_->Put(Key(2), pool_->view(), slot_[0], {}).status();
   });
-  ASSERT_TRUE(remote->WaitEntered(std::chrono::seconds(5)));
+  ASSERT_TRUE(remote->WaitEntered(GatedRemote::kPut, std::chrono::seconds(5)));
   // The store's lock is free meanwhile: these calls need it.
   auto reader = std::async(std::launch::async, [&] {
     const bool has2 = store_->Contains(Key(2));
@@ -131,7 +148,7 @@ TEST_F(RemoteStoreTest, RemoteWritesRunAfterTheLockIsReleased) {
   const bool free = reader.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
   // The writing call returns only after its remote write.
   EXPECT_NE(writer.wait_for(std::chrono::milliseconds(100)), std::future_status::ready);
-  remote->Release();
+  remote->Release(GatedRemote::kPut);
   ASSERT_TRUE(free) << "the store's lock was held during the remote write";
   EXPECT_TRUE(reader.get());
   ASSERT_TRUE(writer.get().ok());
@@ -141,6 +158,47 @@ TEST_F(RemoteStoreTest, RemoteWritesRunAfterTheLockIsReleased) {
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_TRUE(SlotIs(slot_[1], 1));
   EXPECT_EQ(remote->use().entries, 1);
+  EXPECT_TRUE(store_->CheckInvariants().ok()) << store_->CheckInvariants();
+}
+
+TEST_F(RemoteStoreTest, RemoteLookupsRunOutsideTheLock) {
+  auto remote = std::make_shared<GatedRemote>();
+  MakeStore(remote, /*capacity=*/1, /*slots=*/2);
+  Fill(slot_[0], 1);
+  ASSERT_TRUE(store_->Put(Key(1), pool_->view(), slot_[0], {}).ok());
+  Fill(slot_[0], 2);
+  ASSERT_TRUE(store_->Put(Key(2), pool_->view(), slot_[0], {}).ok());  // Key(1) -> remote
+  ASSERT_EQ(remote->use().entries, 1);
+  // Key(2) is local and longer than Key(1): served from the device tier.
+  auto local = store_->Lookup({Key(1), Key(2)}, absl::Seconds(5));
+  ASSERT_TRUE(local.ok() && local->hit);
+  EXPECT_EQ(local->key, Key(2));
+  EXPECT_EQ(local->tier, StoreTier::kDevice);
+  ASSERT_TRUE(store_->ReleaseLease(local->lease_id).ok());
+  // Key(1) only in the remote tier: the store asks it without its lock.
+  remote->Arm(GatedRemote::kLongestHeld);
+  auto lookup =
+      std::async(std::launch::async, [&] { return store_->Lookup({Key(1)}, absl::Seconds(5)); });
+  ASSERT_TRUE(remote->WaitEntered(GatedRemote::kLongestHeld, std::chrono::seconds(5)));
+  auto other = std::async(std::launch::async, [&] {
+    Fill(slot_[1], 3);
+    return store_->Put(Key(3), pool_->view(), slot_[1], {}).ok() && store_->Contains(Key(3));
+  });
+  const bool free = other.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  remote->Release(GatedRemote::kLongestHeld);
+  ASSERT_TRUE(free) << "the store's lock was held during the remote lookup";
+  EXPECT_TRUE(other.get());
+  // Taken outside the lock, promoted under it, with its bytes.
+  auto hit = lookup.get();
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_TRUE(hit->hit);
+  EXPECT_EQ(hit->key, Key(1));
+  EXPECT_EQ(hit->tier, StoreTier::kRemote);
+  auto restored = store_->Restore(Key(1), hit->lease_id, pool_->view(), slot_[1]);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_TRUE(SlotIs(slot_[1], 1));
+  // Key(2) and Key(3) were demoted to the remote tier on the way.
+  EXPECT_EQ(remote->use().entries, 2);
   EXPECT_TRUE(store_->CheckInvariants().ok()) << store_->CheckInvariants();
 }
 
