@@ -133,7 +133,9 @@ ABSL_FLAG(std::string, redis_cluster_nodes, "",
           "--redis_checkpoint_address.");
 ABSL_FLAG(int64_t, redis_checkpoint_ttl_s, 3600, "TTL of checkpoints written to Redis, seconds.");
 ABSL_FLAG(int32_t, redis_checkpoint_timeout_ms, 20,
-          "Connect / command timeout of the Redis checkpoint tier, milliseconds.");
+          "Connect / command timeout of the Redis checkpoint tier, milliseconds. It must "
+          "cover one checkpoint's transfer (SET / GET of its bytes): a call past it is a "
+          "miss and counts toward the breaker.");
 ABSL_FLAG(double, checkpoint_fraction, 0.2,
           "Fraction of available backend memory used for checkpoints when "
           "--checkpoint_memory_bytes=0.");

@@ -47,6 +47,7 @@ struct RedisTierOptions {
   int port = 6379;
   std::vector<RedisAddress> cluster_seeds;
   int64_t ttl_s = 3600;
+  // Per connect / pipeline; must cover one checkpoint's SET / GET (docs/BENCHMARKS.md).
   int timeout_ms = 20;
   int breaker_failures = 3;
   int breaker_cooldown_ms = 1000;
