@@ -27,7 +27,7 @@ using prometheus::Labels;
 constexpr const char* kTiers[] = {"hi_rows", "lo_codes", "metadata", "padding"};
 constexpr const char* kResults[] = {"hit", "miss"};
 // Indexed by StoreTier (server/pool/checkpoint_tier.h).
-constexpr const char* kStoreTiers[] = {"device", "host", "disk"};
+constexpr const char* kStoreTiers[] = {"device", "host", "disk", "remote"};
 static_assert(sizeof(kStoreTiers) / sizeof(kStoreTiers[0]) == kNumStoreTiers, "one per tier");
 
 int64_t Tier(const TierBytes& t, int i) {
@@ -41,7 +41,7 @@ int64_t Tier(const TierBytes& t, int i) {
 
 enum class SeriesType { kGauge, kCounter };
 // The label a family adds to {model, format}, one series per value.
-// kStoreTier: store_tier="device"|"host"|"disk" (where checkpoints live; a
+// kStoreTier: store_tier="device"|"host"|"disk"|"remote" (where checkpoints live; a
 // tier that is not configured reports zeros).
 enum class SplitLabel { kNone, kTier, kResult, kStoreTier };
 
@@ -55,6 +55,8 @@ struct PoolSeriesRow {
   SplitLabel split;
   // The source field of the series `part` (the tier / result index).
   int64_t (*field)(const ModelStatsSnapshot& s, int part);
+  // The series value is field * scale (microseconds -> seconds).
+  double scale = 1.0;
 };
 
 int Parts(SplitLabel split) {
@@ -129,7 +131,8 @@ const PoolSeriesRow kPoolSeries[] = {
     {"statecache_restore_bytes_total", "Packed state bytes copied from checkpoints into slots",
      SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.bytes_restored)},
     {"statecache_checkpoint_tier_checkpoints",
-     "Checkpoints held by storage tier (device checkpoint memory, host memory, disk)",
+     "Checkpoints held by storage tier (device checkpoint memory, host memory, disk; remote: "
+     "what this server wrote minus what it took)",
      SeriesType::kGauge, SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].entries)},
     {"statecache_checkpoint_tier_bytes",
      "Packed + aux bytes of the checkpoints held by storage tier", SeriesType::kGauge,
@@ -162,6 +165,18 @@ const PoolSeriesRow kPoolSeries[] = {
     {"statecache_checkpoint_transcodes_from_cold_total",
      "Cold-tier checkpoints decoded back into the slot format on promotion",
      SeriesType::kCounter, SplitLabel::kNone, SC_FIELD(s.checkpoints.transcodes_from_cold)},
+    {"statecache_checkpoint_tier_requests_total",
+     "Calls to the remote (Redis) tier: writes, lookups, takes (0 for local tiers)",
+     SeriesType::kCounter, SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].requests)},
+    {"statecache_checkpoint_tier_request_seconds_total",
+     "Summed wall time of the remote tier's calls; divide its rate by requests_total's for "
+     "the mean latency",
+     SeriesType::kCounter, SplitLabel::kStoreTier,
+     SC_FIELD(s.checkpoints.tiers[part].request_micros), 1e-6},
+    {"statecache_checkpoint_tier_errors_total",
+     "Failed remote tier calls (connect, timeout, error reply); each one is a miss, never a "
+     "failed RPC",
+     SeriesType::kCounter, SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].errors)},
 };
 constexpr int kPoolRows = sizeof(kPoolSeries) / sizeof(kPoolSeries[0]);
 
@@ -435,7 +450,8 @@ void Metrics::Refresh() const {
     for (int r = 0; r < kPoolRows; ++r) {
       const PoolSeriesRow& row = kPoolSeries[r];
       for (size_t part = 0; part < m.gauges[r].size(); ++part) {
-        m.gauges[r][part]->Set(static_cast<double>(row.field(s, static_cast<int>(part))));
+        m.gauges[r][part]->Set(static_cast<double>(row.field(s, static_cast<int>(part))) *
+                               row.scale);
       }
       // Counters advance by the growth of the cumulative stats since the
       // last scrape (the stats never decrease for one registration of a
@@ -443,7 +459,9 @@ void Metrics::Refresh() const {
       for (size_t part = 0; part < m.counters[r].size(); ++part) {
         const int64_t now = row.field(s, static_cast<int>(part));
         int64_t& before = m.last[r][part];
-        if (now > before) m.counters[r][part]->Increment(static_cast<double>(now - before));
+        if (now > before) {
+          m.counters[r][part]->Increment(static_cast<double>(now - before) * row.scale);
+        }
         before = now;
       }
     }

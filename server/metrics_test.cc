@@ -50,6 +50,12 @@ ModelStatsSnapshot Snapshot() {
   s.checkpoints.tiers[2].hits = 2;
   s.checkpoints.tiers[2].dropped_corrupt = 1;
   s.checkpoints.tiers[0].demotions = 6;
+  s.checkpoints.tiers[3].enabled = true;
+  s.checkpoints.tiers[3].entries = 2;
+  s.checkpoints.tiers[3].hits = 4;
+  s.checkpoints.tiers[3].requests = 10;
+  s.checkpoints.tiers[3].request_micros = 2500000;
+  s.checkpoints.tiers[3].errors = 3;
   return s;
 }
 
@@ -70,10 +76,10 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
         << name << " has a short help string";
     ++families;
   }
-  // 40 families; statecache_rpcs_total and statecache_kernel_duration_seconds
+  // 43 families; statecache_rpcs_total and statecache_kernel_duration_seconds
   // have no series before the first observation, nor
   // statecache_device_memory_free_bytes without a device: not printed.
-  EXPECT_EQ(families, 37);
+  EXPECT_EQ(families, 40);
   const std::string l = "{format=\"damp:16\",model=\"m\"";
   EXPECT_THAT(text, HasSubstr("statecache_slots_used" + l + "} 3"));
   EXPECT_THAT(text, HasSubstr("statecache_slots_capacity" + l + "} 10"));
@@ -101,6 +107,19 @@ TEST_F(MetricsTest, EveryFamilyHasHelpAndPoolSeriesMapOneToOne) {
                               ",store_tier=\"disk\"} 0"));
   EXPECT_THAT(text, HasSubstr("statecache_checkpoint_transcodes_to_cold_total" + l + "} 11"));
   EXPECT_THAT(text, HasSubstr("statecache_checkpoint_transcodes_from_cold_total" + l + "} 5"));
+  // The remote tier has its own label value; latency is exported in seconds.
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_checkpoints" + l +
+                              ",store_tier=\"remote\"} 2"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_hits_total" + l +
+                              ",store_tier=\"remote\"} 4"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_requests_total" + l +
+                              ",store_tier=\"remote\"} 10"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_request_seconds_total" + l +
+                              ",store_tier=\"remote\"} 2.5"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_errors_total" + l +
+                              ",store_tier=\"remote\"} 3"));
+  EXPECT_THAT(text, HasSubstr("statecache_checkpoint_tier_errors_total" + l +
+                              ",store_tier=\"disk\"} 0"));
 }
 
 TEST_F(MetricsTest, CountersFollowCumulativeStatsAndRestartOnReregistration) {

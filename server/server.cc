@@ -225,7 +225,12 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.host_checkpoint_bytes = mem.host_checkpoint_bytes;
   ro.disk_checkpoint_dir = mem.disk_checkpoint_dir;
   ro.disk_checkpoint_bytes = mem.disk_checkpoint_bytes;
+  if (!mem.redis_checkpoint_address.empty() && !mem.redis_cluster_nodes.empty()) {
+    return absl::InvalidArgumentError(
+        "redis_cluster_nodes: set either --redis_checkpoint_address or --redis_cluster_nodes");
+  }
   ro.redis_checkpoint_address = mem.redis_checkpoint_address;
+  ro.redis_cluster_nodes = mem.redis_cluster_nodes;
   ro.redis_checkpoint_ttl_s = mem.redis_checkpoint_ttl_s;
   ro.redis_checkpoint_timeout_ms = mem.redis_checkpoint_timeout_ms;
   if (!mem.checkpoint_format.empty()) {

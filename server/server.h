@@ -93,8 +93,10 @@ class StateCacheServer {
     int64_t host_checkpoint_bytes = 0;
     std::string disk_checkpoint_dir;
     int64_t disk_checkpoint_bytes = 0;
-    // Redis checkpoint tier below disk (host:port, empty = none).
+    // Redis checkpoint tier below disk: one node (host:port) or a Redis
+    // Cluster (comma-separated seed host:port list); at most one of the two.
     std::string redis_checkpoint_address;
+    std::string redis_cluster_nodes;
     int64_t redis_checkpoint_ttl_s = 3600;
     int redis_checkpoint_timeout_ms = 20;
     // Cold-tier checkpoint format of models that name none (a format spec;

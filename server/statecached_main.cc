@@ -131,9 +131,16 @@ ABSL_FLAG(std::string, checkpoint_format, "",
           "RegisterModel names no checkpoint_format (e.g. int4-hadamard): checkpoints are "
           "transcoded on leaving checkpoint memory and back on a hit. Empty = each model's "
           "slot format (the slot's bytes, unchanged).");
+ABSL_FLAG(std::string, redis_cluster_nodes, "",
+          "Comma-separated host:port seeds of a Redis Cluster used as the checkpoint tier "
+          "below disk instead of one node (slots from CLUSTER SLOTS, MOVED / ASK followed; "
+          "a node down only turns its keys' hits into misses). Empty = off; not with "
+          "--redis_checkpoint_address.");
 ABSL_FLAG(int64_t, redis_checkpoint_ttl_s, 3600, "TTL of checkpoints written to Redis, seconds.");
 ABSL_FLAG(int32_t, redis_checkpoint_timeout_ms, 20,
-          "Connect / command timeout of the Redis checkpoint tier, milliseconds.");
+          "Connect / command timeout of the Redis checkpoint tier, milliseconds. It must "
+          "cover one checkpoint's transfer (SET / GET of its bytes): a call past it is a "
+          "miss and counts toward the breaker.");
 ABSL_FLAG(double, checkpoint_fraction, 0.2,
           "Fraction of available backend memory used for checkpoints when "
           "--checkpoint_memory_bytes=0.");
@@ -203,6 +210,7 @@ int Main() {
   options.memory.disk_checkpoint_dir = absl::GetFlag(FLAGS_disk_checkpoint_dir);
   options.memory.disk_checkpoint_bytes = absl::GetFlag(FLAGS_disk_checkpoint_bytes);
   options.memory.redis_checkpoint_address = absl::GetFlag(FLAGS_redis_checkpoint_address);
+  options.memory.redis_cluster_nodes = absl::GetFlag(FLAGS_redis_cluster_nodes);
   options.memory.redis_checkpoint_ttl_s = absl::GetFlag(FLAGS_redis_checkpoint_ttl_s);
   options.memory.redis_checkpoint_timeout_ms = absl::GetFlag(FLAGS_redis_checkpoint_timeout_ms);
   options.memory.checkpoint_format = absl::GetFlag(FLAGS_checkpoint_format);

@@ -97,6 +97,15 @@ panel("Checkpoint tiers: hits, demotions, promotions",
        (f'sum by (store_tier) (rate(statecache_checkpoint_tier_corrupt_total{{{MSEL}}}[$__rate_interval]))', "{{store_tier}} corrupt/s")],
       unit="ops",
       description="Lookups served per tier; checkpoints moved down a tier on eviction and back to device on a hit.")
+panel("Remote (Redis) tier: calls, errors, mean latency",
+      [(f'sum by (instance) (rate(statecache_checkpoint_tier_requests_total{{{MSEL}, store_tier="remote"}}[$__rate_interval]))', "{{instance}} calls/s"),
+       (f'sum by (instance) (rate(statecache_checkpoint_tier_errors_total{{{MSEL}, store_tier="remote"}}[$__rate_interval]))', "{{instance}} errors/s"),
+       (f'sum by (instance) (rate(statecache_checkpoint_tier_request_seconds_total{{{MSEL}, store_tier="remote"}}[$__rate_interval])) * 1000 / '
+        f'(sum by (instance) (rate(statecache_checkpoint_tier_requests_total{{{MSEL}, store_tier="remote"}}[$__rate_interval])) > 0)',
+        "{{instance}} mean ms/call")],
+      unit="short",
+      description="Calls to Redis (--redis_checkpoint_address / --redis_cluster_nodes), failed ones "
+                  "(each a miss, never a failed RPC) and mean wall time per call in milliseconds.")
 panel("Snapshot / restore traffic",
       [(f'sum by (model) (rate(statecache_snapshot_bytes_total{{{MSEL}}}[$__rate_interval]))', "{{model}} snapshot B/s"),
        (f'sum by (model) (rate(statecache_restore_bytes_total{{{MSEL}}}[$__rate_interval]))', "{{model}} restore B/s"),

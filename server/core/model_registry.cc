@@ -166,9 +166,14 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
                            }));
       co.disk = std::move(disk);
     }
-    if (!options_.redis_checkpoint_address.empty()) {
+    if (!options_.redis_checkpoint_address.empty() || !options_.redis_cluster_nodes.empty()) {
       RedisTierOptions ro;
-      RETURN_IF_ERROR(RedisTier::ParseAddress(options_.redis_checkpoint_address, &ro));
+      if (!options_.redis_cluster_nodes.empty()) {
+        RETURN_IF_ERROR(ParseRedisAddressList(options_.redis_cluster_nodes, "redis_cluster_nodes",
+                                              &ro.cluster_seeds));
+      } else {
+        RETURN_IF_ERROR(RedisTier::ParseAddress(options_.redis_checkpoint_address, &ro));
+      }
       ro.ttl_s = options_.redis_checkpoint_ttl_s;
       ro.timeout_ms = options_.redis_checkpoint_timeout_ms;
       ASSIGN_OR_RETURN(

@@ -101,8 +101,10 @@ class ModelRegistry {
     std::string disk_checkpoint_dir;
     int64_t disk_checkpoint_bytes = 0;
     // A Redis tier below the disk tier (host:port, empty = none), shared by
-    // every server using the same node; keys carry the tags.
+    // every server using the same node; keys carry the tags. Or a Redis
+    // Cluster: comma-separated seed host:port list (redis_router.h).
     std::string redis_checkpoint_address;
+    std::string redis_cluster_nodes;
     int64_t redis_checkpoint_ttl_s = 3600;
     int redis_checkpoint_timeout_ms = 20;
     // Checkpoint format of models that name none (--checkpoint_format;

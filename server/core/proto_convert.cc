@@ -103,7 +103,8 @@ void StatsToProto(const SlotPoolStats& s, const CheckpointStats& c, v1::ModelSta
   out->set_checkpoint_transcodes_from_cold(c.transcodes_from_cold);
   static_assert(v1::CHECKPOINT_TIER_DEVICE == static_cast<int>(StoreTier::kDevice) &&
                     v1::CHECKPOINT_TIER_HOST == static_cast<int>(StoreTier::kHost) &&
-                    v1::CHECKPOINT_TIER_DISK == static_cast<int>(StoreTier::kDisk),
+                    v1::CHECKPOINT_TIER_DISK == static_cast<int>(StoreTier::kDisk) &&
+                    v1::CHECKPOINT_TIER_REMOTE == static_cast<int>(StoreTier::kRemote),
                 "the wire enum and StoreTier share values");
   for (int i = 0; i < kNumStoreTiers; ++i) {
     const CheckpointTierStats& t = c.tiers[i];
@@ -118,6 +119,9 @@ void StatsToProto(const SlotPoolStats& s, const CheckpointStats& c, v1::ModelSta
     p->set_demotions(t.demotions);
     p->set_promotions(t.promotions);
     p->set_dropped_corrupt(t.dropped_corrupt);
+    p->set_requests(t.requests);
+    p->set_request_micros(t.request_micros);
+    p->set_errors(t.errors);
   }
 }
 

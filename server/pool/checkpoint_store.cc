@@ -1,6 +1,8 @@
 #include "server/pool/checkpoint_store.h"
 
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -135,7 +137,36 @@ absl::Status CheckpointStore::PromoteBytesLocked(const std::string& packed, int3
   return absl::OkStatus();
 }
 
+// Declared before a call's MutexLock, so that it runs after the lock is released.
+class CheckpointStore::FlushOnExit {
+ public:
+  explicit FlushOnExit(CheckpointStore* store) : store_(store) {}
+  ~FlushOnExit() { store_->FlushRemote(); }
+  FlushOnExit(const FlushOnExit&) = delete;
+  FlushOnExit& operator=(const FlushOnExit&) = delete;
+
+ private:
+  CheckpointStore* const store_;
+};
+
+void CheckpointStore::FlushRemote() {
+  if (!options_.remote) return;
+  std::vector<CheckpointBlob> out;
+  {
+    absl::MutexLock lock(&mu_);
+    out.swap(remote_outbox_);
+  }
+  for (CheckpointBlob& blob : out) {
+    std::vector<CheckpointBlob> evicted;  // the last tier: nothing to spill
+    (void)options_.remote->Put(std::move(blob), &evicted);  // a failed write is a dropped blob
+  }
+}
+
 void CheckpointStore::SpillLocked(size_t i, CheckpointBlob blob) {
+  if (lower_[i] == options_.remote) {  // the last tier, written outside the lock
+    remote_outbox_.push_back(std::move(blob));
+    return;
+  }
   std::vector<CheckpointBlob> evicted;
   if (!lower_[i]->Put(std::move(blob), &evicted).ok()) return;  // too large or unwritable: dropped
   if (i + 1 == lower_.size()) return;  // the last tier's drops are its use().evictions
@@ -145,7 +176,39 @@ void CheckpointStore::SpillLocked(size_t i, CheckpointBlob blob) {
   }
 }
 
+int64_t CheckpointStore::LocalLongestLocked(absl::Span<const PrefixKey> candidates) const {
+  int64_t longest = 0;
+  PrefixKey k;
+  if (LongestHeldIn(index_, candidates, &k)) longest = k.num_tokens;
+  for (const auto& t : lower_) {
+    if (t != options_.remote && t->LongestHeld(candidates, &k)) {
+      longest = std::max(longest, k.num_tokens);
+    }
+  }
+  return longest;
+}
+
+std::optional<CheckpointBlob> CheckpointStore::FetchRemote(absl::Span<const PrefixKey> candidates,
+                                                           int64_t local_tokens) {
+  if (!options_.remote) return std::nullopt;
+  std::vector<PrefixKey> longer;
+  for (const PrefixKey& k : candidates) {
+    if (k.num_tokens > local_tokens) longer.push_back(k);
+  }
+  // A corrupt copy is deleted (and counted) by Take; the search goes on
+  // without that key, so the loop ends.
+  while (!longer.empty()) {
+    PrefixKey k;
+    if (!options_.remote->LongestHeld(longer, &k)) return std::nullopt;
+    absl::StatusOr<CheckpointBlob> blob = options_.remote->Take(k);
+    if (blob.ok()) return *std::move(blob);
+    longer.erase(std::find(longer.begin(), longer.end(), k));
+  }
+  return std::nullopt;
+}
+
 int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candidates,
+                                             std::optional<CheckpointBlob>* fetched,
                                              PrefixKey* key, StoreTier* tier) {
   int32_t best = -1;
   for (const PrefixKey& k : candidates) {
@@ -164,14 +227,22 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     int64_t longest = best >= 0 ? key->num_tokens : 0;  // keys have num_tokens >= 1
     for (const auto& t : lower_) {
       PrefixKey k;
-      if (t->LongestHeld(candidates, &k) && k.num_tokens > longest) {
+      if (t != options_.remote && t->LongestHeld(candidates, &k) && k.num_tokens > longest) {
         from = t.get();
         lower_key = k;
         longest = k.num_tokens;
       }
     }
+    // The remote tier was searched outside the lock (FetchRemote).
+    const bool use_fetched = fetched->has_value() && (*fetched)->key.num_tokens > longest;
+    if (use_fetched) {
+      from = options_.remote.get();
+      lower_key = (*fetched)->key;
+    }
     if (from == nullptr) break;
-    absl::StatusOr<CheckpointBlob> blob = from->Take(lower_key);
+    absl::StatusOr<CheckpointBlob> blob =
+        use_fetched ? absl::StatusOr<CheckpointBlob>(*std::move(*fetched)) : from->Take(lower_key);
+    if (use_fetched) fetched->reset();
     if (!blob.ok()) continue;
     int evicted = 0;
     const int32_t e = TakeFreeEntryLocked(&evicted);
@@ -198,13 +269,18 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     // Every arena entry is pinned (or the copy failed): the checkpoint stays
     // where it was and the longest arena hit, if any, is served.
     if (e >= 0) free_list_.push_back(e);
-    std::vector<CheckpointBlob> spilled;
-    // Bytes of the wrong size are dropped, never put back.
-    if (!absl::IsDataLoss(promoted) && from->Put(*std::move(blob), &spilled).ok()) {
-      size_t i = 0;
-      while (lower_[i].get() != from) ++i;
-      for (CheckpointBlob& b : spilled) {
-        if (i + 1 < lower_.size()) SpillLocked(i + 1, std::move(b));
+    if (absl::IsDataLoss(promoted)) {
+      // Bytes of the wrong size are dropped, never put back.
+    } else if (from == options_.remote.get()) {
+      remote_outbox_.push_back(*std::move(blob));  // back where it was, outside the lock
+    } else {
+      std::vector<CheckpointBlob> spilled;
+      if (from->Put(*std::move(blob), &spilled).ok()) {
+        size_t i = 0;
+        while (lower_[i].get() != from) ++i;
+        for (CheckpointBlob& b : spilled) {
+          if (i + 1 < lower_.size()) SpillLocked(i + 1, std::move(b));
+        }
       }
     }
     best = -1;
@@ -216,6 +292,12 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
       }
     }
     break;
+  }
+  // A fetched blob not promoted (a local copy as long, or every entry
+  // pinned) goes back to the remote tier.
+  if (fetched->has_value()) {
+    remote_outbox_.push_back(*std::move(*fetched));
+    fetched->reset();
   }
   // Each lookup is a hit of the tier that served it and a miss of the others.
   auto& t = counters_.tiers;
@@ -256,6 +338,7 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
   if (src_slot < 0 || src_slot >= src.num_slots) {
     return absl::InvalidArgumentError(absl::StrCat("slot: index ", src_slot, " out of range"));
   }
+  FlushOnExit flush(this);  // destroyed after every lock below
   PutResult result;
   int32_t e;
   {
@@ -304,13 +387,23 @@ absl::StatusOr<CheckpointStore::LookupResult> CheckpointStore::Lookup(
   if (lease == absl::ZeroDuration()) lease = options_.default_lease;
   if (lease > options_.max_lease) lease = options_.max_lease;
   LookupResult result;
+  FlushOnExit flush(this);  // destroyed after `lock`
+  std::optional<CheckpointBlob> fetched;
+  if (options_.remote) {
+    int64_t local_tokens = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      local_tokens = LocalLongestLocked(candidates);
+    }
+    fetched = FetchRemote(candidates, local_tokens);  // outside the lock
+  }
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
   SweepExpiredLocked(now);
   for (const PrefixKey& key : candidates) {
     result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
   }
-  const int32_t best = FindOrPromoteLocked(candidates, &result.key, &result.tier);
+  const int32_t best = FindOrPromoteLocked(candidates, &fetched, &result.key, &result.tier);
   if (best < 0) {
     result.key = PrefixKey();
     ++counters_.lookups_miss;
@@ -345,15 +438,32 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   if (dst_slot < 0 || dst_slot >= dst.num_slots) {
     return absl::InvalidArgumentError(absl::StrCat("slot: index ", dst_slot, " out of range"));
   }
+  FlushOnExit flush(this);  // destroyed after every lock below
   RestoreResult result;
   int32_t e = -1;
   bool leased = false;
+  std::optional<CheckpointBlob> fetched;
+  if (options_.remote) {
+    int64_t local_tokens = 0;
+    bool has_lease = false;
+    {
+      absl::MutexLock lock(&mu_);
+      SweepExpiredLocked(Now());
+      has_lease = lease_id != 0 && leases_.contains(lease_id);
+      if (!has_lease) local_tokens = LocalLongestLocked(absl::MakeConstSpan(&key, 1));
+    }
+    if (!has_lease) fetched = FetchRemote(absl::MakeConstSpan(&key, 1), local_tokens);
+  }
   {
     absl::MutexLock lock(&mu_);
     SweepExpiredLocked(Now());
     if (lease_id != 0) {
       auto it = leases_.find(lease_id);
       if (it != leases_.end()) {
+        if (fetched.has_value()) {  // not needed after all: back to the remote tier
+          remote_outbox_.push_back(*std::move(fetched));
+          fetched.reset();
+        }
         if (it->second.key != key) {
           return absl::InvalidArgumentError(absl::StrCat(
               "lease_id: the lease is for key ", it->second.key.DebugString(), ", not ",
@@ -366,7 +476,7 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
     if (e < 0) {
       PrefixKey found;
       StoreTier tier = StoreTier::kDevice;
-      e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), &found, &tier);
+      e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), &fetched, &found, &tier);
       if (e < 0) {
         return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ",
                                                 key.DebugString(),
@@ -400,21 +510,27 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
 
 CheckpointStore::LookupResult CheckpointStore::Peek(absl::Span<const PrefixKey> candidates) {
   LookupResult result;
-  absl::MutexLock lock(&mu_);
   for (const PrefixKey& key : candidates) {
     result.candidate_tokens = std::max(result.candidate_tokens, key.num_tokens);
   }
-  result.hit = LongestHeldIn(index_, candidates, &result.key);
   // A longer prefix held by a lower tier is what a Lookup would promote
   // (Peek moves nothing, so a corrupt lower copy can still be reported).
-  for (const auto& t : lower_) {
+  auto consider = [&result](const CheckpointTier& t, absl::Span<const PrefixKey> candidates) {
     PrefixKey k;
-    if (t->LongestHeld(candidates, &k) && (!result.hit || k.num_tokens > result.key.num_tokens)) {
+    if (t.LongestHeld(candidates, &k) && (!result.hit || k.num_tokens > result.key.num_tokens)) {
       result.hit = true;
       result.key = k;
-      result.tier = t->tier();
+      result.tier = t.tier();
+    }
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    result.hit = LongestHeldIn(index_, candidates, &result.key);
+    for (const auto& t : lower_) {
+      if (t != options_.remote) consider(*t, candidates);
     }
   }
+  if (options_.remote) consider(*options_.remote, candidates);  // outside the lock
   return result;
 }
 
@@ -465,6 +581,9 @@ CheckpointStats CheckpointStore::stats() {
     t.bytes = use.bytes;
     t.capacity_bytes = use.capacity_bytes;
     t.dropped_corrupt = use.dropped_corrupt;
+    t.requests = use.requests;
+    t.request_micros = use.request_micros;
+    t.errors = use.errors;
     if (tier == lower_.back()) t.demotions = use.evictions;
   }
   return s;
@@ -529,7 +648,8 @@ absl::Status CheckpointStore::CheckInvariants() const {
   if (index_.size() != lru_.size()) return fail("index and LRU sizes differ");
   for (const auto& tier : lower_) {
     const TierUse use = tier->use();
-    if (use.bytes > use.capacity_bytes || use.bytes < 0) {
+    // capacity_bytes 0: no budget (the remote tier).
+    if ((use.capacity_bytes > 0 && use.bytes > use.capacity_bytes) || use.bytes < 0) {
       return fail(StoreTierName(tier->tier()), " tier holds ", use.bytes, " bytes, budget ",
                   use.capacity_bytes);
     }

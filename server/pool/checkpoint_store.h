@@ -29,7 +29,14 @@
 // holds the newest copy); a hit in a lower tier takes the checkpoint out of it
 // and promotes it into the arena (Backend::CopyIn) before leasing, so leases
 // and Restore always read the arena. A corrupt disk file is a miss (the tier
-// deletes it) and the search goes on. Tier copies run under the store's lock.
+// deletes it) and the search goes on. Host and disk tier copies run under
+// the store's lock; the remote tier is called outside it: Lookup / Restore /
+// Peek first find the longest local hit under the lock, then ask the remote
+// tier for longer candidates (taking the longest one out of it) without the
+// lock, then promote under the lock; remote writes (demotions, and a taken
+// blob not promoted after all) are queued under the lock and sent by the
+// same call after it releases the lock, before it returns. While a blob is
+// in flight it is in no tier: a concurrent lookup of it misses.
 // With a transcoder (checkpoint_transcoder.h) the lower tiers hold the
 // checkpoint format instead of the slot's bytes: demotion encodes into it,
 // promotion decodes back into the slot format.
@@ -48,6 +55,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,7 +80,7 @@ namespace statecache {
 // Current use and cumulative counts of a CheckpointStore. Every field maps 1:1
 // onto a metric (server/metrics.h) and onto statecache.v1.ModelStats.
 // One storage tier of a CheckpointStore (statecache_checkpoint_tier_* series
-// with label store_tier="device"|"host"|"disk").
+// with label store_tier="device"|"host"|"disk"|"remote").
 struct CheckpointTierStats {
   bool enabled = false;        // the device tier always; host / disk when configured
   int64_t entries = 0;         // checkpoints held
@@ -87,8 +95,13 @@ struct CheckpointTierStats {
   int64_t demotions = 0;
   // Checkpoints taken from this tier back into the device arena.
   int64_t promotions = 0;
-  // Checkpoints found corrupt (disk: checksum, size, tags) and deleted.
+  // Checkpoints found corrupt (disk, remote: checksum, size, tags) and deleted.
   int64_t dropped_corrupt = 0;
+  // Remote tier only (TierUse): calls to the store, their summed wall time
+  // in microseconds, and the failed ones.
+  int64_t requests = 0;
+  int64_t request_micros = 0;
+  int64_t errors = 0;
 };
 
 struct CheckpointStats {
@@ -129,7 +142,7 @@ struct CheckpointStats {
   int64_t restores = 0;
   int64_t bytes_snapshotted = 0;
   int64_t bytes_restored = 0;
-  // By storage tier, indexed by StoreTier (device, host, disk).
+  // By storage tier, indexed by StoreTier (device, host, disk, remote).
   CheckpointTierStats tiers[kNumStoreTiers];
   // Checkpoints transcoded into the cold checkpoint format on demotion from
   // device checkpoint memory, and back into the slot format on promotion
@@ -149,11 +162,11 @@ class CheckpointStore {
     absl::Duration max_lease = absl::Minutes(10);
     // Time source (tests inject a fake clock); absl::Now when empty.
     std::function<absl::Time()> clock;
-    // Lower tiers (tier() kHost / kDisk), or null. The store owns their use.
+    // Lower tiers (tier() kHost / kDisk / kRemote), or null, searched and
+    // demoted to in this order. The store owns their use.
     std::shared_ptr<CheckpointTier> host;
     std::shared_ptr<CheckpointTier> disk;
-    // Below disk: the Redis tier (redis_tier.h); its stats count as disk.
-    std::shared_ptr<CheckpointTier> remote;
+    std::shared_ptr<CheckpointTier> remote;  // the Redis tier (redis_tier.h)
     // Null: the lower tiers hold the slot's packed bytes. Else they hold the
     // transcoder's cold format (its cold_slot_bytes() per checkpoint); its
     // slot model must be this store's layout.
@@ -269,19 +282,35 @@ class CheckpointStore {
   int32_t TakeFreeEntryLocked(int* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The arena entry holding the longest of `candidates`, promoting it from a
   // lower tier when that is where it is; -1 when no tier holds one (or the
-  // arena cannot take a promoted one). Counts tier hits and misses.
-  int32_t FindOrPromoteLocked(absl::Span<const PrefixKey> candidates, PrefixKey* key,
+  // arena cannot take a promoted one). Counts tier hits and misses. The
+  // remote tier is not asked: `*fetched` is what FetchRemote took from it
+  // (promoted when longest; otherwise queued back to it; empty on return).
+  int32_t FindOrPromoteLocked(absl::Span<const PrefixKey> candidates,
+                              std::optional<CheckpointBlob>* fetched, PrefixKey* key,
                               StoreTier* tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // num_tokens of the longest candidate in the arena, host or disk tier (0: none).
+  int64_t LocalLongestLocked(absl::Span<const PrefixKey> candidates) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Outside the lock: takes the longest candidate longer than `local_tokens`
+  // out of the remote tier; nullopt when it holds none (or none readable).
+  std::optional<CheckpointBlob> FetchRemote(absl::Span<const PrefixKey> candidates,
+                                            int64_t local_tokens) ABSL_LOCKS_EXCLUDED(mu_);
   // Moves the arena entry `e` (indexed, referenced only by the index) into
   // the lower tiers (transcoded when the store has a transcoder); its arena
   // entry stays as it is.
   void DemoteLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts `blob` into lower tier `i` and what it evicts into tier i + 1.
+  // Puts `blob` into lower tier `i` and what it evicts into tier i + 1; the
+  // remote tier's share goes to remote_outbox_.
   void SpillLocked(size_t i, CheckpointBlob blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes a lower tier's packed bytes into arena entry `e` (CopyIn, or the
   // transcoder's FromCold).
   absl::Status PromoteBytesLocked(const std::string& packed, int32_t e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends remote_outbox_ to the remote tier, outside the lock. Every public
+  // call that may demote runs it (through FlushOnExit) after its lock is
+  // released.
+  void FlushRemote() ABSL_LOCKS_EXCLUDED(mu_);
+  class FlushOnExit;
   absl::Status Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
                     int32_t dst_slot);
 
@@ -299,8 +328,10 @@ class CheckpointStore {
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   CheckpointStats counters_ ABSL_GUARDED_BY(mu_);  // cumulative fields only
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);
-  // The configured lower tiers, upper first (host, then disk).
+  // The configured lower tiers, upper first (host, disk, remote).
   std::vector<std::shared_ptr<CheckpointTier>> lower_ ABSL_GUARDED_BY(mu_);
+  // Blobs for the remote tier, written by FlushRemote outside the lock.
+  std::vector<CheckpointBlob> remote_outbox_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace statecache

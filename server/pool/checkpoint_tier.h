@@ -1,5 +1,5 @@
 // CheckpointTier: a lower storage tier of the checkpoint store (host memory,
-// local disk) below the backend's checkpoint arena.
+// local disk, a shared Redis) below the backend's checkpoint arena.
 //
 // The CheckpointStore (checkpoint_store.h) moves checkpoints between tiers:
 // an entry evicted from the backend arena is copied out and demoted to the
@@ -14,7 +14,9 @@
 // never meets a layout it was not written for; the disk tier stores and
 // checks them because its files outlive the process.
 //
-// Not thread-safe: the CheckpointStore calls its tiers under its own lock.
+// The CheckpointStore calls its tiers under its own lock, except the remote
+// tier's Put (sent after the lock is released): host and disk tiers need not
+// be thread-safe, the remote tier must be.
 //
 //   std::vector<CheckpointBlob> spilled;
 //   RETURN_IF_ERROR(host->Put(std::move(blob), &spilled));  // spilled -> next tier
@@ -35,13 +37,14 @@
 namespace statecache {
 
 // Where a checkpoint was found (statecache.v1.CheckpointTier on the wire).
-enum class StoreTier : int { kDevice = 0, kHost = 1, kDisk = 2 };
-inline constexpr int kNumStoreTiers = 3;
+enum class StoreTier : int { kDevice = 0, kHost = 1, kDisk = 2, kRemote = 3 };
+inline constexpr int kNumStoreTiers = 4;
 inline const char* StoreTierName(StoreTier t) {
   switch (t) {
     case StoreTier::kDevice: return "device";
     case StoreTier::kHost: return "host";
-    default: return "disk";
+    case StoreTier::kDisk: return "disk";
+    default: return "remote";
   }
 }
 
@@ -60,12 +63,21 @@ struct CheckpointBlob {
 };
 
 // Current use of one tier (a part of CheckpointStats::tiers).
+// The remote tier holds what other servers wrote too and lets its store
+// expire entries: its entries / bytes are what this server wrote minus what
+// it took (never below 0), and its capacity_bytes is 0 (no budget known).
 struct TierUse {
   int64_t entries = 0;
   int64_t bytes = 0;           // blob bytes held (packed + aux)
-  int64_t capacity_bytes = 0;  // the tier's budget
+  int64_t capacity_bytes = 0;  // the tier's budget; 0: unbounded / unknown (remote)
   int64_t evictions = 0;       // blobs evicted (LRU) to fit the budget
   int64_t dropped_corrupt = 0; // blobs found unreadable (checksum, size, tags) and deleted
+  // Remote calls (one per Put / LongestHeld / Take that reached the store),
+  // their summed wall time in microseconds, and the failed ones (connect,
+  // timeout, error reply). Zero for the local tiers.
+  int64_t requests = 0;
+  int64_t request_micros = 0;
+  int64_t errors = 0;
 };
 
 // The longest of `candidates` that `held` (any container keyed by PrefixKey

@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,96 +17,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/common/status_macros.h"
+#include "server/pool/checkpoint_blob.h"
 
 namespace statecache {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'C', 'C', 'K', 'P', 'T', '0', '2'};  // 02: key kind + digest
 constexpr absl::string_view kSuffix = ".ckpt";
-
-void AppendLe(std::string* out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-uint32_t Crc(const char* data, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  // zlib takes uInt lengths; feed large buffers in pieces.
-  while (n > 0) {
-    const uInt piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), piece);
-    data += piece;
-    n -= piece;
-  }
-  return static_cast<uint32_t>(crc);
-}
-
-// Reads little-endian integers from a file image, failing past its end.
-class Reader {
- public:
-  explicit Reader(absl::string_view s) : s_(s) {}
-  bool Read(int bytes, uint64_t* v) {
-    if (pos_ + bytes > s_.size()) return false;
-    *v = 0;
-    for (int i = 0; i < bytes; ++i) {
-      *v |= static_cast<uint64_t>(static_cast<uint8_t>(s_[pos_ + i])) << (8 * i);
-    }
-    pos_ += bytes;
-    return true;
-  }
-  bool Take(uint64_t n, absl::string_view* out) {
-    if (n > s_.size() - pos_) return false;
-    *out = s_.substr(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  size_t pos() const { return pos_; }
-
- private:
-  absl::string_view s_;
-  size_t pos_ = 0;
-};
-
-struct Header {
-  std::string tags;
-  PrefixKey key;
-  uint64_t packed_len = 0;
-  std::vector<uint64_t> aux_len;
-  uint64_t body_bytes() const {
-    uint64_t n = packed_len;
-    for (uint64_t a : aux_len) n += a;
-    return n;
-  }
-};
-
-// Parses the header (the re-index pass reads only the file's beginning).
-// kDataLoss naming the field.
-absl::StatusOr<Header> ParseHeader(Reader* r) {
-  absl::string_view magic;
-  if (!r->Take(sizeof(kMagic), &magic) || magic != absl::string_view(kMagic, sizeof(kMagic))) {
-    return absl::DataLossError("bad magic");
-  }
-  Header h;
-  uint64_t tags_len = 0, hash = 0, tokens = 0, kind = 0, digest_len = 0, aux_count = 0;
-  absl::string_view tags, digest;
-  if (!r->Read(4, &tags_len) || !r->Take(tags_len, &tags)) return absl::DataLossError("truncated tags");
-  h.tags = std::string(tags);
-  if (!r->Read(8, &hash) || !r->Read(8, &tokens) || !r->Read(1, &kind) ||
-      !r->Read(1, &digest_len) || !r->Take(digest_len, &digest) || !r->Read(8, &h.packed_len) ||
-      !r->Read(4, &aux_count)) {
-    return absl::DataLossError("truncated header");
-  }
-  if (kind > static_cast<uint64_t>(PrefixKeyKind::kEngine)) {
-    return absl::DataLossError("key kind out of range");
-  }
-  if (aux_count > 4096) return absl::DataLossError("aux_count out of range");
-  h.key = PrefixKey{hash, static_cast<int64_t>(tokens), static_cast<PrefixKeyKind>(kind),
-                    std::string(digest)};
-  h.aux_len.resize(aux_count);
-  for (uint64_t& a : h.aux_len) {
-    if (!r->Read(8, &a)) return absl::DataLossError("truncated aux lengths");
-  }
-  return h;
-}
 
 absl::Status ReadFile(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
@@ -133,53 +48,6 @@ absl::Status MakeDirs(const std::string& dir) {
 }
 
 }  // namespace
-
-std::string DiskTier::Encode(const std::string& tags, const CheckpointBlob& blob) {
-  std::string out(kMagic, sizeof(kMagic));
-  AppendLe(&out, tags.size(), 4);
-  out += tags;
-  AppendLe(&out, blob.key.hash, 8);
-  AppendLe(&out, static_cast<uint64_t>(blob.key.num_tokens), 8);
-  AppendLe(&out, static_cast<uint64_t>(blob.key.kind), 1);
-  AppendLe(&out, blob.key.digest.size(), 1);
-  out += blob.key.digest;
-  AppendLe(&out, blob.packed.size(), 8);
-  AppendLe(&out, blob.aux.size(), 4);
-  for (const std::string& a : blob.aux) AppendLe(&out, a.size(), 8);
-  out += blob.packed;
-  for (const std::string& a : blob.aux) out += a;
-  AppendLe(&out, Crc(out.data(), out.size()), 4);
-  return out;
-}
-
-absl::StatusOr<CheckpointBlob> DiskTier::Decode(const std::string& tags, const std::string& file) {
-  if (file.size() < sizeof(kMagic) + 4) return absl::DataLossError("file too short");
-  const size_t body = file.size() - 4;
-  Reader crc_reader(absl::string_view(file).substr(body));
-  uint64_t stored_crc = 0;
-  crc_reader.Read(4, &stored_crc);
-  Reader r(absl::string_view(file).substr(0, body));
-  auto header = ParseHeader(&r);
-  if (!header.ok()) return header.status();
-  if (header->body_bytes() != body - r.pos()) {
-    return absl::DataLossError(absl::StrCat("size: header names ", header->body_bytes(),
-                                            " payload bytes, file has ", body - r.pos()));
-  }
-  if (Crc(file.data(), body) != stored_crc) return absl::DataLossError("crc32 mismatch");
-  if (header->tags != tags) {
-    return absl::DataLossError(absl::StrCat("tags '", header->tags, "' differ from '", tags, "'"));
-  }
-  CheckpointBlob blob;
-  blob.key = header->key;
-  absl::string_view part;
-  r.Take(header->packed_len, &part);
-  blob.packed = std::string(part);
-  for (uint64_t len : header->aux_len) {
-    r.Take(len, &part);
-    blob.aux.emplace_back(part);
-  }
-  return blob;
-}
 
 absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Create(std::string dir, std::string tags,
                                                            int64_t capacity_bytes, LogFn log) {
@@ -230,8 +98,7 @@ absl::Status DiskTier::Reindex() {
     std::string head(64 << 10, '\0');
     in.read(&head[0], static_cast<std::streamsize>(head.size()));
     head.resize(static_cast<size_t>(in.gcount()));
-    Reader r(head);
-    auto header = ParseHeader(&r);
+    auto header = ParseCheckpointBlobHeader(head);
     struct stat st {};
     const bool stat_ok = stat(path.c_str(), &st) == 0;
     absl::string_view why;
@@ -239,7 +106,7 @@ absl::Status DiskTier::Reindex() {
       why = header.status().message();
     } else if (header->tags != tags_) {
       why = "other compatibility tags";
-    } else if (!stat_ok || static_cast<uint64_t>(st.st_size) != r.pos() + header->body_bytes() + 4) {
+    } else if (!stat_ok || static_cast<uint64_t>(st.st_size) != header->header_bytes + header->body_bytes() + 4) {
       why = "size does not match its header";
     } else if (path != PathOf(header->key)) {
       why = "name does not match its key";
@@ -300,7 +167,7 @@ absl::Status DiskTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* evi
   }
   const std::string path = PathOf(blob.key);
   const std::string tmp = path + ".tmp";
-  const std::string image = Encode(tags_, blob);
+  const std::string image = EncodeCheckpointBlob(tags_, blob);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(image.data(), static_cast<std::streamsize>(image.size()));
@@ -334,7 +201,7 @@ absl::StatusOr<CheckpointBlob> DiskTier::Take(const PrefixKey& key) {
   std::string image;
   absl::Status read = ReadFile(path, &image);
   absl::StatusOr<CheckpointBlob> blob =
-      read.ok() ? Decode(tags_, image) : absl::StatusOr<CheckpointBlob>(read);
+      read.ok() ? DecodeCheckpointBlob(tags_, image) : absl::StatusOr<CheckpointBlob>(read);
   if (blob.ok() && blob->key != key) blob = absl::DataLossError("key differs from its name");
   Remove(it->second);  // promoted, or corrupt: either way the file goes
   if (!blob.ok()) {

@@ -2,16 +2,9 @@
 // budget (--disk_checkpoint_dir, --disk_checkpoint_bytes). See
 // checkpoint_tier.h for the contract.
 //
-// One file per checkpoint, named <hash as 16 hex digits>-<num_tokens>.ckpt:
-//
-//   "SCCKPT01"                     8-byte magic
-//   u32 tags_len, tags             the compatibility tags (opaque string)
-//   u64 hash, i64 num_tokens       the PrefixKey
-//   u64 packed_len, u32 aux_count, u64 aux_len[aux_count]
-//   packed bytes, aux bytes
-//   u32 crc32                      zlib CRC-32 of every byte before it
-//
-// (integers little-endian). Files are written to a temporary name and
+// One file per checkpoint, named <hash as 16 hex digits>-<num_tokens>-<kind>-
+// <digest hex>.ckpt, holding the blob image of checkpoint_blob.h (tags, key,
+// sizes, payload, CRC-32). Files are written to a temporary name and
 // renamed, so a crash never leaves a half-written file under a real name.
 // Take reads the whole file and checks magic, tags, key, sizes and CRC; a
 // truncated or corrupted file is logged, deleted, counted in dropped_corrupt
@@ -60,11 +53,6 @@ class DiskTier : public CheckpointTier {
   std::string PathOf(const PrefixKey& key) const;
   // Keys held, most recently used first (tests).
   std::vector<PrefixKey> KeysByRecency() const;
-
-  // The file image of `blob` under `tags` (tests build corrupt files from it).
-  static std::string Encode(const std::string& tags, const CheckpointBlob& blob);
-  // Parses and checks a file image. kDataLoss naming what is wrong.
-  static absl::StatusOr<CheckpointBlob> Decode(const std::string& tags, const std::string& file);
 
  private:
   struct File {

@@ -1,75 +1,17 @@
 #include "server/pool/redis_tier.h"
 
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "server/pool/redis_router.h"
+#include "server/pool/testing/redis_server.h"
 
 namespace statecache {
 namespace {
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-// A redis-server child on a loopback port in a temp dir; fails when missing.
-class RedisServer {
- public:
-  explicit RedisServer(int port) : port_(port) {}
-  ~RedisServer() { Stop(); }
-  void Start() {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    const std::string dir = tmp != nullptr ? tmp : "/tmp";
-    const std::string port = std::to_string(port_);
-    pid_ = fork();
-    if (pid_ == 0) {
-      execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", dir.c_str(),
-             static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    ASSERT_GT(pid_, 0);
-    for (int i = 0; i < 200; ++i) {
-      timeval tv{0, 100000};
-      redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
-      const bool up = c != nullptr && c->err == 0;
-      if (c != nullptr) redisFree(c);
-      if (up) return;
-      int status = 0;
-      ASSERT_EQ(waitpid(pid_, &status, WNOHANG), 0) << "redis-server exited (missing binary?)";
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    FAIL() << "redis-server did not come up";
-  }
-  void Stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  int port_;
-  pid_t pid_ = -1;
-};
 
 CheckpointBlob MakeBlob(uint64_t hash, int64_t n) {
   CheckpointBlob b;
@@ -96,9 +38,9 @@ std::unique_ptr<RedisTier> Tier(int port, int cooldown_ms = 300) {
 class RedisTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    port_ = FreePort();
+    port_ = FreeRedisPort();
     server_ = std::make_unique<RedisServer>(port_);
-    server_->Start();
+    ASSERT_NO_FATAL_FAILURE(server_->Start());
   }
   int port_ = 0;
   std::unique_ptr<RedisServer> server_;
@@ -183,6 +125,47 @@ TEST_F(RedisTierTest, RedisDownIsMissThenRecovers) {
   auto got = t->Take(b.key);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->packed, b.packed);
+}
+
+TEST_F(RedisTierTest, ReportsRemoteTierAndCountsWhatItWroteAndTook) {
+  auto t = Tier(port_);
+  EXPECT_EQ(t->tier(), StoreTier::kRemote);
+  EXPECT_STREQ(StoreTierName(t->tier()), "remote");
+  const CheckpointBlob a = MakeBlob(0x10, 8), b = MakeBlob(0x20, 16);
+  std::vector<CheckpointBlob> evicted;
+  ASSERT_TRUE(t->Put(a, &evicted).ok());
+  ASSERT_TRUE(t->Put(b, &evicted).ok());
+  TierUse u = t->use();
+  EXPECT_EQ(u.entries, 2);
+  EXPECT_EQ(u.bytes, a.bytes() + b.bytes());
+  EXPECT_EQ(u.capacity_bytes, 0);
+  EXPECT_EQ(u.requests, 2);
+  EXPECT_GT(u.request_micros, 0);
+  EXPECT_EQ(u.errors, 0);
+  ASSERT_TRUE(t->Take(a.key).ok());
+  u = t->use();
+  EXPECT_EQ(u.entries, 1);
+  EXPECT_EQ(u.bytes, b.bytes());
+  EXPECT_EQ(u.requests, 3);  // GET + DEL pipelined: one round trip
+  server_->Stop();
+  PrefixKey best;
+  EXPECT_FALSE(t->LongestHeld({b.key}, &best));
+  EXPECT_EQ(t->use().errors, 1);
+}
+
+TEST(RedisTierOptionsTest, BadOptionsNameTheField) {
+  RedisTierOptions o;
+  o.ttl_s = 0;
+  auto t = RedisTier::Create("tags", o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("ttl_s"), std::string::npos) << t.status();
+  o = RedisTierOptions();
+  o.cluster_seeds = {RedisAddress{"", 7000}};
+  t = RedisTier::Create("tags", o);
+  EXPECT_NE(t.status().message().find("cluster seed"), std::string::npos) << t.status();
+  EXPECT_EQ(RedisTier::ParseAddress("nocolon", &o).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(RedisTier::ParseAddress("h:0", &o).message().find("redis_checkpoint_address"),
+            std::string::npos);
 }
 
 }  // namespace

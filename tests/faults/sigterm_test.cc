@@ -5,9 +5,7 @@
 // same --data_dir; and every conversation that completed before the signal
 // has exactly the outputs of a serial replay on the restarted server (no
 // acknowledged write was lost or corrupted).
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,86 +24,21 @@
 #include "absl/time/clock.h"
 #include "client/cpp/statecache_client.h"
 #include "gtest/gtest.h"
+#include "tests/faults/server_process.h"
 #include "tests/load/workload.h"
-
-extern char** environ;
 
 namespace statecache {
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// The flags of every server of this test (--listen, --metrics_port and
+// --log_cache_events come from ServerProcess).
+std::vector<std::string> Flags(const std::string& data_dir) {
+  return {"--backend=cpu",
+          "--state_memory_bytes=67108864",
+          "--checkpoint_memory_bytes=67108864",
+          "--shutdown_grace_ms=10000",
+          "--data_dir=" + data_dir};
 }
-
-class ServerProcess {
- public:
-  ServerProcess(const std::string& data_dir, const std::string& log) : log_(log) {
-    std::vector<std::string> args = {"server/statecached",
-                                     "--listen=127.0.0.1:0",
-                                     "--backend=cpu",
-                                     "--metrics_port=-1",
-                                     "--state_memory_bytes=67108864",
-                                     "--checkpoint_memory_bytes=67108864",
-                                     "--shutdown_grace_ms=10000",
-                                     "--log_cache_events=false",
-                                     "--data_dir=" + data_dir};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    EXPECT_EQ(posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    // The port is in the server_started line.
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < deadline && port_ == 0) {
-      const std::string text = ReadAll(log);
-      const size_t at = text.find("server_started");
-      if (at != std::string::npos) {
-        const size_t p = text.find(" port=", at);
-        const size_t end = text.find(' ', p + 6);
-        int port = 0;
-        if (p != std::string::npos && absl::SimpleAtoi(text.substr(p + 6, end - p - 6), &port)) {
-          port_ = port;
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-  }
-  ~ServerProcess() {
-    if (pid_ > 0 && !waited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  int port() const { return port_; }
-  std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
-  void Signal(int sig) { kill(pid_, sig); }
-  // Exit status, or -1 when it did not exit normally in time.
-  int Wait(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        waited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return -1;
-  }
-  std::string log() const { return ReadAll(log_); }
-
- private:
-  std::string log_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-  bool waited_ = false;
-};
 
 TEST(SigtermTest, DrainsLosesNoAcknowledgedWriteAndReloadsModels) {
   const std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
@@ -121,7 +54,7 @@ TEST(SigtermTest, DrainsLosesNoAcknowledgedWriteAndReloadsModels) {
   std::map<std::string, int> errors;
   std::mutex mu;
   {
-    ServerProcess server(data_dir, tmp + "/server1.log");
+    ServerProcess server(Flags(data_dir), tmp + "/server1.log");
     ASSERT_GT(server.port(), 0) << server.log();
     auto admin = StateCacheClient::Connect(server.target()).value();
     ASSERT_TRUE(RegisterWorkloadModel(*admin, spec).ok());
@@ -184,7 +117,7 @@ TEST(SigtermTest, DrainsLosesNoAcknowledgedWriteAndReloadsModels) {
   for (const auto& [code, n] : errors) std::printf(" %s=%d", code.c_str(), n);
   std::printf("\n");
 
-  ServerProcess restarted(data_dir, tmp + "/server2.log");
+  ServerProcess restarted(Flags(data_dir), tmp + "/server2.log");
   ASSERT_GT(restarted.port(), 0) << restarted.log();
   auto client = StateCacheClient::Connect(restarted.target()).value();
   for (const std::string& id : acked_models) {
