@@ -5,7 +5,8 @@
 // an entry evicted from the backend arena is copied out and demoted to the
 // first lower tier; what that tier evicts (LRU, over its byte budget) goes to
 // the next one; what the last one evicts is dropped. A lookup hit in a lower
-// tier takes the checkpoint out of it (Take) and promotes it back into the
+// tier takes the checkpoint out of it (Take; the shared remote tier keeps its
+// copy) and promotes it back into the
 // arena. Each tier is LRU with its own byte budget.
 //
 // A tier holds CheckpointBlobs: the packed slot bytes plus the worker's aux
@@ -53,6 +54,12 @@ struct CheckpointBlob {
   PrefixKey key;
   std::string packed;            // slot_bytes of packed states, as in the arena
   std::vector<std::string> aux;  // the worker's per-layer aux bytes
+  // True when the remote tier already holds a copy of this checkpoint
+  // (written through at snapshot time, or read from it): a remote Put
+  // refreshes that copy's TTL instead of sending the bytes again, unless it
+  // expired (redis_tier.h). Tiers that do not keep it read it as false,
+  // which only costs a resend.
+  bool remote_written = false;
 
   // Bytes charged against a tier's budget: packed + every aux string.
   int64_t bytes() const {
@@ -64,8 +71,8 @@ struct CheckpointBlob {
 
 // Current use of one tier (a part of CheckpointStats::tiers).
 // The remote tier holds what other servers wrote too and lets its store
-// expire entries: its entries / bytes are what this server wrote minus what
-// it took (never below 0), and its capacity_bytes is 0 (no budget known).
+// expire entries: its entries / bytes are what this server wrote (minus the
+// corrupt blobs it deleted; never below 0), and its capacity_bytes is 0 (no budget known).
 struct TierUse {
   int64_t entries = 0;
   int64_t bytes = 0;           // blob bytes held (packed + aux)
@@ -111,9 +118,10 @@ class CheckpointTier {
   // `*best` set, or false. Does not change the LRU order.
   virtual bool LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* best) const = 0;
 
-  // Removes the entry of `key` and returns its blob (promotion). kNotFound
-  // when not held; kDataLoss when the stored copy is corrupt (it is deleted
-  // and counted in dropped_corrupt, never returned).
+  // Returns the blob of `key` (promotion): the host and disk tiers remove
+  // their entry; the remote tier, shared by servers, leaves it (its TTL
+  // bounds it). kNotFound when not held; kDataLoss when the stored copy is
+  // corrupt (it is deleted and counted in dropped_corrupt, never returned).
   virtual absl::StatusOr<CheckpointBlob> Take(const PrefixKey& key) = 0;
 
   virtual TierUse use() const = 0;

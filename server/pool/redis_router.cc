@@ -166,6 +166,7 @@ redisContext* RedisRouter::Conn(int i) {
     return nullptr;
   }
   n.ctx = c;
+  n.ctx_timeout_ms = options_.timeout_ms;
   return c;
 }
 
@@ -235,7 +236,8 @@ std::string RedisRouter::NodeOf(absl::string_view key) {
   return owner < 0 ? "" : nodes_[owner].address.ToString();
 }
 
-std::vector<RedisReply> RedisRouter::Run(const std::vector<Command>& commands) {
+std::vector<RedisReply> RedisRouter::Run(const std::vector<Command>& commands, int timeout_ms) {
+  if (timeout_ms <= 0) timeout_ms = options_.timeout_ms;
   std::vector<RedisReply> out(commands.size());
   MaybeRefresh();
   std::vector<size_t> pending(commands.size());
@@ -258,6 +260,10 @@ std::vector<RedisReply> RedisRouter::Run(const std::vector<Command>& commands) {
       redisContext* c = Conn(static_cast<int>(node));
       if (c == nullptr) continue;  // kFailed replies
       bool sent = true;
+      if (nodes_[node].ctx_timeout_ms != timeout_ms) {
+        sent = redisSetTimeout(c, Tv(timeout_ms)) == REDIS_OK;
+        if (sent) nodes_[node].ctx_timeout_ms = timeout_ms;
+      }
       for (size_t i : batch) {
         std::vector<const char*> argv;
         std::vector<size_t> lens;

@@ -9,7 +9,9 @@
 // reply re-routes its slot and retries; an ASK reply retries once on the
 // named node after ASKING. At most `max_redirects` rounds per Run.
 //
-// Failures are per node: every connect and command has `timeout_ms`; a
+// Failures are per node: every connect has `timeout_ms`, every pipeline
+// the timeout given to Run (`timeout_ms` when 0: callers moving large values
+// pass one that scales with their size, redis_tier.h); a
 // failed node's connection is dropped and counted in errors(); after
 // `breaker_failures` consecutive failures the node is skipped for
 // `breaker_cooldown_ms`. A command whose node is down, skipped, unknown or
@@ -82,7 +84,9 @@ class RedisRouter {
 
   // Runs `commands`, pipelined per node and in order per node (two commands
   // on one key run in the order given), and returns one reply per command.
-  std::vector<RedisReply> Run(const std::vector<Command>& commands);
+  // `timeout_ms` (> 0) bounds each node's pipeline (send + replies); 0:
+  // options.timeout_ms.
+  std::vector<RedisReply> Run(const std::vector<Command>& commands, int timeout_ms = 0);
 
   // Attempts to reach a node (a pipeline, or a CLUSTER SLOTS; a node skipped
   // by its breaker is not attempted) and their summed wall time (connect
@@ -100,6 +104,7 @@ class RedisRouter {
   struct Node {
     RedisAddress address;
     redisContext* ctx = nullptr;
+    int ctx_timeout_ms = 0;  // the timeout set on ctx
     int consecutive_failures = 0;
     std::chrono::steady_clock::time_point open_until{};
   };

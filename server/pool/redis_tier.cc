@@ -49,6 +49,9 @@ absl::StatusOr<std::unique_ptr<RedisTier>> RedisTier::Create(std::string tags,
   }
   if (options.ttl_s < 1) return bad("ttl_s", options.ttl_s);
   if (options.timeout_ms < 1) return bad("timeout_ms", options.timeout_ms);
+  if (!(options.min_transfer_mib_per_s > 0)) {
+    return bad("min_transfer_mib_per_s", options.min_transfer_mib_per_s);
+  }
   if (options.breaker_failures < 1) return bad("breaker_failures", options.breaker_failures);
   if (options.breaker_cooldown_ms < 0)
     return bad("breaker_cooldown_ms", options.breaker_cooldown_ms);
@@ -75,12 +78,29 @@ std::string RedisTier::RedisKey(const PrefixKey& key) const {
                       static_cast<int>(key.kind), ":", absl::BytesToHexString(key.digest));
 }
 
+int RedisTier::TransferTimeoutMs(int64_t bytes) const {
+  const double ms = options_.timeout_ms +
+                    1000.0 * static_cast<double>(bytes) /
+                        (options_.min_transfer_mib_per_s * 1024.0 * 1024.0);
+  return static_cast<int>(std::min(ms, 3600.0 * 1000));
+}
+
 absl::Status RedisTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* /*evicted*/) {
   const std::string k = RedisKey(blob.key);
-  const std::string v = EncodeCheckpointBlob(tags_, blob);
   const std::string ttl = absl::StrCat(options_.ttl_s);
+  if (blob.remote_written) {  // written through already: refresh, resend only when gone
+    absl::MutexLock lock(&mu_);
+    const std::vector<RedisReply> r = router_->Run({{"EXPIRE", k, ttl}});
+    if (r[0].type == RedisReply::Type::kFailed) return absl::OkStatus();  // dropped
+    if (r[0].type == RedisReply::Type::kInteger && r[0].integer == 1) {
+      ++resends_skipped_;
+      return absl::OkStatus();
+    }
+  }
+  const std::string v = EncodeCheckpointBlob(tags_, blob);
   absl::MutexLock lock(&mu_);
-  const std::vector<RedisReply> r = router_->Run({{"SET", k, v, "EX", ttl}});
+  const std::vector<RedisReply> r =
+      router_->Run({{"SET", k, v, "EX", ttl}}, TransferTimeoutMs(static_cast<int64_t>(v.size())));
   if (r[0].type == RedisReply::Type::kStatus) {
     ++entries_;
     bytes_ += blob.bytes();
@@ -110,19 +130,33 @@ bool RedisTier::LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* b
 
 absl::StatusOr<CheckpointBlob> RedisTier::Take(const PrefixKey& key) {
   const std::string k = RedisKey(key);
+  const std::string ttl = absl::StrCat(options_.ttl_s);
   absl::MutexLock lock(&mu_);
-  std::vector<RedisReply> r = router_->Run({{"GET", k}, {"DEL", k}});
+  // STRLEN first: the GET's timeout scales with the value's size.
+  std::vector<RedisReply> r = router_->Run({{"STRLEN", k}});
+  if (r[0].type == RedisReply::Type::kFailed) return absl::NotFoundError("redis tier unavailable");
+  if (r[0].type != RedisReply::Type::kInteger || r[0].integer <= 0) {
+    return absl::NotFoundError("not held in redis");
+  }
+  r = router_->Run({{"GET", k}, {"EXPIRE", k, ttl}}, TransferTimeoutMs(r[0].integer));
   if (r[0].type == RedisReply::Type::kFailed) return absl::NotFoundError("redis tier unavailable");
   if (r[0].type != RedisReply::Type::kString) return absl::NotFoundError("not held in redis");
   absl::StatusOr<CheckpointBlob> blob = DecodeCheckpointBlob(tags_, r[0].str);
-  entries_ = std::max<int64_t>(0, entries_ - 1);
   if (!blob.ok() || blob->key != key) {
+    router_->Run({{"DEL", k}});  // never served again, here or on another server
     ++dropped_corrupt_;
+    entries_ = std::max<int64_t>(0, entries_ - 1);
+    bytes_ = std::max<int64_t>(0, bytes_ - static_cast<int64_t>(r[0].str.size()));
     return absl::DataLossError(absl::StrCat("redis checkpoint ", k, " corrupt: ",
                                             blob.ok() ? "key mismatch" : blob.status().message()));
   }
-  bytes_ = std::max<int64_t>(0, bytes_ - blob->bytes());
+  blob->remote_written = true;  // it stays in Redis
   return blob;
+}
+
+int64_t RedisTier::resends_skipped() const {
+  absl::MutexLock lock(&mu_);
+  return resends_skipped_;
 }
 
 int64_t RedisTier::errors() const {
