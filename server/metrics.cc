@@ -177,6 +177,19 @@ const PoolSeriesRow kPoolSeries[] = {
      "Failed remote tier calls (connect, timeout, error reply); each one is a miss, never a "
      "failed RPC",
      SeriesType::kCounter, SplitLabel::kStoreTier, SC_FIELD(s.checkpoints.tiers[part].errors)},
+    {"statecache_checkpoint_tier_write_through_total",
+     "Snapshot copies written through to the remote tier in the background (0 without "
+     "write-through and for local tiers)",
+     SeriesType::kCounter, SplitLabel::kStoreTier,
+     SC_FIELD(s.checkpoints.tiers[part].write_through_written)},
+    {"statecache_checkpoint_tier_write_through_dropped_total",
+     "Snapshot copies not written through: the write queue was full, or left at shutdown",
+     SeriesType::kCounter, SplitLabel::kStoreTier,
+     SC_FIELD(s.checkpoints.tiers[part].write_through_dropped)},
+    {"statecache_checkpoint_tier_write_through_queued_bytes",
+     "Bytes of snapshot copies waiting for the remote tier",
+     SeriesType::kGauge, SplitLabel::kStoreTier,
+     SC_FIELD(s.checkpoints.tiers[part].write_through_queued_bytes)},
 };
 constexpr int kPoolRows = sizeof(kPoolSeries) / sizeof(kPoolSeries[0]);
 

@@ -233,6 +233,13 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   ro.redis_cluster_nodes = mem.redis_cluster_nodes;
   ro.redis_checkpoint_ttl_s = mem.redis_checkpoint_ttl_s;
   ro.redis_checkpoint_timeout_ms = mem.redis_checkpoint_timeout_ms;
+  ro.redis_checkpoint_min_mib_per_s = mem.redis_checkpoint_min_mib_per_s;
+  ro.redis_write_through = mem.redis_write_through;
+  if (mem.redis_write_queue_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("redis_write_queue_bytes: ",
+                                                   mem.redis_write_queue_bytes, " must be >= 1"));
+  }
+  ro.redis_write_queue_bytes = mem.redis_write_queue_bytes;
   if (!mem.checkpoint_format.empty()) {
     absl::StatusOr<FormatSpec> cf = ParseFormatSpec(mem.checkpoint_format);
     if (!cf.ok()) {

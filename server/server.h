@@ -99,6 +99,9 @@ class StateCacheServer {
     std::string redis_cluster_nodes;
     int64_t redis_checkpoint_ttl_s = 3600;
     int redis_checkpoint_timeout_ms = 20;
+    double redis_checkpoint_min_mib_per_s = 64;
+    bool redis_write_through = true;
+    int64_t redis_write_queue_bytes = int64_t{512} << 20;
     // Cold-tier checkpoint format of models that name none (a format spec;
     // empty = each model's slot format).
     std::string checkpoint_format;

@@ -138,9 +138,25 @@ ABSL_FLAG(std::string, redis_cluster_nodes, "",
           "--redis_checkpoint_address.");
 ABSL_FLAG(int64_t, redis_checkpoint_ttl_s, 3600, "TTL of checkpoints written to Redis, seconds.");
 ABSL_FLAG(int32_t, redis_checkpoint_timeout_ms, 20,
-          "Connect / command timeout of the Redis checkpoint tier, milliseconds. It must "
-          "cover one checkpoint's transfer (SET / GET of its bytes): a call past it is a "
-          "miss and counts toward the breaker.");
+          "Timeout of the Redis checkpoint tier's connects and small commands (EXISTS, "
+          "STRLEN, EXPIRE, DEL), milliseconds, and the floor of a transfer's timeout: a SET / "
+          "GET of n bytes may take this + n / --redis_checkpoint_min_mib_per_s. A call past "
+          "its timeout is a miss (a dropped write) and counts toward the breaker.");
+ABSL_FLAG(double, redis_checkpoint_min_mib_per_s, 64,
+          "Slowest Redis transfer accepted, MiB/s: sets the SET / GET timeout of a "
+          "checkpoint from its size (64 MiB/s: a 63 MB fp32 Qwen3.6-sized checkpoint gets "
+          "about 1 s; loopback measured 140-500 MiB/s on a loaded 2-core machine).");
+ABSL_FLAG(bool, redis_write_through, true,
+          "With a Redis tier: every snapshot is also written to Redis in the background "
+          "(a bounded queue; never delays or fails the snapshot beyond one device-to-host "
+          "copy), so another server sharing Redis can restore a conversation while this one "
+          "still holds it. On by default because sharing across servers is what the Redis "
+          "tier is for; false = checkpoints reach Redis only when evicted from the tiers above.");
+ABSL_FLAG(int64_t, redis_write_queue_bytes, int64_t{512} << 20,
+          "Bytes of snapshot copies waiting for Redis per model (write-through); a snapshot "
+          "that does not fit is not written through (counted in "
+          "statecache_checkpoint_tier_write_through_dropped_total). Default 512 MiB: 8 fp32 or "
+          "27 damp:16 Qwen3.6-sized checkpoints.");
 ABSL_FLAG(double, checkpoint_fraction, 0.2,
           "Fraction of available backend memory used for checkpoints when "
           "--checkpoint_memory_bytes=0.");
@@ -213,6 +229,10 @@ int Main() {
   options.memory.redis_cluster_nodes = absl::GetFlag(FLAGS_redis_cluster_nodes);
   options.memory.redis_checkpoint_ttl_s = absl::GetFlag(FLAGS_redis_checkpoint_ttl_s);
   options.memory.redis_checkpoint_timeout_ms = absl::GetFlag(FLAGS_redis_checkpoint_timeout_ms);
+  options.memory.redis_checkpoint_min_mib_per_s =
+      absl::GetFlag(FLAGS_redis_checkpoint_min_mib_per_s);
+  options.memory.redis_write_through = absl::GetFlag(FLAGS_redis_write_through);
+  options.memory.redis_write_queue_bytes = absl::GetFlag(FLAGS_redis_write_queue_bytes);
   options.memory.checkpoint_format = absl::GetFlag(FLAGS_checkpoint_format);
   options.memory.lease_default = absl::Milliseconds(absl::GetFlag(FLAGS_lease_default_ms));
   options.memory.lease_max = absl::Milliseconds(absl::GetFlag(FLAGS_lease_max_ms));

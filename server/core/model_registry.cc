@@ -176,10 +176,13 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
       }
       ro.ttl_s = options_.redis_checkpoint_ttl_s;
       ro.timeout_ms = options_.redis_checkpoint_timeout_ms;
+      ro.min_transfer_mib_per_s = options_.redis_checkpoint_min_mib_per_s;
       ASSIGN_OR_RETURN(
           std::unique_ptr<RedisTier> redis,
           RedisTier::Create(CheckpointTierTags(spec.tenant, spec.id, cold), ro));
       co.remote = std::move(redis);
+      co.remote_write_through = options_.redis_write_through;
+      co.remote_writer.max_queued_bytes = options_.redis_write_queue_bytes;
     }
     const bool cold_tiers = co.host || co.disk || co.remote;
     if (cold_tiers && !(cold.format() == model->layout.format())) {

@@ -106,7 +106,12 @@ class ModelRegistry {
     std::string redis_checkpoint_address;
     std::string redis_cluster_nodes;
     int64_t redis_checkpoint_ttl_s = 3600;
-    int redis_checkpoint_timeout_ms = 20;
+    int redis_checkpoint_timeout_ms = 20;  // RedisTierOptions::timeout_ms
+    double redis_checkpoint_min_mib_per_s = 64;  // RedisTierOptions::min_transfer_mib_per_s
+    // Write-through of every snapshot to the Redis tier (checkpoint_store.h)
+    // and its queue bound in bytes per model (RemoteWriterOptions).
+    bool redis_write_through = true;
+    int64_t redis_write_queue_bytes = int64_t{512} << 20;
     // Checkpoint format of models that name none (--checkpoint_format;
     // "" = each model's slot format).
     std::string default_checkpoint_format;

@@ -122,6 +122,9 @@ void StatsToProto(const SlotPoolStats& s, const CheckpointStats& c, v1::ModelSta
     p->set_requests(t.requests);
     p->set_request_micros(t.request_micros);
     p->set_errors(t.errors);
+    p->set_write_through_written(t.write_through_written);
+    p->set_write_through_dropped(t.write_through_dropped);
+    p->set_write_through_queued_bytes(t.write_through_queued_bytes);
   }
 }
 

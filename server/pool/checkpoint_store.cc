@@ -42,6 +42,9 @@ CheckpointStore::CheckpointStore(Backend* backend, std::unique_ptr<BackendBuffer
       view_(view),
       slot_tiers_(slot_tiers),
       options_(std::move(options)) {
+  if (options_.remote && options_.remote_write_through) {
+    writer_ = std::make_unique<RemoteWriter>(options_.remote, options_.remote_writer);
+  }
   absl::MutexLock lock(&mu_);
   entries_.resize(view_.num_slots);
   if (options_.host) lower_.push_back(options_.host);
@@ -105,23 +108,39 @@ int32_t CheckpointStore::TakeFreeEntryLocked(int* evicted) {
   return e;
 }
 
-void CheckpointStore::DemoteLocked(int32_t e) {
-  if (lower_.empty()) return;
-  Entry& entry = entries_[e];
-  CheckpointBlob blob;
-  blob.key = entry.key;
+bool CheckpointStore::CopyOutLocked(int32_t e, CheckpointBlob* blob) {
+  const Entry& entry = entries_[e];
+  blob->key = entry.key;
   if (options_.transcoder) {
     absl::StatusOr<std::string> cold = options_.transcoder->ToCold(view_, e);
-    if (!cold.ok()) return;  // dropped, as an unwritable tier drops it
-    blob.packed = *std::move(cold);
+    if (!cold.ok()) return false;
+    blob->packed = *std::move(cold);
     ++counters_.transcodes_to_cold;
   } else {
-    blob.packed.resize(static_cast<size_t>(view_.slot_bytes()));
-    if (!backend_->CopyOut(&blob.packed[0], view_.slot(e), view_.slot_bytes()).ok()) return;
+    blob->packed.resize(static_cast<size_t>(view_.slot_bytes()));
+    if (!backend_->CopyOut(&blob->packed[0], view_.slot(e), view_.slot_bytes()).ok()) return false;
   }
-  blob.aux = entry.aux;
+  blob->aux = entry.aux;
+  blob->remote_written = entry.remote_written;
+  return true;
+}
+
+void CheckpointStore::DemoteLocked(int32_t e) {
+  if (lower_.empty()) return;
+  CheckpointBlob blob;
+  if (!CopyOutLocked(e, &blob)) return;  // dropped, as an unwritable tier drops it
   ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
   SpillLocked(0, std::move(blob));
+}
+
+void CheckpointStore::WriteThroughLocked(int32_t e) {
+  Entry& entry = entries_[e];
+  const int64_t packed =
+      options_.transcoder ? options_.transcoder->cold_slot_bytes() : view_.slot_bytes();
+  if (!writer_->Admit(packed + entry.aux_bytes)) return;  // full: dropped before copying
+  CheckpointBlob blob;
+  if (!CopyOutLocked(e, &blob)) return;
+  entry.remote_written = writer_->Enqueue(std::move(blob));
 }
 
 absl::Status CheckpointStore::PromoteBytesLocked(const std::string& packed, int32_t e) {
@@ -256,6 +275,7 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
       entry.aux = std::move(blob->aux);
       entry.aux_bytes = 0;
       for (const std::string& a : entry.aux) entry.aux_bytes += static_cast<int64_t>(a.size());
+      entry.remote_written = blob->remote_written;
       entry.indexed = true;
       lru_.push_front(e);
       entry.lru_pos = lru_.begin();
@@ -269,10 +289,9 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     // Every arena entry is pinned (or the copy failed): the checkpoint stays
     // where it was and the longest arena hit, if any, is served.
     if (e >= 0) free_list_.push_back(e);
-    if (absl::IsDataLoss(promoted)) {
-      // Bytes of the wrong size are dropped, never put back.
-    } else if (from == options_.remote.get()) {
-      remote_outbox_.push_back(*std::move(blob));  // back where it was, outside the lock
+    if (absl::IsDataLoss(promoted) || from == options_.remote.get()) {
+      // Bytes of the wrong size are dropped, never put back; the remote
+      // tier kept its copy.
     } else {
       std::vector<CheckpointBlob> spilled;
       if (from->Put(*std::move(blob), &spilled).ok()) {
@@ -294,11 +313,8 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     break;
   }
   // A fetched blob not promoted (a local copy as long, or every entry
-  // pinned) goes back to the remote tier.
-  if (fetched->has_value()) {
-    remote_outbox_.push_back(*std::move(*fetched));
-    fetched->reset();
-  }
+  // pinned) is dropped: the remote tier kept its copy.
+  fetched->reset();
   // Each lookup is a hit of the tier that served it and a miss of the others.
   auto& t = counters_.tiers;
   ++(best >= 0 && served == StoreTier::kDevice ? t[0].hits : t[0].misses);
@@ -376,6 +392,7 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
   index_[key] = e;
   ++counters_.snapshots;
   counters_.bytes_snapshotted += view_.slot_bytes();
+  if (writer_) WriteThroughLocked(e);
   return result;
 }
 
@@ -460,10 +477,7 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
     if (lease_id != 0) {
       auto it = leases_.find(lease_id);
       if (it != leases_.end()) {
-        if (fetched.has_value()) {  // not needed after all: back to the remote tier
-          remote_outbox_.push_back(*std::move(fetched));
-          fetched.reset();
-        }
+        fetched.reset();  // not needed after all (the remote tier kept its copy)
         if (it->second.key != key) {
           return absl::InvalidArgumentError(absl::StrCat(
               "lease_id: the lease is for key ", it->second.key.DebugString(), ", not ",
@@ -585,6 +599,13 @@ CheckpointStats CheckpointStore::stats() {
     t.request_micros = use.request_micros;
     t.errors = use.errors;
     if (tier == lower_.back()) t.demotions = use.evictions;
+  }
+  if (writer_) {
+    const RemoteWriterStats w = writer_->stats();
+    CheckpointTierStats& t = s.tiers[static_cast<int>(StoreTier::kRemote)];
+    t.write_through_written = w.written;
+    t.write_through_dropped = w.dropped_full + w.dropped_shutdown;
+    t.write_through_queued_bytes = w.queued_bytes;
   }
   return s;
 }

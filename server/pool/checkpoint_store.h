@@ -33,10 +33,25 @@
 // the store's lock; the remote tier is called outside it: Lookup / Restore /
 // Peek first find the longest local hit under the lock, then ask the remote
 // tier for longer candidates (taking the longest one out of it) without the
-// lock, then promote under the lock; remote writes (demotions, and a taken
-// blob not promoted after all) are queued under the lock and sent by the
-// same call after it releases the lock, before it returns. While a blob is
-// in flight it is in no tier: a concurrent lookup of it misses.
+// lock, then promote under the lock; demotions to the remote tier are
+// queued under the lock and sent by the same call after it releases the
+// lock, before it returns. The remote tier is shared by servers: a hit there
+// leaves its copy (checkpoint_tier.h), so a blob fetched but not promoted
+// is simply dropped.
+// Write-through (Options::remote_write_through, with a remote tier): every
+// successful Put also copies the new checkpoint into host bytes (in the
+// checkpoint format) under the lock, right after it becomes ready, and
+// queues that copy on a RemoteWriter (remote_writer.h), whose thread sends
+// it: another server sharing the tier can restore it while this one still
+// holds it. The copy is taken under the lock because the transcoder and its
+// scratch are not thread-safe and the entry is then stable (ready, indexed);
+// the caller's Put pays one device-to-host copy, other callers wait on the
+// lock for it. When the writer's queue is full the new copy is dropped
+// before copying (counted in write_through_dropped); a write-through never
+// fails or blocks a Put on Redis. An entry written through is marked
+// (CheckpointBlob::remote_written, kept through the host tier): its later
+// demotion to the remote tier only refreshes the TTL, and resends the bytes
+// only when the key expired (redis_tier.h).
 // With a transcoder (checkpoint_transcoder.h) the lower tiers hold the
 // checkpoint format instead of the slot's bytes: demotion encodes into it,
 // promotion decodes back into the slot format.
@@ -73,6 +88,7 @@
 #include "server/pool/checkpoint_tier.h"
 #include "server/pool/checkpoint_transcoder.h"
 #include "server/pool/prefix_key.h"
+#include "server/pool/remote_writer.h"
 #include "server/pool/tier_bytes.h"
 
 namespace statecache {
@@ -102,6 +118,12 @@ struct CheckpointTierStats {
   int64_t requests = 0;
   int64_t request_micros = 0;
   int64_t errors = 0;
+  // Remote tier with write-through only (RemoteWriterStats): snapshot copies
+  // handed to the tier, copies dropped (queue full, or left at shutdown),
+  // and bytes queued now.
+  int64_t write_through_written = 0;
+  int64_t write_through_dropped = 0;
+  int64_t write_through_queued_bytes = 0;
 };
 
 struct CheckpointStats {
@@ -167,6 +189,9 @@ class CheckpointStore {
     std::shared_ptr<CheckpointTier> host;
     std::shared_ptr<CheckpointTier> disk;
     std::shared_ptr<CheckpointTier> remote;  // the Redis tier (redis_tier.h)
+    // With `remote`: every Put also queues a copy for it (write-through, above).
+    bool remote_write_through = false;
+    RemoteWriterOptions remote_writer;
     // Null: the lower tiers hold the slot's packed bytes. Else they hold the
     // transcoder's cold format (its cold_slot_bytes() per checkpoint); its
     // slot model must be this store's layout.
@@ -260,6 +285,7 @@ class CheckpointStore {
     int copies = 0;   // copies in flight (the writer, readers)
     std::vector<std::string> aux;
     int64_t aux_bytes = 0;
+    bool remote_written = false;  // a copy was queued for / read from the remote tier
     std::list<int32_t>::iterator lru_pos;  // valid while indexed
   };
   struct Lease {
@@ -295,6 +321,11 @@ class CheckpointStore {
   // out of the remote tier; nullopt when it holds none (or none readable).
   std::optional<CheckpointBlob> FetchRemote(absl::Span<const PrefixKey> candidates,
                                             int64_t local_tokens) ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies ready entry `e` into `blob` (the checkpoint format); false when
+  // the copy or the transcode failed.
+  bool CopyOutLocked(int32_t e, CheckpointBlob* blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a copy of ready entry `e` on writer_ when it has room.
+  void WriteThroughLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the arena entry `e` (indexed, referenced only by the index) into
   // the lower tiers (transcoded when the store has a transcoder); its arena
   // entry stays as it is.
@@ -332,6 +363,9 @@ class CheckpointStore {
   std::vector<std::shared_ptr<CheckpointTier>> lower_ ABSL_GUARDED_BY(mu_);
   // Blobs for the remote tier, written by FlushRemote outside the lock.
   std::vector<CheckpointBlob> remote_outbox_ ABSL_GUARDED_BY(mu_);
+  // Write-through writer (null without it); declared last, so it drains
+  // (bounded) before the rest of the store is destroyed.
+  std::unique_ptr<RemoteWriter> writer_;
 };
 
 }  // namespace statecache

@@ -1,6 +1,8 @@
 // The checkpoint store with a remote tier: writes to it (demotions) run after
 // the store's lock is released, and concurrent snapshots, lookups and
-// restores against a real redis-server return the right bytes.
+// restores against a real redis-server return the right bytes. Write-through
+// (snapshots copied to the remote tier in the background) is in
+// write_through_test.cc.
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "server/pool/redis_tier.h"
 #include "server/pool/slot_pool.h"
 #include "server/pool/testing/fake_backend.h"
+#include "server/pool/testing/gated_remote.h"
 #include "server/pool/testing/redis_server.h"
 
 namespace statecache {
@@ -31,70 +34,6 @@ PrefixKey Key(int n) {
   for (int i = 0; i < n; ++i) tokens[i] = 100 + i;
   return KeyOfTokens(tokens);
 }
-
-// A remote tier whose Put and LongestHeld block, while their gate is
-// armed, until it is released (Take never blocks).
-class GatedRemote : public CheckpointTier {
- public:
-  enum Call { kPut = 0, kLongestHeld = 1 };
-
-  StoreTier tier() const override { return StoreTier::kRemote; }
-  absl::Status Put(CheckpointBlob blob, std::vector<CheckpointBlob>*) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    Pass(kPut, lock);
-    held_[blob.key] = std::move(blob);
-    return absl::OkStatus();
-  }
-  bool LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* best) const override {
-    std::unique_lock<std::mutex> lock(mu_);
-    Pass(kLongestHeld, lock);
-    return LongestHeldIn(held_, candidates, best);
-  }
-  absl::StatusOr<CheckpointBlob> Take(const PrefixKey& key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = held_.find(key);
-    if (it == held_.end()) return absl::NotFoundError("not held");
-    CheckpointBlob b = std::move(it->second);
-    held_.erase(it);
-    return b;
-  }
-  TierUse use() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    TierUse u;
-    u.entries = static_cast<int64_t>(held_.size());
-    return u;
-  }
-  void Arm(Call c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    gates_[c] = Gate{true, false, false};
-  }
-  bool WaitEntered(Call c, std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return gates_[c].entered; });
-  }
-  void Release(Call c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    gates_[c].released = true;
-    cv_.notify_all();
-  }
-
- private:
-  struct Gate {
-    bool armed = false, entered = false, released = false;
-  };
-  void Pass(Call c, std::unique_lock<std::mutex>& lock) const {
-    Gate& g = gates_[c];
-    if (!g.armed) return;
-    g.entered = true;
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return g.released; });
-  }
-
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  mutable Gate gates_[2];
-  absl::flat_hash_map<PrefixKey, CheckpointBlob> held_;
-};
 
 class RemoteStoreTest : public ::testing::Test {
  protected:
