@@ -1,9 +1,12 @@
-// Two statecached processes (CPU backend) sharing one redis-server as their
-// remote checkpoint tier: a conversation snapshotted on A and evicted from
-// A's checkpoint memory (it has room for one) lands in Redis; B finds it
-// (tier REMOTE) and restores states byte-identical to A's export. A blob
-// corrupted in Redis is never restored; with Redis killed, lookups miss and
-// Updates and Snapshots keep working.
+// statecached processes (CPU backend) sharing one redis-server as their
+// remote checkpoint tier. Eviction path (--redis_write_through=false): a
+// conversation snapshotted on A and evicted from A's checkpoint memory (it
+// has room for one) lands in Redis; B finds it (tier REMOTE) and restores
+// states byte-identical to A's export. Write-through (the default): every
+// snapshot on A reaches Redis without any eviction, and B and C both restore
+// it (a hit leaves it in Redis). A blob corrupted in Redis is never
+// restored; with Redis killed, lookups miss and Updates and Snapshots keep
+// working.
 #include <hiredis/hiredis.h>
 #include <unistd.h>
 
@@ -112,14 +115,24 @@ class RemoteTierTest : public ::testing::Test {
     const char* base = std::getenv("TEST_TMPDIR");
     tmp_ = absl::StrCat(base ? base : "/tmp", "/remote-", getpid());
     ASSERT_EQ(std::system(absl::StrCat("rm -rf '", tmp_, "' && mkdir -p '", tmp_, "'").c_str()), 0);
-    for (const char* name : {"a", "b"}) {
-      servers_.push_back(std::make_unique<ServerProcess>(
-          std::vector<std::string>{"--backend=cpu", "--state_memory_bytes=16777216",
-                                   "--checkpoint_memory_bytes=16777216",
-                                   absl::StrCat("--data_dir=", tmp_, "/", name),
-                                   "--redis_checkpoint_address=" + redis_->address(),
-                                   "--redis_checkpoint_timeout_ms=200"},
-          absl::StrCat(tmp_, "/", name, ".log")));
+  }
+  // The eviction-path servers a and b: one checkpoint each, no write-through.
+  void StartEvictionPath() {
+    StartServers({"a", "b"}, {"--redis_write_through=false", "--redis_checkpoint_timeout_ms=200"},
+                 /*checkpoints=*/1);
+  }
+  // Servers `names` with `flags`, each registering the model with
+  // `checkpoints` entries of checkpoint memory.
+  void StartServers(std::vector<std::string> names, std::vector<std::string> flags,
+                    int checkpoints) {
+    for (const std::string& name : names) {
+      std::vector<std::string> args = {"--backend=cpu", "--state_memory_bytes=16777216",
+                                       "--checkpoint_memory_bytes=16777216",
+                                       absl::StrCat("--data_dir=", tmp_, "/", name),
+                                       "--redis_checkpoint_address=" + redis_->address()};
+      args.insert(args.end(), flags.begin(), flags.end());
+      servers_.push_back(
+          std::make_unique<ServerProcess>(args, absl::StrCat(tmp_, "/", name, ".log")));
       ASSERT_GT(servers_.back()->port(), 0) << servers_.back()->log();
       auto client = StateCacheClient::Connect(servers_.back()->target());
       ASSERT_TRUE(client.ok()) << client.status();
@@ -129,12 +142,13 @@ class RemoteTierTest : public ::testing::Test {
       r.geometry = Spec().geometry;
       r.format = Spec().format;
       r.slots = 4;
-      r.checkpoints = 1;  // every older snapshot is demoted to Redis
+      r.checkpoints = checkpoints;  // 1: every older snapshot is demoted to Redis
       ASSERT_TRUE(clients_.back()->RegisterModel(r).ok());
     }
   }
   StateCacheClient& a() { return *clients_[0]; }
   StateCacheClient& b() { return *clients_[1]; }
+  StateCacheClient& c() { return *clients_[2]; }
 
   // Steps and snapshots one conversation on A after each of 4 steps; returns
   // A's export at each snapshot (index n - 1). 1..3 end in Redis.
@@ -158,6 +172,7 @@ class RemoteTierTest : public ::testing::Test {
 };
 
 TEST_F(RemoteTierTest, SnapshotOnARestoresOnBByteIdentical) {
+  ASSERT_NO_FATAL_FAILURE(StartEvictionPath());
   auto slots_a = a().AllocateSlots(kModel, 1);
   auto slots_b = b().AllocateSlots(kModel, 1);
   ASSERT_TRUE(slots_a.ok() && slots_b.ok());
@@ -170,7 +185,8 @@ TEST_F(RemoteTierTest, SnapshotOnARestoresOnBByteIdentical) {
 
   for (int n : {2, 1}) {
     const v1::LookupPrefixResponse hit = Lookup(b(), n);
-    EXPECT_TRUE(RedisKeysOf(redis_->port(), n).empty()) << "prefix " << n << " taken from Redis";
+    // A hit leaves the blob for the other servers.
+    EXPECT_EQ(RedisKeysOf(redis_->port(), n).size(), 1u) << "prefix " << n << " gone from Redis";
     ASSERT_TRUE(hit.hit()) << "prefix " << n;
     EXPECT_EQ(hit.tier(), v1::CHECKPOINT_TIER_REMOTE);
     EXPECT_EQ(hit.key().num_tokens(), n);
@@ -195,6 +211,7 @@ TEST_F(RemoteTierTest, SnapshotOnARestoresOnBByteIdentical) {
 }
 
 TEST_F(RemoteTierTest, CorruptBlobInRedisIsNeverRestored) {
+  ASSERT_NO_FATAL_FAILURE(StartEvictionPath());
   auto slots_a = a().AllocateSlots(kModel, 1);
   ASSERT_TRUE(slots_a.ok());
   ConversationOnA((*slots_a)[0]);
@@ -221,6 +238,7 @@ TEST_F(RemoteTierTest, CorruptBlobInRedisIsNeverRestored) {
 }
 
 TEST_F(RemoteTierTest, RedisKilledLookupsMissUpdatesKeepWorking) {
+  ASSERT_NO_FATAL_FAILURE(StartEvictionPath());
   auto slots_a = a().AllocateSlots(kModel, 1);
   ASSERT_TRUE(slots_a.ok());
   ConversationOnA((*slots_a)[0]);
@@ -250,6 +268,79 @@ TEST_F(RemoteTierTest, RedisKilledLookupsMissUpdatesKeepWorking) {
   const v1::LookupPrefixResponse hit = Lookup(b(), 10);
   EXPECT_TRUE(hit.hit());
   EXPECT_EQ(hit.tier(), v1::CHECKPOINT_TIER_REMOTE);
+}
+
+// Waits until `client`'s server wrote `n` snapshots through (false after 10 s).
+bool WaitWrittenThrough(StateCacheClient& client, int64_t n) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (RemoteStats(client).write_through_written() < n) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+TEST_F(RemoteTierTest, WriteThroughSharesASnapshotStillHeldOnA) {
+  // Default Redis flags: write-through on, default timeouts.
+  ASSERT_NO_FATAL_FAILURE(StartServers({"a", "b", "c"}, {}, /*checkpoints=*/8));
+  auto slots_a = a().AllocateSlots(kModel, 1);
+  ASSERT_TRUE(slots_a.ok());
+  const std::vector<std::string> packed = ConversationOnA((*slots_a)[0]);
+  ASSERT_TRUE(WaitWrittenThrough(a(), 4));
+  // Nothing left A's checkpoint memory: A serves its own prefix from DEVICE.
+  const v1::LookupPrefixResponse own = Lookup(a(), 4);
+  ASSERT_TRUE(own.hit());
+  EXPECT_EQ(own.tier(), v1::CHECKPOINT_TIER_DEVICE);
+  ASSERT_TRUE(a().ReleaseLease(kModel, own.lease_id()).ok());
+  auto stats_a = a().GetStats(kModel);
+  ASSERT_TRUE(stats_a.ok());
+  EXPECT_EQ(stats_a->models(0).stats().evictions(), 0);
+  const v1::CheckpointTierStats on_a = RemoteStats(a());
+  EXPECT_EQ(on_a.checkpoints(), 4);
+  EXPECT_EQ(on_a.write_through_dropped(), 0);
+  EXPECT_EQ(on_a.errors(), 0);
+  // B, then C: each finds it in Redis and restores A's exact bytes.
+  for (StateCacheClient* other : {&b(), &c()}) {
+    const v1::LookupPrefixResponse hit = Lookup(*other, 4);
+    ASSERT_TRUE(hit.hit());
+    EXPECT_EQ(hit.tier(), v1::CHECKPOINT_TIER_REMOTE);
+    auto slot = other->AllocateSlots(kModel, 1);
+    ASSERT_TRUE(slot.ok());
+    auto restored = other->Restore(kModel, (*slot)[0], PrefixKey{hit.key().hash(), 4},
+                                   hit.lease_id());
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ(restored->aux, AuxOf(4));
+    auto e = other->Export(kModel, (*slot)[0]);
+    ASSERT_TRUE(e.ok());
+    EXPECT_TRUE(e->packed == packed[3]) << "restored other bytes than A's";
+    EXPECT_TRUE(Step(*other, (*slot)[0], 60).ok());
+    EXPECT_EQ(RedisKeysOf(redis_->port(), 4).size(), 1u);  // not consumed
+  }
+  EXPECT_EQ(RemoteStats(c()).promotions(), 1);
+}
+
+TEST_F(RemoteTierTest, WriteThroughWithRedisKilledLeavesSnapshotsAndUpdates) {
+  ASSERT_NO_FATAL_FAILURE(StartServers({"a"}, {}, /*checkpoints=*/2));
+  auto slots_a = a().AllocateSlots(kModel, 1);
+  ASSERT_TRUE(slots_a.ok());
+  redis_->Stop();
+  const absl::Time start = absl::Now();
+  for (int n = 1; n <= 10; ++n) {
+    ASSERT_TRUE(Step(a(), (*slots_a)[0], n).ok()) << "step " << n;
+    auto snap = a().Snapshot(kModel, (*slots_a)[0], Tokens(n), AuxOf(n));
+    ASSERT_TRUE(snap.ok()) << "snapshot " << n << ": " << snap.status();
+    const v1::LookupPrefixResponse hit = Lookup(a(), n);
+    ASSERT_TRUE(hit.hit()) << n;
+    EXPECT_EQ(hit.tier(), v1::CHECKPOINT_TIER_DEVICE);
+    ASSERT_TRUE(a().ReleaseLease(kModel, hit.lease_id()).ok());
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_FALSE(Lookup(a(), 1).hit());  // evicted, Redis down: a miss
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (RemoteStats(a()).errors() < 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(RemoteStats(a()).errors(), 1);
 }
 
 }  // namespace
