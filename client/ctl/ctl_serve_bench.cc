@@ -524,8 +524,6 @@ absl::StatusOr<std::vector<ServerHandle>> SetupServers(const ServeBenchOptions& 
     }
     if (setup.redis) {
       ss.extra_args.push_back(absl::StrCat("--redis_checkpoint_address=", redis));
-      // Seconds, not the default 20 ms: a Qwen3.6 fp32 blob is 63 MB.
-      ss.extra_args.push_back("--redis_checkpoint_timeout_ms=5000");
       ss.extra_args.push_back("--redis_checkpoint_ttl_s=900");
     }
     ASSIGN_OR_RETURN(ServerHandle h, StartOrConnect(ss));

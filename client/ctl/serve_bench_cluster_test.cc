@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "client/ctl/ctl_command.h"
 #include "client/remote_store/demo_support.h"
 #include "gmock/gmock.h"
@@ -22,12 +23,17 @@ namespace {
 
 using ::testing::HasSubstr;
 
-ServerHandle Child(const std::string& redis) {
+// A statecached child on `redis`; `eviction_only`: no write-through (Redis
+// then only receives what checkpoint memory evicts), else the default flags.
+ServerHandle Child(const std::string& redis, bool eviction_only) {
   ServerSetup s;
   s.state_memory_bytes = 8 << 20;
   s.checkpoint_memory_bytes = 8 << 20;
-  s.extra_args = {absl::StrCat("--redis_checkpoint_address=", redis),
-                  "--redis_checkpoint_timeout_ms=2000"};
+  s.extra_args = {absl::StrCat("--redis_checkpoint_address=", redis)};
+  if (eviction_only) {
+    s.extra_args.push_back("--redis_write_through=false");
+    s.extra_args.push_back("--redis_checkpoint_timeout_ms=2000");
+  }
   absl::StatusOr<ServerHandle> h = StartOrConnect(s);
   EXPECT_TRUE(h.ok()) << h.status();
   return std::move(*h);
@@ -51,12 +57,13 @@ TEST(RedisProcessTest, AnswersCommands) {
             absl::StatusCode::kUnavailable);
 }
 
-// The server-level contract serve-bench's Redis rows rest on.
+// The server-level contracts serve-bench's Redis rows rest on: without
+// write-through, a checkpoint evicted on A is restored on B.
 TEST(SharedRedisTest, CheckpointEvictedOnARestoresOnB) {
   absl::StatusOr<std::unique_ptr<RedisProcess>> redis = RedisProcess::Start("redis-server");
   ASSERT_TRUE(redis.ok()) << redis.status();
-  ServerHandle a = Child((*redis)->address());
-  ServerHandle b = Child((*redis)->address());
+  ServerHandle a = Child((*redis)->address(), /*eviction_only=*/true);
+  ServerHandle b = Child((*redis)->address(), /*eviction_only=*/true);
   ASSERT_TRUE(a.client && b.client);
   const ModelGeometry g{Arch::kGdn, 2, 1, 2, 32, 32, 0.f};
   absl::StatusOr<StateLayout> layout = StateLayout::Identity(g, *ParseFormatSpec("bf16"));
@@ -89,6 +96,50 @@ TEST(SharedRedisTest, CheckpointEvictedOnARestoresOnB) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->aux, aux);
   EXPECT_EQ(r->num_tokens, 40);
+}
+
+// With the default flags (write-through): a checkpoint A still holds is
+// restored on B, and again on A's neighbour C (a hit leaves it in Redis).
+TEST(SharedRedisTest, CheckpointStillHeldOnARestoresOnBAndC) {
+  absl::StatusOr<std::unique_ptr<RedisProcess>> redis = RedisProcess::Start("redis-server");
+  ASSERT_TRUE(redis.ok()) << redis.status();
+  ServerHandle a = Child((*redis)->address(), /*eviction_only=*/false);
+  ServerHandle b = Child((*redis)->address(), /*eviction_only=*/false);
+  ServerHandle c = Child((*redis)->address(), /*eviction_only=*/false);
+  ASSERT_TRUE(a.client && b.client && c.client);
+  const ModelGeometry g{Arch::kGdn, 2, 1, 2, 32, 32, 0.f};
+  absl::StatusOr<StateLayout> layout = StateLayout::Identity(g, *ParseFormatSpec("bf16"));
+  ASSERT_TRUE(layout.ok());
+  Registration reg;
+  reg.slots = 1;
+  reg.checkpoints = 4;  // nothing is evicted
+  for (ServerHandle* s : {&a, &b, &c}) {
+    ASSERT_TRUE(RegisterLayout(s->client.get(), "shared", *layout, reg).ok());
+  }
+  absl::StatusOr<std::vector<SlotHandle>> slot_a = a.client->AllocateSlots("shared", 1);
+  ASSERT_TRUE(slot_a.ok());
+  const std::vector<int32_t> first = Tokens(40, 1);
+  const std::vector<std::string> aux = {"conv-0", "conv-1"};
+  ASSERT_TRUE(a.client->Snapshot("shared", (*slot_a)[0], first, aux).ok());
+  for (ServerHandle* s : {&b, &c}) {
+    // The write-through runs in the background: the hit comes within 5 s.
+    absl::StatusOr<PrefixLookup> hit;
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    do {
+      hit = s->client->LookupPrefix("shared", first);
+      ASSERT_TRUE(hit.ok()) << hit.status();
+      if (!hit->hit) absl::SleepFor(absl::Milliseconds(20));
+    } while (!hit->hit && absl::Now() < deadline);
+    ASSERT_TRUE(hit->hit);
+    EXPECT_EQ(hit->key.num_tokens, 40);
+    absl::StatusOr<std::vector<SlotHandle>> slot = s->client->AllocateSlots("shared", 1);
+    ASSERT_TRUE(slot.ok());
+    absl::StatusOr<RestoredCheckpoint> r =
+        s->client->Restore("shared", (*slot)[0], hit->key, hit->lease_id);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->aux, aux);
+    EXPECT_EQ(r->num_tokens, 40);
+  }
 }
 
 // Runs serve-bench, returning its status and stdout.
