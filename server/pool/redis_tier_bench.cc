@@ -1,7 +1,8 @@
 // Round-trip cost of the Redis checkpoint tier for one checkpoint of B
 // bytes against a running Redis node (or cluster): Put (encode + SET),
-// LongestHeld over 8 candidates (pipelined EXISTS), Take (GET + DEL +
-// decode with CRC). Prints one line per run (best of `runs` per call).
+// LongestHeld over 8 candidates (pipelined EXISTS), Take (STRLEN, then GET +
+// EXPIRE + decode with CRC; the key stays until its TTL). Default tier
+// options (timeouts scaled by size). Prints one line (best of `runs` per call).
 //
 //   redis-server --port 6399 --save '' &
 //   bazel run -c opt //server/pool:redis_tier_bench -- 127.0.0.1:6399 16777216
@@ -25,8 +26,7 @@ int main(int argc, char** argv) {
   const std::string target = argv[1];
   const long bytes = std::atol(argv[2]);
   const int runs = argc > 3 ? std::atoi(argv[3]) : 5;
-  RedisTierOptions o;
-  o.timeout_ms = 5000;
+  RedisTierOptions o;  // the server's defaults
   absl::Status parsed =
       absl::StartsWith(target, "cluster=")
           ? ParseRedisAddressList(target.substr(8), "cluster", &o.cluster_seeds)
