@@ -2,7 +2,7 @@
 # Stages the issue 33 GPU run (concurrent workers on the CUDA backend) into
 # .device/load/ (git-ignored; its own subfolder, other staged runs in
 # .device/ are left alone): statecached, statecache_load, update_echo_bench,
-# cuda_concurrency_test and cuda_backend_test plus the non-glibc shared
+# multi_worker_bench, cuda_concurrency_test and cuda_backend_test plus the non-glibc shared
 # libraries they need, packed into .device/load/bundle.tar.xz (every CUDA
 # binary holds the kernels' sm_90a fatbin). device_run.sh unpacks it to
 # /tmp/sc_load.
@@ -15,6 +15,7 @@ cd "$(git rev-parse --show-toplevel)"
 D=.device/load
 S=.device/load.staging   # unpacked tree (also ignored; not carried)
 targets=(//server:statecached //tests/load:statecache_load //tests/load:update_echo_bench
+         //server/dataplane/bench:multi_worker_bench
          //kernels/cuda:cuda_concurrency_test //kernels/cuda:cuda_backend_test)
 bazel build --jobs=2 "${targets[@]}"
 rm -rf "$S" "$D"
@@ -27,6 +28,7 @@ stage() {  # stage SRC NAME
   copy_deps "$1" "$S/lib"
 }
 for bin in server/statecached tests/load/statecache_load tests/load/update_echo_bench \
+           server/dataplane/bench/multi_worker_bench \
            kernels/cuda/cuda_concurrency_test kernels/cuda/cuda_backend_test; do
   stage "$bin_dir/$bin" "$(basename "$bin")"
 done
