@@ -13,7 +13,8 @@
 #       replays serially and compares every slot's bytes (result=OK);
 #   (d) update_echo_bench --backend=cuda: unary Update at 1 client vs a bare
 #       gRPC echo of the same bytes at 4 KiB, 64 KiB, 8 MiB (ECHO lines, and
-#       PHASES lines: where the server's Update time goes);
+#       PHASES lines: where the server's Update time goes; "base ECHO" lines:
+#       the same from the baseline binary when staged with BASE_ECHO_BENCH);
 #   (e) multi_worker_bench: Qwen3.6-35B-A3B geometry, B = 256, 30 layers
 #       through SubmitUpdates, 1 worker alone then 8 workers at once on
 #       distinct slots (MULTI / VERIFY / MULTI_SUMMARY lines). Skipped with
@@ -62,6 +63,12 @@ timeout 150 $U/update_echo_bench --backend=cuda --sizes=4096,65536,8388608 \
   > "$OUT/update_echo_bench.log" 2>&1
 summary "update_echo_bench exit=$?"
 grep -E '^(backend|ECHO) ' "$OUT/update_echo_bench.log" | tee -a "$OUT/summary.txt"
+if [ -x $U/update_echo_bench_base ]; then  # the baseline binary, same sizes (no PHASES lines)
+  timeout 150 $U/update_echo_bench_base --backend=cuda --sizes=4096,65536,8388608 \
+    > "$OUT/update_echo_bench_base.log" 2>&1
+  summary "update_echo_bench_base exit=$?"
+  grep -E '^ECHO ' "$OUT/update_echo_bench_base.log" | sed 's/^/base /' | tee -a "$OUT/summary.txt"
+fi
 timeout 100 $U/update_echo_bench --backend=cuda --sizes=4096,65536 --coalesce_updates \
   > "$OUT/update_echo_bench_coalesce.log" 2>&1
 summary "update_echo_bench --coalesce_updates exit=$?"

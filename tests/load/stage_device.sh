@@ -8,6 +8,7 @@
 # /tmp/sc_load.
 #   tests/load/stage_device.sh
 #   BASE_STATECACHED=/path/to/statecached-of-main tests/load/stage_device.sh   # + a baseline
+#   BASE_ECHO_BENCH=/path/to/update_echo_bench-of-main ...   # + its echo bench (before/after)
 # Then, on the device (one run call, carry [".device/load"]):
 #   bash tests/load/device_run.sh
 set -euo pipefail
@@ -33,9 +34,11 @@ for bin in server/statecached tests/load/statecache_load tests/load/update_echo_
   stage "$bin_dir/$bin" "$(basename "$bin")"
 done
 if [ -n "${BASE_STATECACHED:-}" ]; then stage "$BASE_STATECACHED" statecached_base; fi
+if [ -n "${BASE_ECHO_BENCH:-}" ]; then stage "$BASE_ECHO_BENCH" update_echo_bench_base; fi
 cp tests/load/run_mixed.sh "$S/"
 { git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u;
-  [ -n "${BASE_STATECACHED:-}" ] && echo "baseline: $BASE_STATECACHED"; } > "$S/STAGED" || true
+  [ -n "${BASE_STATECACHED:-}" ] && echo "baseline: $BASE_STATECACHED";
+  [ -n "${BASE_ECHO_BENCH:-}" ] && echo "baseline echo bench: $BASE_ECHO_BENCH"; } > "$S/STAGED" || true
 cp "$S/STAGED" "$D/STAGED"
 ls -la "$S"
 echo "unpacked $(du -sb "$S" | cut -f1) bytes"
