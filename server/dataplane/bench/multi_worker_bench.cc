@@ -57,7 +57,7 @@ bool Print(const char* phase, const MultiWorkerReport& r, int layers, int batch)
                 phase, r.workers.size(), w, ms.size(), Percentile(ms, 50), Percentile(ms, 99),
                 ms.empty() ? 0 : sum / ms.size());
   }
-  std::printf("MULTI phase=%s workers=%zu wall_ms=%.1f head_updates_per_s=%.0f\n", phase,
+  std::printf("MULTI phase=%s workers=%zu wall_ms=%.1f slot_updates_per_s=%.0f\n", phase,
               r.workers.size(), r.wall_ms,
               r.wall_ms > 0 ? steps * layers * batch / (r.wall_ms / 1000) : 0);
   if (!absl::GetFlag(FLAGS_verify)) return true;
