@@ -50,6 +50,19 @@ class DeviceBuffer : public BackendBuffer {
   int64_t size_;
 };
 
+// Page-locked host memory (AllocateHostStaging).
+class PinnedBuffer : public BackendBuffer {
+ public:
+  PinnedBuffer(uint8_t* data, int64_t size) : data_(data), size_(size) {}
+  ~PinnedBuffer() override { ci::HostFreePinned(data_); }
+  uint8_t* data() const override { return data_; }
+  int64_t size() const override { return size_; }
+
+ private:
+  uint8_t* data_;
+  int64_t size_;
+};
+
 class CudaBackend : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const LaunchOptions& options) {
@@ -103,6 +116,17 @@ class CudaBackend : public Backend {
       return st;
     }
     return std::unique_ptr<BackendBuffer>(new DeviceBuffer(static_cast<uint8_t*>(p), bytes));
+  }
+
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> AllocateHostStaging(int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " is negative"));
+    const int64_t rounded = std::max<int64_t>(256, (bytes + 255) / 256 * 256);
+    void* p = nullptr;
+    if (ci::HostAllocPinned(&p, rounded) != 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda: cannot allocate ", bytes, " bytes of pinned host memory"));
+    }
+    return std::unique_ptr<BackendBuffer>(new PinnedBuffer(static_cast<uint8_t*>(p), bytes));
   }
 
   absl::StatusOr<int64_t> AvailableBytes() const override {
@@ -329,8 +353,9 @@ class CudaBackend : public Backend {
                                         ci::RecurrenceStart::kEarlyHeads, options_, c->stream()));
     RETURN_IF_ERROR(c->EnqueueErrorReadback());
     if (o_bytes > 0) {
-      // Behind the kernel on the same stream (returns once done: pageable
-      // memory); o is only meaningful when the verdict is OK.
+      // Behind the kernel on the same stream (pinned host_o: asynchronous,
+      // waited for by the verdict; pageable: returns once done); o is only
+      // meaningful when the verdict is OK.
       RETURN_IF_ERROR(
           CudaStatus(ci::CopyDeviceToHostAsync(host_o, in.o, o_bytes, c->stream()), "copy out"));
     }
