@@ -118,7 +118,10 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
     co.max_lease = options_.max_lease;
     co.clock = options_.clock;
     if (options_.host_checkpoint_bytes > 0) {
-      co.host = std::make_shared<HostTier>(options_.host_checkpoint_bytes);
+      HostTier::Options ho;
+      ho.capacity_bytes = options_.host_checkpoint_bytes;
+      ho.memory = backend_->pinned_memory();  // page-locked on CUDA; null: plain
+      co.host = std::make_shared<HostTier>(ho);
     }
     if (!options_.disk_checkpoint_dir.empty()) {
       const std::string dir =

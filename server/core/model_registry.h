@@ -87,7 +87,8 @@ class ModelRegistry {
     // (server/pool/checkpoint_tier.h): a host-memory tier of this many bytes
     // (0 = none), and a disk tier of disk_checkpoint_bytes under
     // <disk_checkpoint_dir>/<tenant>/<model id> (empty dir = none). Both
-    // budgets are per model. The disk tier's files carry CheckpointTierTags,
+    // budgets are per model; the host tier's memory is the backend's
+    // PinnedMemory when it has one. The disk tier's files carry CheckpointTierTags,
     // so a model registered again with the same tags finds them after a
     // restart; files of other tags are deleted.
     int64_t host_checkpoint_bytes = 0;

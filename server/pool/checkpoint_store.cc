@@ -105,19 +105,21 @@ int32_t CheckpointStore::TakeFreeEntryLocked(int* evicted) {
 
 void CheckpointStore::DemoteLocked(int32_t e) {
   if (lower_.empty()) return;
-  Entry& entry = entries_[e];
-  CheckpointBlob blob;
-  blob.key = entry.key;
-  blob.packed.resize(static_cast<size_t>(view_.slot_bytes()));
-  if (!backend_->CopyOut(&blob.packed[0], view_.slot(e), view_.slot_bytes()).ok()) return;
-  blob.aux = entry.aux;
-  ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
-  SpillLocked(0, std::move(blob));
+  const Entry& entry = entries_[e];
+  std::vector<CheckpointBlob> evicted;
+  const absl::Status put = lower_[0]->PutFromBackend(entry.key, *backend_, view_.slot(e),
+                                                      view_.slot_bytes(), entry.aux, &evicted);
+  if (put.ok()) ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
+  PassDownLocked(0, std::move(evicted));
 }
 
 void CheckpointStore::SpillLocked(size_t i, CheckpointBlob blob) {
   std::vector<CheckpointBlob> evicted;
   if (!lower_[i]->Put(std::move(blob), &evicted).ok()) return;  // too large or unwritable: dropped
+  PassDownLocked(i, std::move(evicted));
+}
+
+void CheckpointStore::PassDownLocked(size_t i, std::vector<CheckpointBlob> evicted) {
   if (i + 1 == lower_.size()) return;  // the last tier's drops are its use().evictions
   for (CheckpointBlob& b : evicted) {
     ++counters_.tiers[static_cast<int>(lower_[i]->tier())].demotions;
@@ -151,16 +153,36 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
       }
     }
     if (from == nullptr) break;
-    absl::StatusOr<CheckpointBlob> blob = from->Take(lower_key);
-    if (!blob.ok()) continue;
-    int evicted = 0;
-    const int32_t e = TakeFreeEntryLocked(&evicted);
-    if (e >= 0 && backend_->CopyIn(view_.slot(e), blob->packed.data(), view_.slot_bytes()).ok()) {
+    // The tier hands over the packed bytes where it keeps them (the host
+    // tier: pinned memory, one DMA copy into the arena). An arena entry is
+    // freed only then: its eviction may demote into `from`, which no longer
+    // holds the checkpoint being promoted.
+    CheckpointBlob blob;
+    int32_t e = -1;
+    bool promoting = false, wrong_size = false;
+    const absl::Status promoted = from->TakeInto(
+        lower_key,
+        [&](const void* packed, int64_t bytes) -> absl::Status {
+          promoting = true;
+          if (bytes != view_.slot_bytes()) {
+            wrong_size = true;
+            return absl::DataLossError(absl::StrCat("checkpoint of ", bytes, " bytes, slots have ",
+                                                    view_.slot_bytes()));
+          }
+          int evicted = 0;
+          e = TakeFreeEntryLocked(&evicted);
+          if (e < 0) return absl::ResourceExhaustedError("checkpoints: every entry is pinned");
+          return backend_->CopyIn(view_.slot(e), packed, bytes);
+        },
+        &blob);
+    // Not held after all, or corrupt (deleted by the tier, or dropped here).
+    if (!promoting || wrong_size) continue;
+    if (promoted.ok()) {
       Entry& entry = entries_[e];
       entry.state = EntryState::kReady;
       entry.key = lower_key;
       entry.refs = 1;
-      entry.aux = std::move(blob->aux);
+      entry.aux = std::move(blob.aux);
       entry.aux_bytes = 0;
       for (const std::string& a : entry.aux) entry.aux_bytes += static_cast<int64_t>(a.size());
       entry.indexed = true;
@@ -177,7 +199,7 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     // where it was and the longest arena hit, if any, is served.
     if (e >= 0) free_list_.push_back(e);
     std::vector<CheckpointBlob> spilled;
-    if (from->Put(*std::move(blob), &spilled).ok()) {
+    if (from->Put(std::move(blob), &spilled).ok()) {
       size_t i = 0;
       while (lower_[i].get() != from) ++i;
       for (CheckpointBlob& b : spilled) {

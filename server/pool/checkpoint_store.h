@@ -23,11 +23,13 @@
 // stats, metrics or DropModel and its entry becomes evictable at expiry).
 //
 // Lower tiers (checkpoint_tier.h; optional): an entry evicted from the arena
-// is copied out (Backend::CopyOut) and demoted to the host tier, whose LRU
+// is copied out (CheckpointTier::PutFromBackend: one Backend::CopyOut into
+// the host tier's pinned memory) and demoted to the host tier, whose LRU
 // evictions go to the disk tier. Lookup and Restore search every tier for the
 // longest candidate (equal lengths resolve to the upper tier, which always
 // holds the newest copy); a hit in a lower tier takes the checkpoint out of it
-// and promotes it into the arena (Backend::CopyIn) before leasing, so leases
+// and promotes it into the arena (CheckpointTier::TakeInto: one
+// Backend::CopyIn from pinned memory) before leasing, so leases
 // and Restore always read the arena. A corrupt disk file is a miss (the tier
 // deletes it) and the search goes on. Tier copies run under the store's lock.
 //
@@ -263,6 +265,9 @@ class CheckpointStore {
   void DemoteLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts `blob` into lower tier `i` and what it evicts into tier i + 1.
   void SpillLocked(size_t i, CheckpointBlob blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What lower tier `i` evicted goes into tier i + 1 (dropped below the last).
+  void PassDownLocked(size_t i, std::vector<CheckpointBlob> evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
                     int32_t dst_slot);
 
