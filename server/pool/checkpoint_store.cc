@@ -332,6 +332,39 @@ absl::StatusOr<CheckpointStore::LookupResult> CheckpointStore::Lookup(
   return result;
 }
 
+absl::StatusOr<int32_t> CheckpointStore::PinForCopyLocked(const PrefixKey& key,
+                                                          uint64_t lease_id, bool* leased) {
+  SweepExpiredLocked(Now());
+  int32_t e = -1;
+  *leased = false;
+  if (lease_id != 0) {
+    auto it = leases_.find(lease_id);
+    if (it != leases_.end()) {
+      if (it->second.key != key) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lease_id: the lease is for key ", it->second.key.DebugString(), ", not ",
+            key.DebugString()));
+      }
+      e = it->second.entry;
+      *leased = true;
+    }
+  }
+  if (e < 0) {
+    PrefixKey found;
+    StoreTier tier = StoreTier::kDevice;
+    e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), &found, &tier);
+    if (e < 0) {
+      return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ", key.DebugString(),
+                                              lease_id != 0 ? " (lease unknown or expired)" : ""));
+    }
+  }
+  Entry& entry = entries_[e];
+  ++entry.refs;
+  ++entry.copies;
+  TouchLocked(e);
+  return e;
+}
+
 absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const PrefixKey& key,
                                                                         uint64_t lease_id,
                                                                         const PoolView& dst,
@@ -349,35 +382,9 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   bool leased = false;
   {
     absl::MutexLock lock(&mu_);
-    SweepExpiredLocked(Now());
-    if (lease_id != 0) {
-      auto it = leases_.find(lease_id);
-      if (it != leases_.end()) {
-        if (it->second.key != key) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "lease_id: the lease is for key ", it->second.key.DebugString(), ", not ",
-              key.DebugString()));
-        }
-        e = it->second.entry;
-        leased = true;
-      }
-    }
-    if (e < 0) {
-      PrefixKey found;
-      StoreTier tier = StoreTier::kDevice;
-      e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), &found, &tier);
-      if (e < 0) {
-        return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ",
-                                                key.DebugString(),
-                                                lease_id != 0 ? " (lease unknown or expired)" : ""));
-      }
-    }
-    Entry& entry = entries_[e];
-    ++entry.refs;
-    ++entry.copies;
-    result.aux = entry.aux;  // immutable once ready
-    result.num_tokens = entry.key.num_tokens;
-    TouchLocked(e);
+    ASSIGN_OR_RETURN(e, PinForCopyLocked(key, lease_id, &leased));
+    result.aux = entries_[e].aux;  // immutable once ready
+    result.num_tokens = entries_[e].key.num_tokens;
   }
   absl::Status copied = Copy(view_, e, dst, dst_slot);
   absl::MutexLock lock(&mu_);
@@ -395,6 +402,21 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   ++counters_.restores;
   counters_.bytes_restored += view_.slot_bytes();
   return result;
+}
+
+absl::Status CheckpointStore::Read(const PrefixKey& key, uint64_t lease_id,
+                                   const ReadFn& read) {
+  int32_t e = -1;
+  bool leased = false;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(e, PinForCopyLocked(key, lease_id, &leased));
+  }
+  absl::Status st = read(view_, e);
+  absl::MutexLock lock(&mu_);
+  --entries_[e].copies;
+  UnrefLocked(e);
+  return st;
 }
 
 CheckpointStore::LookupResult CheckpointStore::Peek(absl::Span<const PrefixKey> candidates) {

@@ -202,6 +202,17 @@ class CheckpointStore {
                                         const PoolView& dst, int32_t dst_slot)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Reads a checkpoint in place: calls `read(arena, entry)` (outside the
+  // store's lock) with the arena and the entry of `key`, found as Restore
+  // finds it (a lease for another key is kInvalidArgument; an unknown or
+  // expired lease falls back to the index, then the lower tiers, whose hit
+  // is promoted; kNotFound when no tier holds it). The entry is held as an
+  // in-flight copy during the call (never evicted or freed under it) and
+  // marked recently used; a lease is not consumed. Returns read's status.
+  using ReadFn = std::function<absl::Status(const PoolView& arena, int32_t entry)>;
+  absl::Status Read(const PrefixKey& key, uint64_t lease_id, const ReadFn& read)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Lookup without side effects: the longest candidate cached in any tier
   // (`tier` says which; nothing is promoted), no lease, no LRU touch, not
   // counted in the lookup statistics.
@@ -260,6 +271,11 @@ class CheckpointStore {
   // arena cannot take a promoted one). Counts tier hits and misses.
   int32_t FindOrPromoteLocked(absl::Span<const PrefixKey> candidates, PrefixKey* key,
                               StoreTier* tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entry Restore / Read copy from (the lease's, else the index's or a
+  // promoted one), with a reference and an in-flight copy taken; *leased
+  // tells whether the lease named it.
+  absl::StatusOr<int32_t> PinForCopyLocked(const PrefixKey& key, uint64_t lease_id, bool* leased)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the arena entry `e` (indexed, referenced only by the index) into
   // the lower tiers; its arena entry stays as it is.
   void DemoteLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
