@@ -228,10 +228,10 @@ std::string CheckpointTierTags(absl::string_view tenant, absl::string_view id,
   const ModelGeometry& g = layout.geometry();
   return absl::StrFormat(
       "tenant=%s model=%s format=%s fingerprint=%016x geometry=%s:%dx%dx%dx%dx%dx%a "
-      "slot_bytes=%d packed_revision=%d",
+      "slot_bytes=%d packed_revision=%d keys=%s",
       absl::BytesToHexString(tenant), id, FormatSpecName(layout.format()), layout.Fingerprint(),
       ArchName(g.arch), g.layers, g.h_qk, g.h_v, g.d_k, g.d_v, g.scale, layout.slot_bytes(),
-      kPackedFormatVersion);
+      kPackedFormatVersion, kSaltedKeyScheme);
 }
 
 }  // namespace statecache

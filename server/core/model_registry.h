@@ -145,11 +145,16 @@ class ModelRegistry {
   int64_t checkpoint_reserved_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The compatibility tags written into a model's disk-tier files: tenant,
-// model id, format, layout fingerprint, geometry, slot bytes and the packed
-// format revision (kPackedFormatVersion).
+// The compatibility tags written into a model's disk-tier files (and the
+// Redis tier's keys and values): tenant, model id, format, layout
+// fingerprint, geometry, slot bytes, the packed format revision
+// (kPackedFormatVersion) and the salted-key scheme (kSaltedKeyScheme), so
+// checkpoints stored under another scheme's keys are dropped, never kept
+// unreachable.
 std::string CheckpointTierTags(absl::string_view tenant, absl::string_view id,
                                const StateLayout& layout);
+// How stored prefix keys are salted (server/pool/prefix_key.h, SaltKey).
+inline constexpr char kSaltedKeyScheme[] = "v2";
 
 // Valid model ids: [A-Za-z0-9._-]{1,128}.
 absl::Status ValidateModelId(absl::string_view id);
