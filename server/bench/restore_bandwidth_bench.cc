@@ -95,7 +95,8 @@ struct Peak {
 // a stream wait on CUDA, Backend::CopyIn on the CPU backend.
 class RawCopy {
  public:
-  explicit RawCopy(Backend* backend) : backend_(backend), cuda_(backend->name() == std::string("cuda")) {
+  explicit RawCopy(Backend* backend)
+      : backend_(backend), cuda_(backend->name() == std::string("cuda")) {
     if (cuda_ && ci::StreamCreate(&stream_) != 0) Check(absl::InternalError("stream"), "stream");
   }
   ~RawCopy() {

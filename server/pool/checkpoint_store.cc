@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
-#include "server/pool/staging.h"
 
 namespace statecache {
 
@@ -39,7 +38,8 @@ CheckpointStore::CheckpointStore(Backend* backend, std::unique_ptr<BackendBuffer
       arena_(std::move(arena)),
       view_(view),
       slot_tiers_(slot_tiers),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      index_staging_(backend, kIndexStagingBytes) {
   absl::MutexLock lock(&mu_);
   entries_.resize(view_.num_slots);
   if (options_.host) lower_.push_back(options_.host);
@@ -234,8 +234,9 @@ absl::Status CheckpointStore::Copy(const PoolView& src, int32_t src_slot, const 
                                                    dst.slot_bytes()));
   }
   const int32_t idx[2] = {src_slot, dst_slot};
-  ASSIGN_OR_RETURN(auto staged, StageInts(*backend_, idx));
-  const int32_t* p = StagedData<int32_t>(*staged);
+  ASSIGN_OR_RETURN(StagingCache::Lease staged, index_staging_.Get(sizeof(idx)));
+  RETURN_IF_ERROR(backend_->CopyIn(staged.data(), idx, sizeof(idx)));
+  const int32_t* p = reinterpret_cast<const int32_t*>(staged.data());
   return backend_->CopySlots(src, p, dst, p + 1, 1);
 }
 

@@ -105,7 +105,8 @@ TEST(HostTierMemoryTest, PutFromBackendAndTakeIntoCopyTheBytes) {
   auto dst = backend->Allocate(300).value();
   CheckpointBlob promoted;
   st = host.TakeInto(
-      Key(3), [&](const void* packed, int64_t n) { return backend->CopyIn(dst->data(), packed, n); },
+      Key(3),
+      [&](const void* packed, int64_t n) { return backend->CopyIn(dst->data(), packed, n); },
       &promoted);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst->data()), 300), bytes);
