@@ -23,9 +23,7 @@
 #ifndef STATECACHE_KERNELS_BACKEND_BACKEND_H_
 #define STATECACHE_KERNELS_BACKEND_BACKEND_H_
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -89,26 +87,6 @@ class BackendBuffer {
   virtual int64_t size() const = 0;
 };
 
-// Ordinary host memory as a BackendBuffer (256-byte aligned, not zeroed).
-class HostMemoryBuffer : public BackendBuffer {
- public:
-  static absl::StatusOr<std::unique_ptr<BackendBuffer>> Create(int64_t bytes) {
-    if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
-    const int64_t rounded = std::max<int64_t>(256, (bytes + 255) / 256 * 256);
-    void* p = std::aligned_alloc(256, static_cast<size_t>(rounded));
-    if (p == nullptr) return absl::ResourceExhaustedError("host staging: allocation failed");
-    return std::unique_ptr<BackendBuffer>(new HostMemoryBuffer(static_cast<uint8_t*>(p), bytes));
-  }
-  ~HostMemoryBuffer() override { std::free(data_); }
-  uint8_t* data() const override { return data_; }
-  int64_t size() const override { return size_; }
-
- private:
-  HostMemoryBuffer(uint8_t* data, int64_t size) : data_(data), size_(size) {}
-  uint8_t* data_;
-  int64_t size_;
-};
-
 // Ordered asynchronous decode updates (optional; the CUDA backend has them):
 // the host enqueues and returns at once, a callback reports each update's
 // status once its device work completed. Work of one queue runs in enqueue
@@ -166,6 +144,7 @@ class DecodeQueue {
 
 class StreamOps;     // kernels/backend/stream_ops.h
 class Interprocess;  // kernels/backend/interprocess.h
+class PinnedMemory;  // kernels/backend/pinned_memory.h
 
 class Backend {
  public:
@@ -185,14 +164,6 @@ class Backend {
   // CPU backend): compute calls then accept host pointers (aligned to their
   // element type) directly, without Allocate + CopyIn staging.
   virtual bool host_memory() const { return false; }
-  // Host memory of at least `bytes` (256-byte aligned, contents undefined)
-  // that CopyIn / CopyOut / DecodeUpdateStaged move fastest: CUDA -
-  // page-locked (pinned), so copies are DMA without a driver copy and do not
-  // block the host; this default - ordinary host memory. kResourceExhausted
-  // when it cannot be allocated. Allocating is slow on CUDA: reuse buffers.
-  virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> AllocateHostStaging(int64_t bytes) {
-    return HostMemoryBuffer::Create(bytes);
-  }
   // Host -> backend and backend -> host copies.
   virtual absl::Status CopyIn(void* backend_dst, const void* host_src, int64_t bytes) = 0;
   virtual absl::Status CopyOut(void* host_dst, const void* backend_src, int64_t bytes) = 0;
@@ -268,6 +239,11 @@ class Backend {
   // (the default) for backends without streams, whose calls are ordered by
   // the calling thread alone.
   virtual void* native_stream() const { return nullptr; }
+  // Host memory that CopyIn / CopyOut move at the host link's full speed
+  // (kernels/backend/pinned_memory.h: page-locked on CUDA, plain on CPU),
+  // owned by the backend and valid while it lives; nullptr (the default)
+  // when the backend offers none: callers then use ordinary host memory.
+  virtual PinnedMemory* pinned_memory() { return nullptr; }
 };
 
 }  // namespace statecache

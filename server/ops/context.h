@@ -39,6 +39,9 @@ struct Limits {
   // Trajectory file bytes per Calibrate call, all messages together
   // (kResourceExhausted naming "max_calibration_bytes" beyond it).
   int64_t max_calibration_bytes = int64_t{1} << 30;
+  // FP32 state bytes one Unpack response may carry (layers * h_v * d_k *
+  // d_v * 4; kResourceExhausted naming "max_unpack_bytes" beyond it).
+  int64_t max_unpack_bytes = int64_t{256} << 20;
 };
 
 // Backend time of one operation: (op, seconds, batch). op is one of

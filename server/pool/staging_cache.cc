@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/backend/pinned_memory.h"
 #include "kernels/common/status_macros.h"
 
 namespace statecache {
@@ -45,7 +46,8 @@ absl::StatusOr<StagingCache::Lease> StagingCache::Take(int64_t bytes, bool host)
   }
   const int64_t size = int64_t{1} << (kMinClassLog2 + c);
   ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> b,
-                   host ? backend_->AllocateHostStaging(size) : backend_->Allocate(size));
+                   host ? PinnedOrPlain(backend_->pinned_memory())->AllocatePinned(size)
+                        : backend_->Allocate(size));
   return Lease(this, std::move(b), host);
 }
 

@@ -1,7 +1,7 @@
 // StagingCache: reusable backend buffers for the per-call staging of request
 // inputs and outputs (Update's q, k, v, g, beta, slot indices and o), and
-// reusable host staging buffers (Backend::AllocateHostStaging: pinned on
-// CUDA) that the host side of those copies is packed into.
+// reusable host staging buffers (the backend's PinnedMemory: page-locked on
+// CUDA; plain memory without one) that the host side of those copies is packed into.
 //
 // Backend::Allocate is expensive per call on CUDA (cudaMalloc, a zero fill
 // and, when the buffer goes, cudaFree, which waits for the whole device), so
@@ -67,7 +67,7 @@ class StagingCache {
   absl::StatusOr<Lease> GetHost(int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Bytes of the buffers waiting in the cache (both kinds); Allocate and
-  // AllocateHostStaging calls so far.
+  // host staging allocations so far.
   int64_t cached_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t allocations() const ABSL_LOCKS_EXCLUDED(mu_);
 

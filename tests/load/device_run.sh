@@ -20,7 +20,9 @@
 #       distinct slots (MULTI / VERIFY / MULTI_SUMMARY lines). Skipped with
 #       SKIP_MULTI=1; MULTI_WORKERS / MULTI_STEPS change its size.
 # Logs and summary.txt go to $OUT (or /tmp/sc_out). Expected ~5 minutes;
-# worst case (timeouts) ~9 minutes. Only (e): ONLY_MULTI=1.
+# worst case (timeouts) ~9 minutes. Only (e): ONLY_MULTI=1. MIXED picks the
+# runs of (c) by name (default: "default coalesce coalesce_wait100us
+# grpc_threads16 baseline").
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
 mkdir -p "$OUT"
@@ -49,6 +51,7 @@ summary "cuda_backend_test exit=$?  $(grep -E 'PASSED|FAILED|SKIPPED \]' "$OUT/c
 mixed() {  # mixed NAME BINARY [server flags...]
   local name=$1 bin=$2
   shift 2
+  [[ " ${MIXED:-default coalesce coalesce_wait100us grpc_threads16 baseline} " == *" $name "* ]] || return 0
   timeout 100 bash $U/run_mixed.sh "$bin" $U/statecache_load 50700 --backend=cuda "$@" -- \
     --steps=${STEPS:-500} > "$OUT/mixed_$name.log" 2>&1
   local rc=$?
