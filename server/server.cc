@@ -183,6 +183,9 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
   if (options.sockets.max_message_bytes < 1024) {
     return absl::InvalidArgumentError("max_message_bytes: must be >= 1024");
   }
+  if (options.limits.max_unpack_bytes < 1) {
+    return absl::InvalidArgumentError("max_unpack_bytes: must be >= 1");
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    MakeCredentials(options.security, options.sockets.listen));
   if (options.slot_idle_timeout < absl::ZeroDuration()) {

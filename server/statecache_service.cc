@@ -66,12 +66,14 @@ StateCacheService::StateCacheService(Backend* backend, ModelRegistry* registry,
       coalescer_(compute.coalesce_updates ? std::make_unique<UpdateCoalescer>(
                                                 backend, staging_.get(), compute.coalescer)
                                           : nullptr),
+      update_phases_(compute.update_phases),
       default_tenant_("", TenantQuota()) {
   ops_.backend = backend_;
   ops_.staging = staging_.get();
   ops_.coalescer = coalescer_.get();
   ops_.limits = limits_;
   ops_.observe = service_internal::KernelObserverOf(metrics_.get());
+  ops_.phases = update_phases_.get();
 }
 
 void StateCacheService::set_dataplane(DataPlane* dataplane) {

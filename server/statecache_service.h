@@ -46,6 +46,7 @@
 #include "server/ops/state_ops.h"
 #include "server/pool/staging_cache.h"
 #include "server/core/update_coalescer.h"
+#include "server/core/update_phases.h"
 
 namespace statecache {
 
@@ -66,6 +67,9 @@ class StateCacheService final : public v1::StateCache::Service {
     UpdateCoalescer::Options coalescer;
     // Staging buffers kept for reuse across calls (server/pool/staging_cache.h).
     int64_t staging_cache_bytes = int64_t{256} << 20;
+    // Debug stat: per-phase times of Updates of inline bytes
+    // (server/core/update_phases.h); null = not timed.
+    std::shared_ptr<UpdatePhases> update_phases;
   };
 
   // `backend`, `registry` and `metrics` must outlive the service.
@@ -217,6 +221,7 @@ class StateCacheService final : public v1::StateCache::Service {
   // ComputeOptions::coalesce_updates is off).
   const std::unique_ptr<StagingCache> staging_;
   const std::unique_ptr<UpdateCoalescer> coalescer_;
+  const std::shared_ptr<UpdatePhases> update_phases_;  // may be null
   const TenantDirectory* tenants_ = nullptr;
   ModelStore* model_store_ = nullptr;
   DataPlane* dataplane_ = nullptr;

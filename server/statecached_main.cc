@@ -171,6 +171,9 @@ ABSL_FLAG(int, max_batch, 4096, "Most slots in one Update / Prefill / UpdateStre
 ABSL_FLAG(int64_t, max_prefill_tokens, 65536, "Most tokens (T) in one Prefill call.");
 ABSL_FLAG(int64_t, max_aux_bytes, 64 << 20,
           "Most auxiliary bytes (all layers) stored with one checkpoint.");
+ABSL_FLAG(int64_t, max_unpack_bytes, int64_t{256} << 20,
+          "Most FP32 state bytes one Unpack response carries (layers x h_v x d_k x d_v x 4; "
+          "RESOURCE_EXHAUSTED naming max_unpack_bytes beyond it).");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 10000,
           "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled.");
 ABSL_FLAG(bool, log_cache_events, false,
@@ -246,6 +249,7 @@ int Main() {
   options.limits.log_cache_events = absl::GetFlag(FLAGS_log_cache_events);
   options.limits.max_work_heads = absl::GetFlag(FLAGS_max_work_heads);
   options.limits.max_calibration_bytes = absl::GetFlag(FLAGS_max_calibration_bytes);
+  options.limits.max_unpack_bytes = absl::GetFlag(FLAGS_max_unpack_bytes);
   options.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.security.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);

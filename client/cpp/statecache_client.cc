@@ -599,6 +599,20 @@ absl::StatusOr<std::vector<float>> StateCacheClient::Unpack(absl::string_view mo
   v1::UnpackRequest req;
   req.set_model_id(std::string(model_id));
   SetHandle(slot, req.mutable_slot());
+  return CallUnpack(req);
+}
+
+absl::StatusOr<std::vector<float>> StateCacheClient::UnpackCheckpoint(absl::string_view model_id,
+                                                                      PrefixKey key,
+                                                                      uint64_t lease_id) {
+  v1::UnpackRequest req;
+  req.set_model_id(std::string(model_id));
+  KeyToWire(key, req.mutable_key());
+  req.set_lease_id(lease_id);
+  return CallUnpack(req);
+}
+
+absl::StatusOr<std::vector<float>> StateCacheClient::CallUnpack(const v1::UnpackRequest& req) {
   v1::UnpackResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);

@@ -291,6 +291,13 @@ class StateCacheClient {
   // The slot's states decoded to FP32 [layers][h_v][d_k][d_v] in natural key
   // order: the inverse of PrefillStates (bit-exact for fp32).
   absl::StatusOr<std::vector<float>> Unpack(absl::string_view model_id, SlotHandle slot);
+  // The checkpoint `key`'s states, as Unpack returns a slot's, decoded where
+  // the checkpoint is stored (not restored into a slot). lease_id: a
+  // LookupPrefix lease for it (read the leased entry; not consumed).
+  // kNotFound when no tier holds it; kResourceExhausted naming
+  // max_unpack_bytes over the server's limit.
+  absl::StatusOr<std::vector<float>> UnpackCheckpoint(absl::string_view model_id, PrefixKey key,
+                                                      uint64_t lease_id = 0);
 
   // All models ("" ) or one.
   absl::StatusOr<v1::GetStatsResponse> GetStats(absl::string_view model_id = "");
@@ -308,6 +315,8 @@ class StateCacheClient {
   friend class UpdateStream;
   StateCacheClient(std::shared_ptr<grpc::Channel> channel, Options options);
   void SetDeadline(grpc::ClientContext* ctx) const;
+  // The Unpack call and its FP32 answer.
+  absl::StatusOr<std::vector<float>> CallUnpack(const v1::UnpackRequest& req);
   absl::Status BuildUpdate(absl::string_view model_id, const UpdateCall& in,
                            v1::UpdateRequest* req);
 

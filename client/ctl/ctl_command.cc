@@ -170,6 +170,14 @@ absl::StatusOr<PrefixKey> ParsePrefixKey(absl::string_view text, absl::string_vi
   return k;
 }
 
+absl::StatusOr<PrefixKeyKind> KeyKindFromFlags(const CliFlags& f) {
+  const std::string kind = f.Get("key_kind", "fnv64");
+  if (kind == "fnv64") return PrefixKeyKind::kFnv64;
+  if (kind == "sha256") return PrefixKeyKind::kSha256;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--key_kind: '", kind, "' is not fnv64 or sha256"));
+}
+
 absl::StatusOr<std::vector<int32_t>> ParseTokenList(absl::string_view text,
                                                     absl::string_view field) {
   std::vector<int32_t> tokens;

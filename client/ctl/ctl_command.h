@@ -98,6 +98,8 @@ absl::Status ValidateServerAddress(absl::string_view address);
 absl::StatusOr<SlotHandle> ParseSlotHandle(absl::string_view text, absl::string_view field);
 // "0123456789abcdef@12" (PrefixKey::DebugString) -> key.
 absl::StatusOr<PrefixKey> ParsePrefixKey(absl::string_view text, absl::string_view field);
+// --key_kind=fnv64|sha256 (default fnv64): the chain computed from tokens.
+absl::StatusOr<PrefixKeyKind> KeyKindFromFlags(const CliFlags& flags);
 // Token ids separated by commas and/or whitespace ("1,2 3").
 absl::StatusOr<std::vector<int32_t>> ParseTokenList(absl::string_view text,
                                                     absl::string_view field);
@@ -126,6 +128,8 @@ Command SnapshotCommand();
 // A slot's packed state to / from a file (ctl_transfer.cc).
 Command ExportCommand();
 Command ImportCommand();
+// A slot's or a checkpoint's states as FP32 to a file (ctl_transfer.cc).
+Command UnpackCommand();
 
 // The shipped GDN model served with DAMP states vs FP32 (ctl_demo.cc).
 Command DemoCommand();

@@ -13,15 +13,6 @@
 namespace statecache {
 namespace {
 
-// --key_kind: the chain the server computes from tokens.
-absl::StatusOr<PrefixKeyKind> KeyKindFromFlags(const CliFlags& f) {
-  const std::string kind = f.Get("key_kind", "fnv64");
-  if (kind == "fnv64") return PrefixKeyKind::kFnv64;
-  if (kind == "sha256") return PrefixKeyKind::kSha256;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--key_kind: '", kind, "' is not fnv64 or sha256"));
-}
-
 absl::Status RunLookup(CtlContext& ctx, const std::vector<std::string>& args) {
   CliFlags::Spec spec;
   spec.value_flags = {"tokens", "tokens_file", "keys", "lease_ms", "key_kind"};

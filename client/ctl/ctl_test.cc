@@ -1,6 +1,9 @@
 // statecachectl subcommands against a real in-process server.
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -80,6 +83,49 @@ TEST_F(CtlTest, StatusAndModels) {
 
   EXPECT_EQ(Run(ModelsCommand(), {"nope"}).first.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Run(StatusCommand(), {"extra"}).first.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// unpack writes the slot's / the checkpoint's FP32 states to --out; the
+// checkpoint keeps the states of snapshot time.
+TEST_F(CtlTest, UnpackWritesSlotAndCheckpointStates) {
+  ModelRegistration r;
+  r.model_id = "f";
+  r.geometry = ModelGeometry{Arch::kGdn, 1, 1, 1, 32, 32};
+  r.format = "fp32";
+  r.slots = 1;
+  r.checkpoints = 1;
+  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port())).value();
+  ASSERT_TRUE(client->RegisterModel(r).ok());
+  const SlotHandle slot = client->AllocateSlots("f", 1).value()[0];
+  std::vector<float> states(32 * 32);
+  for (size_t i = 0; i < states.size(); ++i) states[i] = 0.25f * static_cast<float>(i % 13) - 1;
+  ASSERT_TRUE(client->PrefillStates("f", {slot}, states).ok());
+  ASSERT_TRUE(client->Snapshot("f", slot, {5, 6, 7}, {}, PrefixKeyKind::kSha256).ok());
+  ASSERT_TRUE(client->PrefillStates("f", {slot}, std::vector<float>(32 * 32, 0.5f)).ok());
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  auto file_floats = [](const std::string& path) {
+    auto bytes = ReadFileBytes(path, "--out").value();
+    std::vector<float> v(bytes.size() / 4);
+    std::memcpy(v.data(), bytes.data(), v.size() * 4);
+    return v;
+  };
+  auto [s1, t1] = Run(UnpackCommand(), {"f", "--tokens=5,6,7", "--key_kind=sha256",
+                                        "--out=" + dir + "/ckpt.f32"});
+  ASSERT_TRUE(s1.ok()) << s1;
+  EXPECT_THAT(t1, HasSubstr("unpacked checkpoint sha256:"));
+  EXPECT_THAT(t1, HasSubstr("1024 float32 values"));
+  EXPECT_EQ(file_floats(dir + "/ckpt.f32"), states);
+  auto [s2, t2] = Run(UnpackCommand(), {"f", slot.DebugString(), "--out=" + dir + "/slot.f32"});
+  ASSERT_TRUE(s2.ok()) << s2;
+  EXPECT_EQ(file_floats(dir + "/slot.f32"), std::vector<float>(32 * 32, 0.5f));
+  EXPECT_EQ(Run(UnpackCommand(), {"f", "--tokens=5,6", "--out=" + dir + "/x"}).first.code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Run(UnpackCommand(), {"f", "--tokens=5,6,7"}).first.code(),
+            absl::StatusCode::kInvalidArgument);  // no --out
+  EXPECT_EQ(Run(UnpackCommand(), {"f", slot.DebugString(), "--lease=1", "--out=/dev/null"})
+                .first.code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CtlUnreachableTest, StatusReportsUnavailable) {

@@ -1,8 +1,11 @@
-// statecachectl export | import: a slot's packed state to / from a file.
+// statecachectl export | import: a slot's packed state to / from a file;
+// unpack: a slot's or a checkpoint's states as FP32 to a file.
 //
 //   statecachectl export qwen 0123456789abcdef/1 --out=slot.scstate
 //   statecachectl import qwen --in=slot.scstate            (allocates a slot)
 //   statecachectl import qwen 0123456789abcdef/2 --in=slot.scstate
+//   statecachectl unpack qwen 0123456789abcdef/1 --out=states.f32
+//   statecachectl unpack qwen --tokens=1,2,3 --key_kind=sha256 --out=states.f32
 //
 // File: the line "statecache-slot v1\n", then the protobuf binary encoding
 // of statecache.v1.ExportResponse (compatibility tags + packed bytes). The
@@ -10,10 +13,13 @@
 // differs), so a state never lands in a model of another geometry, format
 // or layout.
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/ctl/ctl_command.h"
 #include "client/ctl/ctl_json.h"
 #include "kernels/common/status_macros.h"
+#include "server/pool/prefix_key.h"
 
 namespace statecache {
 namespace {
@@ -98,7 +104,90 @@ absl::Status RunImport(CtlContext& ctx, const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
+// The checkpoint key of unpack: --key=HASH@TOKENS, or computed from
+// --tokens / --tokens_file with --key_kind (the chain the snapshot used).
+absl::StatusOr<PrefixKey> UnpackKey(const CliFlags& f) {
+  if (f.Has("key")) {
+    if (f.Has("tokens") || f.Has("tokens_file") || f.Has("key_kind")) {
+      return absl::InvalidArgumentError("give --key or --tokens / --tokens_file, not both");
+    }
+    return ParsePrefixKey(f.Get("key", ""), "--key");
+  }
+  ASSIGN_OR_RETURN(std::vector<int32_t> tokens, TokensFromFlags(f));
+  ASSIGN_OR_RETURN(const PrefixKeyKind kind, KeyKindFromFlags(f));
+  return kind == PrefixKeyKind::kSha256 ? Sha256KeyOfTokens(tokens) : KeyOfTokens(tokens);
+}
+
+absl::Status RunUnpack(CtlContext& ctx, const std::vector<std::string>& args) {
+  CliFlags::Spec spec;
+  spec.value_flags = {"out", "key", "tokens", "tokens_file", "key_kind", "lease"};
+  spec.bool_flags = {"json"};
+  spec.positional = true;
+  ASSIGN_OR_RETURN(CliFlags f, ParseCommandFlags(args, spec));
+  const bool by_key = f.Has("key") || f.Has("tokens") || f.Has("tokens_file");
+  if (f.positional().size() != (by_key ? 1u : 2u)) {
+    return absl::InvalidArgumentError(
+        "unpack: want MODEL_ID and HANDLE, or MODEL_ID and --key / --tokens / --tokens_file");
+  }
+  if (!f.Has("out")) return absl::InvalidArgumentError("unpack: --out=FILE is required");
+  uint64_t lease = 0;
+  if (f.Has("lease")) {
+    if (!by_key) return absl::InvalidArgumentError("--lease: only with a checkpoint key");
+    if (!absl::SimpleHexAtoi(f.Get("lease", ""), &lease)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lease: '", f.Get("lease", ""), "' is not a hex lease id of lookup"));
+    }
+  }
+  const std::string& model = f.positional()[0];
+  std::string source;
+  absl::StatusOr<std::vector<float>> states;
+  if (by_key) {
+    ASSIGN_OR_RETURN(const PrefixKey key, UnpackKey(f));
+    source = absl::StrCat("checkpoint ", key.DebugString());
+    ASSIGN_OR_RETURN(StateCacheClient * client, ctx.client());
+    states = client->UnpackCheckpoint(model, key, lease);
+  } else {
+    ASSIGN_OR_RETURN(SlotHandle slot, ParseSlotHandle(f.positional()[1], "HANDLE"));
+    source = absl::StrCat("slot ", slot.DebugString());
+    ASSIGN_OR_RETURN(StateCacheClient * client, ctx.client());
+    states = client->Unpack(model, slot);
+  }
+  RETURN_IF_ERROR(states.status());
+  const std::string path = f.Get("out", "");
+  RETURN_IF_ERROR(WriteFileBytes(
+      path,
+      absl::string_view(reinterpret_cast<const char*>(states->data()), states->size() * 4),
+      "--out"));
+  if (f.Has("json")) {
+    JsonWriter w;
+    w.BeginObject().Key("model_id").String(model).Key("source").String(source);
+    w.Key("file").String(path).Key("values").Int(states->size()).EndObject();
+    absl::FPrintF(ctx.out(), "%s\n", w.str());
+  } else {
+    absl::FPrintF(ctx.out(), "unpacked %s of %s: %d float32 values (%s) to %s\n", source, model,
+                  states->size(), HumanBytes(states->size() * 4), path);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+Command UnpackCommand() {
+  Command c{"unpack", "write a slot's or a checkpoint's states as FP32 to a file",
+            "unpack MODEL_ID (HANDLE | --key=HASH@TOKENS | --tokens=LIST [--key_kind=K]) "
+            "[--lease=HEX] --out=FILE [--json]",
+            RunUnpack};
+  c.help =
+      "  HANDLE              an allocated slot\n"
+      "  --key=HASH@TOKENS   a checkpoint by its FNV-1a key (as lookup prints it)\n"
+      "  --tokens=LIST       a checkpoint by its prefix's tokens (or --tokens_file=FILE);\n"
+      "  --key_kind=KIND     fnv64 (default) or sha256: the chain its snapshot used\n"
+      "  --lease=HEX         a lookup lease of the checkpoint (read, not consumed)\n"
+      "  --out=FILE          little-endian float32 [layers][h_v][d_k][d_v], natural key\n"
+      "                      order; the server refuses states over --max_unpack_bytes\n"
+      "  --json              {model_id, source, file, values}\n";
+  return c;
+}
 
 Command ExportCommand() {
   Command c{"export", "write a slot's packed state (and its compatibility tags) to a file",

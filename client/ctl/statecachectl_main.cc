@@ -35,8 +35,8 @@ struct Environment {
 std::vector<Command> AllCommands() {
   return {StatusCommand(),   ModelsCommand(),    RegisterCommand(),   DropCommand(),
           SlotsCommand(),    LookupCommand(),    SnapshotCommand(),   ExportCommand(),
-          ImportCommand(),   CalibrateCommand(), EvaluateCommand(),   DemoCommand(),
-          ServeBenchCommand()};
+          ImportCommand(),   UnpackCommand(),    CalibrateCommand(),  EvaluateCommand(),
+          DemoCommand(),     ServeBenchCommand()};
 }
 
 std::vector<std::string> CommandNames() {

@@ -144,6 +144,7 @@ class DecodeQueue {
 
 class StreamOps;     // kernels/backend/stream_ops.h
 class Interprocess;  // kernels/backend/interprocess.h
+class PinnedMemory;  // kernels/backend/pinned_memory.h
 
 class Backend {
  public:
@@ -238,6 +239,11 @@ class Backend {
   // (the default) for backends without streams, whose calls are ordered by
   // the calling thread alone.
   virtual void* native_stream() const { return nullptr; }
+  // Host memory that CopyIn / CopyOut move at the host link's full speed
+  // (kernels/backend/pinned_memory.h: page-locked on CUDA, plain on CPU),
+  // owned by the backend and valid while it lives; nullptr (the default)
+  // when the backend offers none: callers then use ordinary host memory.
+  virtual PinnedMemory* pinned_memory() { return nullptr; }
 };
 
 }  // namespace statecache

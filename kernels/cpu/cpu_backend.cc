@@ -120,7 +120,21 @@ void RunToken(const ModelGeometry& geo, const int32_t* perm, const ValueMap& map
   if (o_out != nullptr) ValueFromStored(map, s.o_stored.data(), o_out, geo.d_v);
 }
 
+// 256-byte-aligned host memory, uninitialized (the caller writes it first).
+absl::StatusOr<std::unique_ptr<BackendBuffer>> AllocateHost(int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " is negative"));
+  const int64_t rounded = std::max<int64_t>(256, (bytes + 255) / 256 * 256);
+  void* p = std::aligned_alloc(256, static_cast<size_t>(rounded));
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
+  }
+  return std::unique_ptr<BackendBuffer>(new HostBuffer(static_cast<uint8_t*>(p), bytes));
+}
+
 }  // namespace
+
+CpuBackend::CpuBackend(int threads)
+    : threads_(threads), pinned_(std::make_unique<PlainHostMemory>()) {}
 
 std::unique_ptr<CpuBackend> CpuBackend::Create(const Options& options) {
   const int threads = options.threads > 0 ? options.threads : ThreadPool::DefaultThreads();
@@ -132,14 +146,9 @@ std::string CpuBackend::Describe() const {
 }
 
 absl::StatusOr<std::unique_ptr<BackendBuffer>> CpuBackend::Allocate(int64_t bytes) {
-  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " is negative"));
-  const int64_t rounded = std::max<int64_t>(256, (bytes + 255) / 256 * 256);
-  void* p = std::aligned_alloc(256, static_cast<size_t>(rounded));
-  if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
-  }
-  std::memset(p, 0, static_cast<size_t>(rounded));
-  return std::unique_ptr<BackendBuffer>(new HostBuffer(static_cast<uint8_t*>(p), bytes));
+  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> b, AllocateHost(bytes));
+  std::memset(b->data(), 0, static_cast<size_t>(std::max<int64_t>(256, (bytes + 255) / 256 * 256)));
+  return b;
 }
 
 absl::StatusOr<int64_t> CpuBackend::AvailableBytes() const {

@@ -15,6 +15,7 @@
 
 #include "kernels/backend/backend.h"
 #include "kernels/backend/interprocess.h"
+#include "kernels/backend/pinned_memory.h"
 #include "kernels/backend/sync_stream_ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/shm/shm_interprocess.h"
@@ -52,13 +53,17 @@ class CpuBackend : public Backend {
   StreamOps& stream_ops() override { return stream_ops_; }
   // POSIX shared memory (kernels/shm/shm_interprocess.h).
   Interprocess* interprocess() override { return interprocess_.get(); }
+  // Plain aligned host memory (page_locked() is false): backend memory is
+  // host memory, so CopyIn / CopyOut are memcpy from any of it.
+  PinnedMemory* pinned_memory() override { return pinned_.get(); }
 
  private:
-  explicit CpuBackend(int threads) : threads_(threads) {}
+  explicit CpuBackend(int threads);
 
   ThreadPool threads_;
   SyncStreamOps stream_ops_{*this};
   const std::unique_ptr<Interprocess> interprocess_ = NewSharedMemoryInterprocess();
+  const std::unique_ptr<PinnedMemory> pinned_;
 };
 
 }  // namespace statecache

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend/batch_validation.h"
+#include "kernels/backend/pinned_memory.h"
 #include "kernels/backend/stream_ops.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/cuda/internal/call_context.h"
@@ -48,6 +49,36 @@ class DeviceBuffer : public BackendBuffer {
  private:
   uint8_t* data_;
   int64_t size_;
+};
+
+// Page-locked host memory (cudaMallocHost), freed with cudaFreeHost.
+class PinnedBuffer : public BackendBuffer {
+ public:
+  PinnedBuffer(uint8_t* data, int64_t size) : data_(data), size_(size) {}
+  ~PinnedBuffer() override { ci::HostFreePinned(data_); }
+  uint8_t* data() const override { return data_; }
+  int64_t size() const override { return size_; }
+
+ private:
+  uint8_t* data_;
+  int64_t size_;
+};
+
+class CudaPinnedMemory : public PinnedMemory {
+ public:
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> AllocatePinned(int64_t bytes) override {
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " is negative"));
+    }
+    const int64_t rounded = std::max<int64_t>(256, (bytes + 255) / 256 * 256);
+    void* p = nullptr;
+    if (ci::HostAllocPinned(&p, rounded) != 0 || p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda: cannot allocate ", bytes, " bytes of page-locked host memory"));
+    }
+    return std::unique_ptr<BackendBuffer>(new PinnedBuffer(static_cast<uint8_t*>(p), bytes));
+  }
+  bool page_locked() const override { return true; }
 };
 
 class CudaBackend : public Backend {
@@ -246,6 +277,9 @@ class CudaBackend : public Backend {
   // CUDA IPC (kernels/cuda_ipc/cuda_interprocess.h).
   Interprocess* interprocess() override { return interprocess_.get(); }
   void* native_stream() const override { return stream_; }
+  // Page-locked host memory: CopyIn / CopyOut from it are DMA transfers on
+  // the call's stream (one host wait), not staged through a pageable buffer.
+  PinnedMemory* pinned_memory() override { return &pinned_; }
 
   absl::Status ZeroSlots(const PoolView& pool, const int32_t* slots, int n) override {
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat("n: ", n, " is negative"));
@@ -329,8 +363,9 @@ class CudaBackend : public Backend {
                                         ci::RecurrenceStart::kEarlyHeads, options_, c->stream()));
     RETURN_IF_ERROR(c->EnqueueErrorReadback());
     if (o_bytes > 0) {
-      // Behind the kernel on the same stream (returns once done: pageable
-      // memory); o is only meaningful when the verdict is OK.
+      // Behind the kernel on the same stream (pinned host_o: asynchronous,
+      // waited for by the verdict; pageable: returns once done); o is only
+      // meaningful when the verdict is OK.
       RETURN_IF_ERROR(
           CudaStatus(ci::CopyDeviceToHostAsync(host_o, in.o, o_bytes, c->stream()), "copy out"));
     }
@@ -397,6 +432,7 @@ class CudaBackend : public Backend {
   // call's context orders itself after it (Acquire).
   void* stream_ = nullptr;
   const std::unique_ptr<Interprocess> interprocess_ = NewCudaInterprocess();
+  CudaPinnedMemory pinned_;
   ci::CallContextPool contexts_;
   ci::CudaStreamOps stream_ops_;
 };

@@ -101,6 +101,20 @@ int ReleaseWord(void* device_word, uint64_t value) {
   return cudaStreamSynchronize(stream);
 }
 
+int CreateWorkerStream(void** stream) {
+  cudaStream_t s = nullptr;
+  const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  *stream = e == cudaSuccess ? s : nullptr;
+  return e;
+}
+
+int DestroyWorkerStream(void* stream) {
+  if (stream == nullptr) return cudaSuccess;
+  const cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  const cudaError_t d = cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+  return e != cudaSuccess ? e : d;
+}
+
 int StreamWaitGeq(void* stream, const void* device_word, uint32_t value) {
   Driver& d = GetDriver();
   if (!d.device) return cudaErrorNoDevice;

@@ -50,6 +50,12 @@ int StreamGate(void* stream, const uint32_t* words, uint32_t value, void* abort_
 // (600) while it has not, another error code otherwise.
 int EventQuery(void* event);
 
+// A new non-blocking stream (*stream) of the current device, for a worker
+// thread that must not share the legacy default stream with other threads;
+// DestroyWorkerStream waits for its work first.
+int CreateWorkerStream(void** stream);
+int DestroyWorkerStream(void* stream);
+
 // "cuStreamWaitValue32", "polling kernel" or "none" (no usable device):
 // which mechanism StreamWaitGeq uses in this process.
 const char* Mechanism();

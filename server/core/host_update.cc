@@ -1,7 +1,6 @@
 #include "server/core/host_update.h"
 
 #include <cstring>
-#include <vector>
 
 #include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
@@ -10,10 +9,6 @@ namespace statecache {
 namespace {
 
 constexpr int64_t kAlign = 256;
-// Inputs up to this size are packed into one host buffer and copied in with
-// one CopyIn (one synchronization on CUDA); larger ones are copied array by
-// array (no extra host copy).
-constexpr int64_t kPackBytes = int64_t{1} << 20;
 
 int64_t Aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -35,7 +30,7 @@ HostUpdateRow RowBytesOf(const ModelGeometry& g, DType dtype) {
 
 absl::Status RunHostUpdate(Backend& backend, StagingCache& staging, const PreparedModel& model,
                            const PoolView& pool, int layer, const HostUpdate& u,
-                           double* kernel_seconds) {
+                           double* kernel_seconds, UpdatePhases* phases) {
   *kernel_seconds = 0;
   const HostUpdateRow row = RowBytesOf(model.layout().geometry(), u.dtype);
   const int64_t b = u.batch;
@@ -55,7 +50,9 @@ absl::Status RunHostUpdate(Backend& backend, StagingCache& staging, const Prepar
     in.o = u.o;
     const absl::Time start = absl::Now();
     absl::Status st = backend.DecodeUpdate(model, pool, layer, in);
-    *kernel_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const absl::Duration d = absl::Now() - start;
+    *kernel_seconds = absl::ToDoubleSeconds(d);
+    if (phases != nullptr) phases->Add(UpdatePhases::kBackend, d);
     return st;
   }
   struct Part {
@@ -70,9 +67,15 @@ absl::Status RunHostUpdate(Backend& backend, StagingCache& staging, const Prepar
     p.offset = total;
     total += Aligned(p.bytes);
   }
-  const int64_t o_offset = total;
-  ASSIGN_OR_RETURN(StagingCache::Lease buf, staging.Get(total + Aligned(b * row.o)));
+  const int64_t o_offset = total, o_bytes = b * row.o;
+  PhaseClock clock(phases);
+  // The same offsets on both sides: the device block holds the inputs and
+  // o, the host block the packed inputs and, after the call, o.
+  ASSIGN_OR_RETURN(StagingCache::Lease buf, staging.Get(total + Aligned(o_bytes)));
+  ASSIGN_OR_RETURN(StagingCache::Lease host, staging.GetHost(total + Aligned(o_bytes)));
   uint8_t* base = buf.data();
+  for (const Part& p : parts) std::memcpy(host.data() + p.offset, p.host, p.bytes);
+  clock.Lap(UpdatePhases::kStage);
   in.slots = reinterpret_cast<const int32_t*>(base + parts[0].offset);
   in.q = base + parts[1].offset;
   in.k = base + parts[2].offset;
@@ -80,22 +83,14 @@ absl::Status RunHostUpdate(Backend& backend, StagingCache& staging, const Prepar
   in.g = reinterpret_cast<const float*>(base + parts[4].offset);
   in.beta = reinterpret_cast<const float*>(base + parts[5].offset);
   in.o = reinterpret_cast<float*>(base + o_offset);
-  if (total <= kPackBytes) {
-    // One backend call does the copy in, the update and the copy out.
-    thread_local std::vector<uint8_t> pack;
-    pack.resize(static_cast<size_t>(total));
-    for (const Part& p : parts) std::memcpy(pack.data() + p.offset, p.host, p.bytes);
-    const absl::Time start = absl::Now();
-    absl::Status st = backend.DecodeUpdateStaged(model, pool, layer, in, base, pack.data(), total,
-                                                 u.o, b * row.o);
-    *kernel_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    return st;
-  }
-  for (const Part& p : parts) RETURN_IF_ERROR(backend.CopyIn(base + p.offset, p.host, p.bytes));
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(backend.DecodeUpdate(model, pool, layer, in));
+  RETURN_IF_ERROR(backend.DecodeUpdateStaged(model, pool, layer, in, base, host.data(), total,
+                                             host.data() + o_offset, o_bytes));
   *kernel_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  return backend.CopyOut(u.o, in.o, b * row.o);
+  clock.Lap(UpdatePhases::kBackend);
+  std::memcpy(u.o, host.data() + o_offset, o_bytes);
+  clock.Lap(UpdatePhases::kCopyOut);
+  return absl::OkStatus();
 }
 
 }  // namespace statecache

@@ -5,11 +5,12 @@
 // On a backend whose memory is host memory (Backend::host_memory(), the CPU
 // backend) the arrays are read and o written in place when each is aligned
 // to its element type (no staging copy: the request's bytes go straight to
-// the kernel, o straight into the response); otherwise the inputs go to one
-// StagingCache buffer: up to 1 MiB packed into one host block and run with
-// one Backend::DecodeUpdateStaged (CUDA: one stream, one host wait for copy
-// in, update and copy out), larger ones copied in array by array, o copied
-// out after.
+// the kernel, o straight into the response). Otherwise every input is packed
+// into one host staging block (StagingCache::GetHost: pinned on CUDA, reused
+// across calls) and the update runs as one Backend::DecodeUpdateStaged (CUDA:
+// one copy in of that block, validation, kernel, one copy of o out into the
+// same block, one host wait), after which o is copied into u.o. Tensor bytes
+// are copied twice on the host (pack, o out) and once each way to the device.
 //
 //   HostUpdate u{.batch = b, .slots = access.indices().data(), ...};
 //   RETURN_IF_ERROR(RunHostUpdate(*backend, staging, *m->prepared, view, layer, u, &seconds));
@@ -21,6 +22,7 @@
 #include "absl/status/status.h"
 #include "kernels/backend/backend.h"
 #include "kernels/layout/geometry.h"
+#include "server/core/update_phases.h"
 #include "server/pool/staging_cache.h"
 
 namespace statecache {
@@ -47,10 +49,11 @@ HostUpdateRow RowBytesOf(const ModelGeometry& g, DType dtype);
 // unchanged (kInvalidArgument naming the field: nothing was written);
 // staging errors (kResourceExhausted) before it. *kernel_seconds: the wall
 // time of the backend's update call (with its copies when
-// DecodeUpdateStaged does them).
+// DecodeUpdateStaged does them). `phases` (may be null) gets the stage,
+// backend and copy_out phases.
 absl::Status RunHostUpdate(Backend& backend, StagingCache& staging, const PreparedModel& model,
                            const PoolView& pool, int layer, const HostUpdate& u,
-                           double* kernel_seconds);
+                           double* kernel_seconds, UpdatePhases* phases = nullptr);
 
 }  // namespace statecache
 

@@ -150,7 +150,10 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
     co.max_lease = options_.max_lease;
     co.clock = options_.clock;
     if (options_.host_checkpoint_bytes > 0) {
-      co.host = std::make_shared<HostTier>(options_.host_checkpoint_bytes);
+      HostTier::Options ho;
+      ho.capacity_bytes = options_.host_checkpoint_bytes;
+      ho.memory = backend_->pinned_memory();  // page-locked on CUDA; null: plain
+      co.host = std::make_shared<HostTier>(ho);
     }
     if (!options_.disk_checkpoint_dir.empty()) {
       const std::string dir =
@@ -278,10 +281,10 @@ std::string CheckpointTierTags(absl::string_view tenant, absl::string_view id,
   const ModelGeometry& g = layout.geometry();
   return absl::StrFormat(
       "tenant=%s model=%s format=%s fingerprint=%016x geometry=%s:%dx%dx%dx%dx%dx%a "
-      "slot_bytes=%d packed_revision=%d",
+      "slot_bytes=%d packed_revision=%d keys=%s",
       absl::BytesToHexString(tenant), id, FormatSpecName(layout.format()), layout.Fingerprint(),
       ArchName(g.arch), g.layers, g.h_qk, g.h_v, g.d_k, g.d_v, g.scale, layout.slot_bytes(),
-      kPackedFormatVersion);
+      kPackedFormatVersion, kSaltedKeyScheme);
 }
 
 }  // namespace statecache

@@ -94,7 +94,8 @@ class ModelRegistry {
     // (server/pool/checkpoint_tier.h): a host-memory tier of this many bytes
     // (0 = none), and a disk tier of disk_checkpoint_bytes under
     // <disk_checkpoint_dir>/<tenant>/<model id> (empty dir = none). Both
-    // budgets are per model. The disk tier's files carry CheckpointTierTags,
+    // budgets are per model; the host tier's memory is the backend's
+    // PinnedMemory when it has one. The disk tier's files carry CheckpointTierTags,
     // so a model registered again with the same tags finds them after a
     // restart; files of other tags are deleted.
     int64_t host_checkpoint_bytes = 0;
@@ -168,13 +169,18 @@ class ModelRegistry {
   int64_t checkpoint_reserved_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The compatibility tags written into a model's disk-tier files: tenant,
-// model id, format, layout fingerprint, geometry, slot bytes and the packed
-// format revision (kPackedFormatVersion). `layout` is the layout of the
-// checkpoint format (Model::checkpoint_format), so a cold checkpoint of
-// another format never matches.
+// The compatibility tags written into a model's disk-tier files (and the
+// Redis tier's keys and values): tenant, model id, format, layout
+// fingerprint, geometry, slot bytes, the packed format revision
+// (kPackedFormatVersion) and the salted-key scheme (kSaltedKeyScheme), so
+// checkpoints stored under another scheme's keys are dropped, never kept
+// unreachable. `layout` is the layout of the checkpoint format
+// (Model::checkpoint_format), so a cold checkpoint of another format never
+// matches.
 std::string CheckpointTierTags(absl::string_view tenant, absl::string_view id,
                                const StateLayout& layout);
+// How stored prefix keys are salted (server/pool/prefix_key.h, SaltKey).
+inline constexpr char kSaltedKeyScheme[] = "v2";
 
 // Valid model ids: [A-Za-z0-9._-]{1,128}.
 absl::Status ValidateModelId(absl::string_view id);

@@ -1,7 +1,14 @@
 #include "server/core/model_registry.h"
 
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/pool/disk_tier.h"
+#include "server/pool/prefix_key.h"
 #include "server/pool/testing/fake_backend.h"
 
 namespace statecache {
@@ -71,6 +78,55 @@ TEST_F(ModelRegistryTest, NoCheckpointMemoryMeansNoStore) {
   auto a = registry.Register(Spec("a"));
   ASSERT_TRUE(a.ok());
   EXPECT_EQ((*a)->checkpoints, nullptr);
+}
+
+// Disk checkpoints stored under the v1 key salt (tags without "keys=v2")
+// are deleted when the model's disk tier opens: never restored, never left
+// unreachable. A v2 file of the same model is kept.
+TEST_F(ModelRegistryTest, DiskFilesOfOldSaltedKeysAreDroppedOnOpen) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/salt_migration";
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+  ModelSpec spec = Spec("a", 1, 1);
+  spec.tenant = "t";
+  const StateLayout layout = StateLayout::Identity(spec.geometry, spec.format).value();
+  const std::string tags = CheckpointTierTags("t", "a", layout);
+  EXPECT_THAT(tags, HasSubstr(" keys=v2"));
+  const std::string model_dir = dir + "/74/a";  // hex("t") / model id
+  auto blob = [&](int n) {
+    CheckpointBlob b;
+    b.key = SaltKey("t", KeyOfTokens(std::vector<int32_t>(n, 3)));
+    b.packed = std::string(kSlot, static_cast<char>(n));
+    return b;
+  };
+  std::vector<CheckpointBlob> evicted;
+  {
+    auto v1 = DiskTier::Create(model_dir, absl::StrReplaceAll(tags, {{" keys=v2", ""}}),
+                               10 * kSlot);
+    ASSERT_TRUE(v1.ok()) << v1.status();
+    ASSERT_TRUE((*v1)->Put(blob(1), &evicted).ok());
+  }
+  {
+    auto v2 = DiskTier::Create(model_dir + ".v2", tags, 10 * kSlot);
+    ASSERT_TRUE(v2.ok()) << v2.status();
+    ASSERT_TRUE((*v2)->Put(blob(2), &evicted).ok());
+  }
+  ASSERT_EQ(std::system(("mv '" + model_dir + ".v2'/* '" + model_dir + "'/").c_str()), 0);
+  ModelRegistry::Options o;
+  o.state_budget_bytes = 10 * kSlot;
+  o.checkpoint_budget_bytes = 4 * kSlot;
+  o.disk_checkpoint_dir = dir;
+  o.disk_checkpoint_bytes = 10 * kSlot;
+  ModelRegistry registry(&backend_, o);
+  auto a = registry.Register(spec);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const CheckpointStats s = (*a)->checkpoints->stats();
+  EXPECT_EQ(s.tiers[static_cast<int>(StoreTier::kDisk)].entries, 1);  // the v2 file
+  auto hit = (*a)->checkpoints->Lookup({blob(1).key, blob(2).key}, absl::ZeroDuration());
+  ASSERT_TRUE(hit.ok());
+  ASSERT_TRUE(hit->hit);
+  EXPECT_EQ(hit->key, blob(2).key);
+  EXPECT_FALSE((*a)->checkpoints->Peek({blob(1).key}).hit);
 }
 
 TEST_F(ModelRegistryTest, IdsAndValidation) {

@@ -263,8 +263,8 @@ TEST_F(CoalescerTest, FreeRunningThreadsMatchSerialBytes) {
 
 
 // The CPU backend seen as a device backend (host_memory() false): the
-// staged paths of RunHostUpdate (one DecodeUpdateStaged; per-array copies
-// beyond 1 MiB) run on it.
+// staged path of RunHostUpdate (inputs packed into one host staging block,
+// one DecodeUpdateStaged, o copied out of that block) runs on it.
 class StagedCpu : public Backend {
  public:
   explicit StagedCpu(Backend* cpu) : cpu_(cpu) {}
@@ -317,17 +317,29 @@ TEST_F(CoalescerTest, StagedPathEqualsInPlaceBytes) {
   StagedCpu staged(backend_.get());
   StagingCache staged_cache(&staged, 1 << 20), cache(backend_.get(), 1 << 20);
   const PoolView ref = View(*reference_);
+  UpdatePhases staged_phases, in_place_phases;
   for (int i = 0; i < 6; ++i) {
     Call a = MakeCall(i % kSlots, 300 + i), b = MakeCall(i % kSlots, 300 + i);
     HostUpdate ua = a.update(), ub = b.update();
     double seconds = 0;
-    ASSERT_TRUE(RunHostUpdate(staged, staged_cache, *model_, pool_, i % 2, ua, &seconds).ok());
-    ASSERT_TRUE(RunHostUpdate(*backend_, cache, *model_, ref, i % 2, ub, &seconds).ok());
+    ASSERT_TRUE(RunHostUpdate(staged, staged_cache, *model_, pool_, i % 2, ua, &seconds,
+                              &staged_phases)
+                    .ok());
+    ASSERT_TRUE(
+        RunHostUpdate(*backend_, cache, *model_, ref, i % 2, ub, &seconds, &in_place_phases).ok());
     EXPECT_EQ(0, std::memcmp(a.o.data(), b.o.data(), a.o.size() * 4)) << i;
   }
   EXPECT_EQ(Bytes(*arena_), Bytes(*reference_));
   EXPECT_EQ(staged.copies_in, 6);    // one packed copy per update
   EXPECT_EQ(staged.allocations, 1);  // the staging buffer was reused
+  EXPECT_EQ(staged_cache.allocations(), 2);  // + one host staging block, reused
+  for (UpdatePhases::Phase p : {UpdatePhases::kStage, UpdatePhases::kBackend,
+                                UpdatePhases::kCopyOut}) {
+    EXPECT_EQ(staged_phases.Calls(p), 6) << UpdatePhases::Name(p);
+  }
+  EXPECT_EQ(in_place_phases.Calls(UpdatePhases::kBackend), 6);
+  EXPECT_EQ(in_place_phases.Calls(UpdatePhases::kStage), 0);  // nothing staged in place
+  EXPECT_EQ(in_place_phases.Calls(UpdatePhases::kCopyOut), 0);
   // A bad input through the staged path: the binding's error, nothing written.
   Call bad = MakeCall(1, 999);
   bad.beta[1] = 7.f;

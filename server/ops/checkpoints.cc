@@ -6,59 +6,19 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/common/status_macros.h"
 #include "server/core/log.h"
 #include "server/ops/checks.h"
 #include "server/ops/state_ops.h"
+#include "server/ops/wire_key.h"
 #include "server/pool/prefix_key.h"
 #include "server/core/proto_convert.h"
 
 namespace statecache {
 namespace ops {
 namespace {
-
-// A wire key, checked: num_tokens >= 1, a known kind, the digest and hash
-// its kind allows. Fields are named "<field>.num_tokens" etc.
-absl::StatusOr<PrefixKey> WireKey(const v1::PrefixKey& key, absl::string_view field) {
-  if (key.num_tokens() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".num_tokens: ", key.num_tokens(), " must be >= 1"));
-  }
-  switch (key.kind()) {
-    case v1::PREFIX_KEY_KIND_FNV64:
-      if (!key.digest().empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".digest: must be empty for PREFIX_KEY_KIND_FNV64 (",
-                         key.digest().size(), " bytes given)"));
-      }
-      break;
-    case v1::PREFIX_KEY_KIND_SHA256:
-      if (key.digest().size() != kSha256DigestBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".digest: ", key.digest().size(),
-                         " bytes, PREFIX_KEY_KIND_SHA256 needs ", kSha256DigestBytes));
-      }
-      break;
-    case v1::PREFIX_KEY_KIND_ENGINE:
-      if (key.digest().empty() || key.digest().size() > kMaxEngineDigestBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".digest: ", key.digest().size(),
-                         " bytes, PREFIX_KEY_KIND_ENGINE needs 1..", kMaxEngineDigestBytes));
-      }
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".kind: unknown prefix key kind ", static_cast<int>(key.kind())));
-  }
-  if (key.kind() != v1::PREFIX_KEY_KIND_FNV64 && key.hash() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".hash: must be 0 for ", v1::PrefixKeyKind_Name(key.kind())));
-  }
-  return KeyFromProto(key);
-}
 
 // The kind of chain the server computes from tokens: FNV64 or SHA256.
 absl::Status CheckTokensKind(v1::PrefixKeyKind kind, absl::string_view field) {
@@ -175,18 +135,7 @@ absl::Status Restore(const Context& ctx, Model& m, const v1::RestoreRequest& req
   absl::StatusOr<CheckpointStore::RestoreResult> stored =
       m.checkpoints->Restore(SaltKey(m.tenant, key), req.lease_id(), m.slots->view(),
                              access.indices()[0]);
-  // The store names salted keys; callers know their wire keys.
-  if (stored.status().code() == absl::StatusCode::kNotFound) {
-    return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ", key.DebugString(),
-                                            req.lease_id() != 0 ? " (lease unknown or expired)"
-                                                                : ""));
-  }
-  if (stored.status().code() == absl::StatusCode::kInvalidArgument &&
-      absl::StartsWith(stored.status().message(), "lease_id:")) {
-    return absl::InvalidArgumentError(absl::StrCat("lease_id: the lease is for another key than ",
-                                                   key.DebugString()));
-  }
-  RETURN_IF_ERROR(stored.status());
+  RETURN_IF_ERROR(WireKeyStatus(stored.status(), key, req.lease_id()));
   CheckpointStore::RestoreResult& restored = *stored;
   if (ctx.observe) ctx.observe("copy_slots", SecondsSince(start), 1);
   for (std::string& a : restored.aux) resp->add_aux(std::move(a));

@@ -1,7 +1,9 @@
 #include "server/ops/checks.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -76,6 +78,73 @@ absl::Status CheckMagnitudes(absl::string_view prefix, const TensorBytes& q, con
     }
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Rows of d_k FP32 values (message bytes: any alignment) whose sums of
+// squares are all <= bound; NaN / Inf make a sum fail.
+bool RowsWithin(const TensorBytes& t, int d_k, float bound) {
+  constexpr int kLanes = 8;
+  const char* p = static_cast<const char*>(t.data);
+  const int64_t rows = t.count / d_k;
+  bool ok = true;
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row = p + 4 * r * d_k;
+    float acc[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    for (; j + kLanes <= d_k; j += kLanes) {
+      float x[kLanes];
+      std::memcpy(x, row + 4 * j, sizeof(x));
+      for (int l = 0; l < kLanes; ++l) acc[l] += x[l] * x[l];
+    }
+    for (; j < d_k; ++j) {
+      float x;
+      std::memcpy(&x, row + 4 * j, 4);
+      acc[0] += x * x;
+    }
+    const float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    ok &= sum <= bound;  // false for NaN
+  }
+  return ok;
+}
+
+// Every FP32 value finite with |x| <= bound (bound finite, >= 0). On the
+// bits: |x| as an integer orders like the float, and Inf / NaN lie above
+// every finite bound.
+bool AllWithin(const TensorBytes& t, float bound) {
+  const char* p = static_cast<const char*>(t.data);
+  uint32_t limit;
+  std::memcpy(&limit, &bound, 4);
+  constexpr int kLanes = 8;
+  uint32_t top[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};  // largest |x| bits per lane
+  int64_t i = 0;
+  for (; i + kLanes <= t.count; i += kLanes) {
+    uint32_t bits[kLanes];
+    std::memcpy(bits, p + 4 * i, sizeof(bits));
+    for (int l = 0; l < kLanes; ++l) top[l] = std::max(top[l], bits[l] & 0x7fffffffu);
+  }
+  for (; i < t.count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + 4 * i, 4);
+    top[0] = std::max(top[0], bits & 0x7fffffffu);
+  }
+  uint32_t m = 0;
+  for (uint32_t x : top) m = std::max(m, x);
+  return m <= limit;
+}
+
+}  // namespace
+
+bool ValuesPassQuickly(const TensorBytes& q, const TensorBytes& k, const TensorBytes& v, int d_k,
+                       float max_abs_value) {
+  if (q.dtype != DType::kFp32 || k.dtype != DType::kFp32 || v.dtype != DType::kFp32 || d_k < 1 ||
+      d_k > 1024 || !(max_abs_value >= 0)) {
+    return false;
+  }
+  constexpr float kRowBound = 1.02f;  // CheckMagnitudes: 1.0201 in double
+  return RowsWithin(q, d_k, kRowBound) && RowsWithin(k, d_k, kRowBound) &&
+         AllWithin(v, std::min(max_abs_value, std::numeric_limits<float>::max()));
 }
 
 int64_t SanitizeTensor(TensorBytes* t, std::string* storage) {

@@ -41,6 +41,16 @@ absl::Status CheckWork(int64_t heads, int64_t max_heads, absl::string_view field
 absl::Status CheckMagnitudes(absl::string_view prefix, const TensorBytes& q, const TensorBytes& k,
                              const TensorBytes& v, int d_k, float max_abs_value);
 
+// A quick sufficient test for FP32 q, k, v: true when every q / k row of d_k
+// values has a sum of squares <= 1.02 (computed in FP32, 8 lanes: within
+// 1e-4 of the double sum for d_k <= 1024, so below CheckMagnitudes' bound
+// 1.0201) and every v is finite with |v| <= max_abs_value. Then
+// ValidateFinite of q, k, v and CheckMagnitudes pass. false (any other
+// dtype, or a value near or past a bound) proves nothing: run those checks
+// for the verdict and the error. One pass over the bytes, vectorized.
+bool ValuesPassQuickly(const TensorBytes& q, const TensorBytes& k, const TensorBytes& v, int d_k,
+                       float max_abs_value);
+
 // Opt-in sanitizing (sanitize_non_finite): when `t` holds NaN / Inf, copies
 // it into `storage` with those values replaced by +0 and points `t` at the
 // copy. Returns the number replaced.

@@ -1,6 +1,7 @@
 // What the operations of server/ops run against: the backend, staging
-// memory, the Update coalescer, request limits, the kernel-time observer and
-// the attached-slot check of the data plane. Every pointer must outlive the
+// memory, the Update coalescer, request limits, the kernel-time observer,
+// the attached-slot check of the data plane and the optional Update phase
+// times. Every pointer must outlive the
 // calls that use the context.
 #ifndef STATECACHE_SERVER_OPS_CONTEXT_H_
 #define STATECACHE_SERVER_OPS_CONTEXT_H_
@@ -16,6 +17,7 @@
 #include "server/pool/slot_handle.h"
 #include "server/pool/staging_cache.h"
 #include "server/core/update_coalescer.h"
+#include "server/core/update_phases.h"
 
 namespace statecache {
 namespace ops {
@@ -37,6 +39,9 @@ struct Limits {
   // Trajectory file bytes per Calibrate call, all messages together
   // (kResourceExhausted naming "max_calibration_bytes" beyond it).
   int64_t max_calibration_bytes = int64_t{1} << 30;
+  // FP32 state bytes one Unpack response may carry (layers * h_v * d_k *
+  // d_v * 4; kResourceExhausted naming "max_unpack_bytes" beyond it).
+  int64_t max_unpack_bytes = int64_t{256} << 20;
 };
 
 // Backend time of one operation: (op, seconds, batch). op is one of
@@ -57,6 +62,7 @@ struct Context {
   Limits limits;
   KernelObserver observe;                // may be empty
   AttachCheck not_attached;              // empty: no slot is ever attached
+  UpdatePhases* phases = nullptr;        // Update of inline bytes, per phase (null: not timed)
 };
 
 }  // namespace ops

@@ -44,10 +44,13 @@ absl::Status RequestBytes::Ready(const Context& ctx, absl::string_view prefix, b
     *sanitized = SanitizeTensor(&q, &q_clean_) + SanitizeTensor(&k, &k_clean_) +
                  SanitizeTensor(&v, &v_clean_) + SanitizeFloats(&gates_) + SanitizeFloats(&betas_);
   }
-  RETURN_IF_ERROR(ValidateFinite(absl::StrCat(prefix, "q"), q.dtype, q.data, q.count));
-  RETURN_IF_ERROR(ValidateFinite(absl::StrCat(prefix, "k"), k.dtype, k.data, k.count));
-  RETURN_IF_ERROR(ValidateFinite(absl::StrCat(prefix, "v"), v.dtype, v.data, v.count));
-  RETURN_IF_ERROR(CheckMagnitudes(prefix, q, k, v, d_k, ctx.limits.max_abs_value));
+  if (!ValuesPassQuickly(q, k, v, d_k, ctx.limits.max_abs_value)) {
+    // The exact checks, in order: the verdict and the first error.
+    RETURN_IF_ERROR(ValidateFinite(absl::StrCat(prefix, "q"), q.dtype, q.data, q.count));
+    RETURN_IF_ERROR(ValidateFinite(absl::StrCat(prefix, "k"), k.dtype, k.data, k.count));
+    RETURN_IF_ERROR(ValidateFinite(absl::StrCat(prefix, "v"), v.dtype, v.data, v.count));
+    RETURN_IF_ERROR(CheckMagnitudes(prefix, q, k, v, d_k, ctx.limits.max_abs_value));
+  }
   absl::Status gates = ValidateGates(gates_.data(), t->g.count, betas_.data(), t->beta.count);
   if (!gates.ok()) {
     return prefix.empty() ? gates
@@ -83,7 +86,7 @@ absl::StatusOr<Launch> RequestBytes::RunUpdate(const Context& ctx, Model& m, int
     launch.leader = merged.leader;
   } else {
     RETURN_IF_ERROR(RunHostUpdate(*ctx.backend, *ctx.staging, *m.prepared, m.slots->view(), layer,
-                                  u, &launch.kernel_seconds));
+                                  u, &launch.kernel_seconds, ctx.phases));
     launch.batch = u.batch;
   }
   return launch;

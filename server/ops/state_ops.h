@@ -91,7 +91,11 @@ absl::Status Export(const Context& ctx, Model& m, const v1::ExportRequest& req,
 // Packed bytes (checked against the tags, decoded and validated in a scratch
 // slot first) into a slot.
 absl::Status Import(const Context& ctx, Model& m, const v1::ImportRequest& req);
-// A slot's states decoded to FP32 [layers][h_v][d_k][d_v], natural key order.
+// A slot's or a checkpoint's states decoded to FP32 [layers][h_v][d_k][d_v],
+// natural key order (req.source: a slot, or a checkpoint by wire key and
+// optional lease, read in place by CheckpointStore::Read; the lease is not
+// consumed). kResourceExhausted naming max_unpack_bytes when the states
+// exceed ctx.limits.max_unpack_bytes.
 absl::Status Unpack(const Context& ctx, Model& m, const v1::UnpackRequest& req,
                     v1::UnpackResponse* resp);
 

@@ -1,5 +1,5 @@
-// Export and Import: a slot's packed bytes out of and into the server
-// (server/ops/state_ops.h).
+// Export and Import: a slot's packed bytes out of and into the server;
+// Unpack: a slot or a checkpoint as FP32 states (server/ops/state_ops.h).
 
 #include <string>
 #include <vector>
@@ -11,6 +11,8 @@
 #include "server/ops/checks.h"
 #include "server/ops/host_staging.h"
 #include "server/ops/state_ops.h"
+#include "server/ops/wire_key.h"
+#include "server/pool/prefix_key.h"
 #include "server/core/proto_convert.h"
 
 namespace statecache {
@@ -69,20 +71,51 @@ absl::Status Import(const Context& ctx, Model& m, const v1::ImportRequest& req) 
 
 absl::Status Unpack(const Context& ctx, Model& m, const v1::UnpackRequest& req,
                     v1::UnpackResponse* resp) {
-  RETURN_IF_ERROR(CheckNotAttached(ctx, m, req.slot(), "slot"));
-  ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
-                   m.slots->Acquire({HandleFromProto(req.slot())}, "slot"));
   const ModelGeometry& g = m.layout.geometry();
   const int64_t values = g.HeadsPerSlot() * g.d_k * g.d_v;
-  HostStaging st;
-  const int s_idx = st.Add(access.indices().data(), sizeof(int32_t));
-  const int s_states = st.Add(nullptr, values * 4);
-  RETURN_IF_ERROR(st.Commit(*ctx.backend, *ctx.staging));
-  RETURN_IF_ERROR(ctx.backend->UnpackStates(*m.prepared, m.slots->view(), st.at<int32_t>(s_idx),
-                                            1, st.at<float>(s_states)));
-  std::string* out = resp->mutable_states();
-  out->resize(values * 4);
-  return ctx.backend->CopyOut(out->data(), st.at<float>(s_states), values * 4);
+  if (values * 4 > ctx.limits.max_unpack_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("states: ", values * 4, " bytes of FP32 states exceed max_unpack_bytes (",
+                     ctx.limits.max_unpack_bytes, ")"));
+  }
+  // Decodes entry `index` of `pool` into resp->states.
+  auto unpack = [&](const PoolView& pool, int32_t index) -> absl::Status {
+    HostStaging st;
+    const int s_idx = st.Add(&index, sizeof(int32_t));
+    const int s_states = st.Add(nullptr, values * 4);
+    RETURN_IF_ERROR(st.Commit(*ctx.backend, *ctx.staging));
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(ctx.backend->UnpackStates(*m.prepared, pool, st.at<int32_t>(s_idx), 1,
+                                              st.at<float>(s_states)));
+    if (ctx.observe) ctx.observe("unpack_states", SecondsSince(start), 1);
+    std::string* out = resp->mutable_states();
+    out->resize(values * 4);
+    return ctx.backend->CopyOut(out->data(), st.at<float>(s_states), values * 4);
+  };
+  switch (req.source_case()) {
+    case v1::UnpackRequest::kSlot: {
+      if (req.lease_id() != 0) {
+        return absl::InvalidArgumentError("lease_id: must be 0 when unpacking a slot");
+      }
+      RETURN_IF_ERROR(CheckNotAttached(ctx, m, req.slot(), "slot"));
+      ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
+                       m.slots->Acquire({HandleFromProto(req.slot())}, "slot"));
+      return unpack(m.slots->view(), access.indices()[0]);
+    }
+    case v1::UnpackRequest::kKey: {
+      ASSIGN_OR_RETURN(const PrefixKey key, WireKey(req.key(), "key"));
+      if (m.checkpoints == nullptr) {
+        return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ",
+                                                key.DebugString(),
+                                                " (model has no checkpoint memory)"));
+      }
+      return WireKeyStatus(
+          m.checkpoints->Read(SaltKey(m.tenant, key), req.lease_id(), unpack), key,
+          req.lease_id());
+    }
+    default:
+      return absl::InvalidArgumentError("source: set slot or key");
+  }
 }
 
 }  // namespace ops

@@ -97,11 +97,14 @@ absl::Status PrepareUpdate(const Context& ctx, TensorSource& source, const Model
 
 absl::Status Update(const Context& ctx, TensorSource& source, Model& m,
                     const v1::UpdateRequest& req, v1::UpdateResponse* resp) {
+  PhaseClock total(ctx.phases), clock(ctx.phases);
   ComputeTensors t;
   RETURN_IF_ERROR(PrepareUpdate(ctx, source, m, req, &t, resp));
+  clock.Lap(UpdatePhases::kChecks);
   RETURN_IF_ERROR(CheckNotAttached(ctx, m, req.slots(), "slots"));
   ASSIGN_OR_RETURN(SlotPool::SlotAccess access,
                    m.slots->Acquire(HandlesFromProto(req.slots()), "slots"));
+  clock.Lap(UpdatePhases::kSlots);
   ASSIGN_OR_RETURN(Launch launch, source.RunUpdate(ctx, m, req.layer(), access.indices(), t));
   const ModelGeometry& g = m.layout.geometry();
   v1::Tensor* out = resp->mutable_o();
@@ -110,6 +113,7 @@ absl::Status Update(const Context& ctx, TensorSource& source, Model& m,
   resp->set_kernel_micros(static_cast<int64_t>(launch.kernel_seconds * 1e6));
   // Once per launch: its batch is every merged call's slots.
   if (launch.leader) Observe(ctx, "decode_update", launch.kernel_seconds, launch.batch);
+  total.Lap(UpdatePhases::kTotal);
   return absl::OkStatus();
 }
 

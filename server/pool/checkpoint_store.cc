@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/status_macros.h"
-#include "server/pool/staging.h"
 
 namespace statecache {
 
@@ -41,7 +40,8 @@ CheckpointStore::CheckpointStore(Backend* backend, std::unique_ptr<BackendBuffer
       arena_(std::move(arena)),
       view_(view),
       slot_tiers_(slot_tiers),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      index_staging_(backend, kIndexStagingBytes) {
   if (options_.remote && options_.remote_write_through) {
     writer_ = std::make_unique<RemoteWriter>(options_.remote, options_.remote_writer);
   }
@@ -127,6 +127,20 @@ bool CheckpointStore::CopyOutLocked(int32_t e, CheckpointBlob* blob) {
 
 void CheckpointStore::DemoteLocked(int32_t e) {
   if (lower_.empty()) return;
+  const Entry& entry = entries_[e];
+  if (!options_.transcoder && lower_[0] != options_.remote) {
+    // The slot's bytes straight from the arena into the tier's memory (the
+    // host tier: pinned, one DMA copy). The remote_written mark is not kept
+    // there: a later demotion to the remote tier sends the bytes again.
+    std::vector<CheckpointBlob> evicted;
+    const absl::Status put = lower_[0]->PutFromBackend(entry.key, *backend_, view_.slot(e),
+                                                        view_.slot_bytes(), entry.aux, &evicted);
+    if (put.ok()) ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
+    PassDownLocked(0, std::move(evicted));
+    return;
+  }
+  // Through host bytes: the cold format's encoding, or a remote tier first
+  // in line (written outside the lock).
   CheckpointBlob blob;
   if (!CopyOutLocked(e, &blob)) return;  // dropped, as an unwritable tier drops it
   ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
@@ -143,14 +157,8 @@ void CheckpointStore::WriteThroughLocked(int32_t e) {
   entry.remote_written = writer_->Enqueue(std::move(blob));
 }
 
-absl::Status CheckpointStore::PromoteBytesLocked(const std::string& packed, int32_t e) {
-  if (!options_.transcoder) {
-    if (static_cast<int64_t>(packed.size()) != view_.slot_bytes()) {
-      return absl::DataLossError(absl::StrCat("checkpoint: ", packed.size(), " bytes, a slot has ",
-                                              view_.slot_bytes()));
-    }
-    return backend_->CopyIn(view_.slot(e), packed.data(), view_.slot_bytes());
-  }
+absl::Status CheckpointStore::PromoteBytesLocked(absl::string_view packed, int32_t e) {
+  if (!options_.transcoder) return backend_->CopyIn(view_.slot(e), packed.data(), view_.slot_bytes());
   RETURN_IF_ERROR(options_.transcoder->FromCold(packed, view_, e));
   ++counters_.transcodes_from_cold;
   return absl::OkStatus();
@@ -188,6 +196,10 @@ void CheckpointStore::SpillLocked(size_t i, CheckpointBlob blob) {
   }
   std::vector<CheckpointBlob> evicted;
   if (!lower_[i]->Put(std::move(blob), &evicted).ok()) return;  // too large or unwritable: dropped
+  PassDownLocked(i, std::move(evicted));
+}
+
+void CheckpointStore::PassDownLocked(size_t i, std::vector<CheckpointBlob> evicted) {
   if (i + 1 == lower_.size()) return;  // the last tier's drops are its use().evictions
   for (CheckpointBlob& b : evicted) {
     ++counters_.tiers[static_cast<int>(lower_[i]->tier())].demotions;
@@ -259,23 +271,50 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
       lower_key = (*fetched)->key;
     }
     if (from == nullptr) break;
-    absl::StatusOr<CheckpointBlob> blob =
-        use_fetched ? absl::StatusOr<CheckpointBlob>(*std::move(*fetched)) : from->Take(lower_key);
-    if (use_fetched) fetched->reset();
-    if (!blob.ok()) continue;
-    int evicted = 0;
-    const int32_t e = TakeFreeEntryLocked(&evicted);
-    const absl::Status promoted =
-        e >= 0 ? PromoteBytesLocked(blob->packed, e) : absl::ResourceExhaustedError("pinned");
+    // A local tier hands over the packed bytes where it keeps them (the host
+    // tier: pinned memory, one DMA copy into the arena); a remote blob was
+    // fetched outside the lock. An arena entry is freed only then: its
+    // eviction may demote into `from`, which no longer holds the checkpoint
+    // being promoted. Bytes of the wrong size are corrupt: dropped.
+    CheckpointBlob blob;
+    int32_t e = -1;
+    bool promoting = false, wrong_size = false;
+    const int64_t want_bytes =
+        options_.transcoder ? options_.transcoder->cold_slot_bytes() : view_.slot_bytes();
+    const CheckpointTier::Promote promote = [&](const void* packed,
+                                                int64_t bytes) -> absl::Status {
+      promoting = true;
+      if (bytes != want_bytes) {
+        wrong_size = true;
+        return absl::DataLossError(
+            absl::StrCat("checkpoint of ", bytes, " bytes, expected ", want_bytes));
+      }
+      int evicted = 0;
+      e = TakeFreeEntryLocked(&evicted);
+      if (e < 0) return absl::ResourceExhaustedError("checkpoints: every entry is pinned");
+      return PromoteBytesLocked(
+          absl::string_view(static_cast<const char*>(packed), static_cast<size_t>(bytes)), e);
+    };
+    absl::Status promoted;
+    if (use_fetched) {
+      blob = *std::move(*fetched);
+      fetched->reset();
+      promoted = promote(blob.packed.data(), static_cast<int64_t>(blob.packed.size()));
+      if (promoted.ok()) blob.packed.clear();
+    } else {
+      promoted = from->TakeInto(lower_key, promote, &blob);
+    }
+    // Not held after all, or corrupt (deleted by the tier, or dropped here).
+    if (!promoting || wrong_size) continue;
     if (promoted.ok()) {
       Entry& entry = entries_[e];
       entry.state = EntryState::kReady;
       entry.key = lower_key;
       entry.refs = 1;
-      entry.aux = std::move(blob->aux);
+      entry.aux = std::move(blob.aux);
       entry.aux_bytes = 0;
       for (const std::string& a : entry.aux) entry.aux_bytes += static_cast<int64_t>(a.size());
-      entry.remote_written = blob->remote_written;
+      entry.remote_written = blob.remote_written;
       entry.indexed = true;
       lru_.push_front(e);
       entry.lru_pos = lru_.begin();
@@ -289,12 +328,11 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     // Every arena entry is pinned (or the copy failed): the checkpoint stays
     // where it was and the longest arena hit, if any, is served.
     if (e >= 0) free_list_.push_back(e);
-    if (absl::IsDataLoss(promoted) || from == options_.remote.get()) {
-      // Bytes of the wrong size are dropped, never put back; the remote
-      // tier kept its copy.
+    if (from == options_.remote.get()) {
+      // The remote tier kept its copy: nothing to put back.
     } else {
       std::vector<CheckpointBlob> spilled;
-      if (from->Put(*std::move(blob), &spilled).ok()) {
+      if (from->Put(std::move(blob), &spilled).ok()) {
         size_t i = 0;
         while (lower_[i].get() != from) ++i;
         for (CheckpointBlob& b : spilled) {
@@ -333,8 +371,9 @@ absl::Status CheckpointStore::Copy(const PoolView& src, int32_t src_slot, const 
                                                    dst.slot_bytes()));
   }
   const int32_t idx[2] = {src_slot, dst_slot};
-  ASSIGN_OR_RETURN(auto staged, StageInts(*backend_, idx));
-  const int32_t* p = StagedData<int32_t>(*staged);
+  ASSIGN_OR_RETURN(StagingCache::Lease staged, index_staging_.Get(sizeof(idx)));
+  RETURN_IF_ERROR(backend_->CopyIn(staged.data(), idx, sizeof(idx)));
+  const int32_t* p = reinterpret_cast<const int32_t*>(staged.data());
   return backend_->CopySlots(src, p, dst, p + 1, 1);
 }
 
@@ -443,6 +482,55 @@ absl::StatusOr<CheckpointStore::LookupResult> CheckpointStore::Lookup(
   return result;
 }
 
+std::optional<CheckpointBlob> CheckpointStore::FetchRemoteForPin(const PrefixKey& key,
+                                                                 uint64_t lease_id) {
+  if (!options_.remote) return std::nullopt;
+  int64_t local_tokens = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    SweepExpiredLocked(Now());
+    if (lease_id != 0 && leases_.contains(lease_id)) return std::nullopt;
+    local_tokens = LocalLongestLocked(absl::MakeConstSpan(&key, 1));
+  }
+  return FetchRemote(absl::MakeConstSpan(&key, 1), local_tokens);
+}
+
+absl::StatusOr<int32_t> CheckpointStore::PinForCopyLocked(const PrefixKey& key,
+                                                          uint64_t lease_id,
+                                                          std::optional<CheckpointBlob>* fetched,
+                                                          bool* leased) {
+  SweepExpiredLocked(Now());
+  int32_t e = -1;
+  *leased = false;
+  if (lease_id != 0) {
+    auto it = leases_.find(lease_id);
+    if (it != leases_.end()) {
+      fetched->reset();  // not needed after all (the remote tier kept its copy)
+      if (it->second.key != key) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lease_id: the lease is for key ", it->second.key.DebugString(), ", not ",
+            key.DebugString()));
+      }
+      e = it->second.entry;
+      *leased = true;
+    }
+  }
+  if (e < 0) {
+    PrefixKey found;
+    StoreTier tier = StoreTier::kDevice;
+    e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), fetched, &found, &tier);
+    if (e < 0) {
+      return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ", key.DebugString(),
+                                              lease_id != 0 ? " (lease unknown or expired)" : ""));
+    }
+  }
+  Entry& entry = entries_[e];
+  ++entry.refs;
+  ++entry.copies;
+  TouchLocked(e);
+  return e;
+}
+
 absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const PrefixKey& key,
                                                                         uint64_t lease_id,
                                                                         const PoolView& dst,
@@ -459,50 +547,12 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   RestoreResult result;
   int32_t e = -1;
   bool leased = false;
-  std::optional<CheckpointBlob> fetched;
-  if (options_.remote) {
-    int64_t local_tokens = 0;
-    bool has_lease = false;
-    {
-      absl::MutexLock lock(&mu_);
-      SweepExpiredLocked(Now());
-      has_lease = lease_id != 0 && leases_.contains(lease_id);
-      if (!has_lease) local_tokens = LocalLongestLocked(absl::MakeConstSpan(&key, 1));
-    }
-    if (!has_lease) fetched = FetchRemote(absl::MakeConstSpan(&key, 1), local_tokens);
-  }
+  std::optional<CheckpointBlob> fetched = FetchRemoteForPin(key, lease_id);
   {
     absl::MutexLock lock(&mu_);
-    SweepExpiredLocked(Now());
-    if (lease_id != 0) {
-      auto it = leases_.find(lease_id);
-      if (it != leases_.end()) {
-        fetched.reset();  // not needed after all (the remote tier kept its copy)
-        if (it->second.key != key) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "lease_id: the lease is for key ", it->second.key.DebugString(), ", not ",
-              key.DebugString()));
-        }
-        e = it->second.entry;
-        leased = true;
-      }
-    }
-    if (e < 0) {
-      PrefixKey found;
-      StoreTier tier = StoreTier::kDevice;
-      e = FindOrPromoteLocked(absl::MakeConstSpan(&key, 1), &fetched, &found, &tier);
-      if (e < 0) {
-        return absl::NotFoundError(absl::StrCat("key: no checkpoint for prefix ",
-                                                key.DebugString(),
-                                                lease_id != 0 ? " (lease unknown or expired)" : ""));
-      }
-    }
-    Entry& entry = entries_[e];
-    ++entry.refs;
-    ++entry.copies;
-    result.aux = entry.aux;  // immutable once ready
-    result.num_tokens = entry.key.num_tokens;
-    TouchLocked(e);
+    ASSIGN_OR_RETURN(e, PinForCopyLocked(key, lease_id, &fetched, &leased));
+    result.aux = entries_[e].aux;  // immutable once ready
+    result.num_tokens = entries_[e].key.num_tokens;
   }
   absl::Status copied = Copy(view_, e, dst, dst_slot);
   absl::MutexLock lock(&mu_);
@@ -520,6 +570,23 @@ absl::StatusOr<CheckpointStore::RestoreResult> CheckpointStore::Restore(const Pr
   ++counters_.restores;
   counters_.bytes_restored += view_.slot_bytes();
   return result;
+}
+
+absl::Status CheckpointStore::Read(const PrefixKey& key, uint64_t lease_id,
+                                   const ReadFn& read) {
+  FlushOnExit flush(this);  // destroyed after every lock below
+  int32_t e = -1;
+  bool leased = false;
+  std::optional<CheckpointBlob> fetched = FetchRemoteForPin(key, lease_id);
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(e, PinForCopyLocked(key, lease_id, &fetched, &leased));
+  }
+  absl::Status st = read(view_, e);
+  absl::MutexLock lock(&mu_);
+  --entries_[e].copies;
+  UnrefLocked(e);
+  return st;
 }
 
 CheckpointStore::LookupResult CheckpointStore::Peek(absl::Span<const PrefixKey> candidates) {

@@ -23,11 +23,13 @@
 // stats, metrics or DropModel and its entry becomes evictable at expiry).
 //
 // Lower tiers (checkpoint_tier.h; optional): an entry evicted from the arena
-// is copied out (Backend::CopyOut) and demoted to the host tier, whose LRU
+// is copied out (CheckpointTier::PutFromBackend: one Backend::CopyOut into
+// the host tier's pinned memory) and demoted to the host tier, whose LRU
 // evictions go to the disk tier. Lookup and Restore search every tier for the
 // longest candidate (equal lengths resolve to the upper tier, which always
 // holds the newest copy); a hit in a lower tier takes the checkpoint out of it
-// and promotes it into the arena (Backend::CopyIn) before leasing, so leases
+// and promotes it into the arena (CheckpointTier::TakeInto: one
+// Backend::CopyIn from pinned memory) before leasing, so leases
 // and Restore always read the arena. A corrupt disk file is a miss (the tier
 // deletes it) and the search goes on. Host and disk tier copies run under
 // the store's lock; the remote tier is called outside it: Lookup / Restore /
@@ -89,6 +91,7 @@
 #include "server/pool/checkpoint_transcoder.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/remote_writer.h"
+#include "server/pool/staging_cache.h"
 #include "server/pool/tier_bytes.h"
 
 namespace statecache {
@@ -252,6 +255,17 @@ class CheckpointStore {
                                         const PoolView& dst, int32_t dst_slot)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Reads a checkpoint in place: calls `read(arena, entry)` (outside the
+  // store's lock) with the arena and the entry of `key`, found as Restore
+  // finds it (a lease for another key is kInvalidArgument; an unknown or
+  // expired lease falls back to the index, then the lower tiers, whose hit
+  // is promoted; kNotFound when no tier holds it). The entry is held as an
+  // in-flight copy during the call (never evicted or freed under it) and
+  // marked recently used; a lease is not consumed. Returns read's status.
+  using ReadFn = std::function<absl::Status(const PoolView& arena, int32_t entry)>;
+  absl::Status Read(const PrefixKey& key, uint64_t lease_id, const ReadFn& read)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Lookup without side effects: the longest candidate cached in any tier
   // (`tier` says which; nothing is promoted), no lease, no LRU touch, not
   // counted in the lookup statistics.
@@ -326,6 +340,16 @@ class CheckpointStore {
   bool CopyOutLocked(int32_t e, CheckpointBlob* blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a copy of ready entry `e` on writer_ when it has room.
   void WriteThroughLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Outside the lock, before PinForCopyLocked: what FetchRemote takes for
+  // `key` (nullopt without a remote tier or when `lease_id` is held).
+  std::optional<CheckpointBlob> FetchRemoteForPin(const PrefixKey& key, uint64_t lease_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The entry Restore / Read copy from (the lease's, else the index's or a
+  // promoted one, `*fetched` included), with a reference and an in-flight
+  // copy taken; *leased tells whether the lease named it.
+  absl::StatusOr<int32_t> PinForCopyLocked(const PrefixKey& key, uint64_t lease_id,
+                                           std::optional<CheckpointBlob>* fetched, bool* leased)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the arena entry `e` (indexed, referenced only by the index) into
   // the lower tiers (transcoded when the store has a transcoder); its arena
   // entry stays as it is.
@@ -333,15 +357,19 @@ class CheckpointStore {
   // Puts `blob` into lower tier `i` and what it evicts into tier i + 1; the
   // remote tier's share goes to remote_outbox_.
   void SpillLocked(size_t i, CheckpointBlob blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes a lower tier's packed bytes into arena entry `e` (CopyIn, or the
-  // transcoder's FromCold).
-  absl::Status PromoteBytesLocked(const std::string& packed, int32_t e)
+  // Writes a lower tier's packed bytes (slot_bytes, or the transcoder's
+  // cold_slot_bytes: checked by the caller) into arena entry `e` (CopyIn, or
+  // the transcoder's FromCold).
+  absl::Status PromoteBytesLocked(absl::string_view packed, int32_t e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends remote_outbox_ to the remote tier, outside the lock. Every public
   // call that may demote runs it (through FlushOnExit) after its lock is
   // released.
   void FlushRemote() ABSL_LOCKS_EXCLUDED(mu_);
   class FlushOnExit;
+  // What lower tier `i` evicted goes into tier i + 1 (dropped below the last).
+  void PassDownLocked(size_t i, std::vector<CheckpointBlob> evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Copy(const PoolView& src, int32_t src_slot, const PoolView& dst,
                     int32_t dst_slot);
 
@@ -350,6 +378,10 @@ class CheckpointStore {
   const PoolView view_;
   const TierBytes slot_tiers_;
   const Options options_;
+  // The slot indices of each copy (Put, Restore): reused backend buffers, not
+  // an Allocate (cudaMalloc, zero fill, cudaFree) per copy.
+  static constexpr int64_t kIndexStagingBytes = 256 << 10;
+  StagingCache index_staging_;
 
   mutable absl::Mutex mu_;
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);

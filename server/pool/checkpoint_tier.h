@@ -19,6 +19,11 @@
 // tier's Put (sent after the lock is released): host and disk tiers need not
 // be thread-safe, the remote tier must be.
 //
+// Copies between a tier and the backend arena go through PutFromBackend
+// (demotion) and TakeInto (promotion): the host tier moves the packed bytes
+// straight between backend memory and its own (pinned) memory, one
+// Backend::CopyOut / CopyIn each; the other tiers stage them in a blob.
+//
 //   std::vector<CheckpointBlob> spilled;
 //   RETURN_IF_ERROR(host->Put(std::move(blob), &spilled));  // spilled -> next tier
 //   PrefixKey best;
@@ -27,6 +32,7 @@
 #define STATECACHE_SERVER_POOL_CHECKPOINT_TIER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +42,8 @@
 #include "server/pool/prefix_key.h"
 
 namespace statecache {
+
+class Backend;  // kernels/backend/backend.h
 
 // Where a checkpoint was found (statecache.v1.CheckpointTier on the wire).
 enum class StoreTier : int { kDevice = 0, kHost = 1, kDisk = 2, kRemote = 3 };
@@ -125,6 +133,29 @@ class CheckpointTier {
   virtual absl::StatusOr<CheckpointBlob> Take(const PrefixKey& key) = 0;
 
   virtual TierUse use() const = 0;
+
+  // Put of a checkpoint still in backend memory: `packed_bytes` bytes at
+  // `src` (backend memory of `backend`) plus `aux`, copied out once. Errors
+  // as Put, and the copy's (nothing stored; `evicted` keeps what was
+  // evicted before the copy failed). The default copies into a blob and
+  // calls Put; the host tier copies into its own memory.
+  virtual absl::Status PutFromBackend(const PrefixKey& key, Backend& backend, const void* src,
+                                      int64_t packed_bytes, std::vector<std::string> aux,
+                                      std::vector<CheckpointBlob>* evicted);
+
+  // Receives a taken checkpoint's packed bytes (host memory, valid during
+  // the call only) for promotion, e.g. a Backend::CopyIn into the arena. It
+  // may call back into the tier (the entry is already out of it).
+  using Promote = std::function<absl::Status(const void* packed, int64_t bytes)>;
+
+  // Take, handing the packed bytes to `promote` where they are stored (the
+  // host tier: its pinned memory) instead of copying them into a string.
+  // kNotFound / kDataLoss as Take (promote is not called, *blob untouched).
+  // Otherwise returns promote's status: on OK *blob gets key and aux with
+  // `packed` empty; on an error *blob gets the whole checkpoint (`packed`
+  // filled), which the tier no longer holds, so the caller can put it back.
+  virtual absl::Status TakeInto(const PrefixKey& key, const Promote& promote,
+                                CheckpointBlob* blob);
 };
 
 }  // namespace statecache

@@ -59,7 +59,7 @@ absl::StatusOr<std::string> CheckpointTranscoder::ToCold(const PoolView& src, in
   return out;
 }
 
-absl::Status CheckpointTranscoder::FromCold(const std::string& cold, const PoolView& dst,
+absl::Status CheckpointTranscoder::FromCold(absl::string_view cold, const PoolView& dst,
                                             int32_t slot) {
   if (static_cast<int64_t>(cold.size()) != cold_view_.slot_bytes()) {
     return absl::DataLossError(absl::StrCat("checkpoint: ", cold.size(),

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend/backend.h"
 #include "kernels/backend/pool_view.h"
 #include "kernels/layout/state_layout.h"
@@ -54,7 +55,7 @@ class CheckpointTranscoder {
   // `cold` (ToCold's bytes) decoded and encoded into slot `slot` of `dst` (a
   // pool of the slot layout), every byte of the slot overwritten.
   // kDataLoss when cold.size() != cold_slot_bytes() (nothing is written).
-  absl::Status FromCold(const std::string& cold, const PoolView& dst, int32_t slot);
+  absl::Status FromCold(absl::string_view cold, const PoolView& dst, int32_t slot);
 
   const StateLayout& cold_layout() const { return cold_->layout(); }
   int64_t cold_slot_bytes() const { return cold_view_.slot_bytes(); }

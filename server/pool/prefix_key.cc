@@ -1,5 +1,7 @@
 #include "server/pool/prefix_key.h"
 
+// KeySalter resumes a saved SHA-256 state (SHA256_CTX).
+#define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 
@@ -122,46 +124,63 @@ std::array<uint8_t, kSha256DigestBytes> TenantSalt(absl::string_view tenant) {
   return salt;
 }
 
-PrefixKey SaltKey(const std::array<uint8_t, kSha256DigestBytes>& salt, const PrefixKey& key) {
-  // 53 bytes + the digest: one SHA-256 block for FNV-1a keys.
-  const size_t size = kSha256DigestBytes + 1 + 8 + 8 + 4 + key.digest.size();
-  uint8_t stack[kSha256DigestBytes + 1 + 8 + 8 + 4 + kMaxEngineDigestBytes];
-  std::unique_ptr<uint8_t[]> heap;
-  uint8_t* msg = stack;
-  if (size > sizeof(stack)) {
-    heap.reset(new uint8_t[size]);
-    msg = heap.get();
-  }
-  uint8_t* p = msg;
-  auto put_le = [&p](uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) *p++ = static_cast<uint8_t>(v >> (8 * i));
-  };
-  std::memcpy(p, salt.data(), salt.size());
-  p += salt.size();
-  *p++ = static_cast<uint8_t>(key.kind);
-  put_le(key.hash, 8);
-  put_le(static_cast<uint64_t>(key.num_tokens), 8);
-  put_le(key.digest.size(), 4);
-  if (!key.digest.empty()) std::memcpy(p, key.digest.data(), key.digest.size());
-  uint8_t out[kSha256DigestBytes];
-  Sha256(msg, size, out);
+// The low-level SHA-256 interface (deprecated in OpenSSL 3, still built):
+// EVP has no cheap way to resume a saved state, and KeySalter's one
+// compression per key is the point.
+struct KeySalter::Midstate {
+  SHA256_CTX ctx;
+};
+
+KeySalter::KeySalter(absl::string_view tenant) : midstate_(std::make_unique<Midstate>()) {
+  const std::array<uint8_t, kSha256DigestBytes> salt = TenantSalt(tenant);
+  salt_.assign(reinterpret_cast<const char*>(salt.data()), salt.size());
+  static constexpr char kDomain[] = "statecache.prefix-key.v2";
+  uint8_t block[64] = {};
+  std::memcpy(block, salt.data(), salt.size());
+  std::memcpy(block + kSha256DigestBytes, kDomain, sizeof(kDomain) - 1);
+  SHA256_Init(&midstate_->ctx);
+  SHA256_Update(&midstate_->ctx, block, sizeof(block));  // one compression
+}
+
+KeySalter::~KeySalter() = default;
+
+PrefixKey KeySalter::Salt(const PrefixKey& key) const {
   PrefixKey salted;
   salted.hash = key.hash;
   salted.num_tokens = key.num_tokens;
   salted.kind = key.kind;
+  if (key.kind == PrefixKeyKind::kFnv64) {
+    salted.digest = salt_;  // (hash, num_tokens, salt) compared exactly
+    return salted;
+  }
+  // 21 bytes + the digest: one more compression for digests up to 34 bytes.
+  uint8_t head[1 + 8 + 8 + 4];
+  uint8_t* p = head;
+  auto put_le = [&p](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) *p++ = static_cast<uint8_t>(v >> (8 * i));
+  };
+  *p++ = static_cast<uint8_t>(key.kind);
+  put_le(key.hash, 8);
+  put_le(static_cast<uint64_t>(key.num_tokens), 8);
+  put_le(key.digest.size(), 4);
+  SHA256_CTX c = midstate_->ctx;
+  SHA256_Update(&c, head, sizeof(head));
+  SHA256_Update(&c, key.digest.data(), key.digest.size());
+  uint8_t out[kSha256DigestBytes];
+  SHA256_Final(out, &c);
   salted.digest.assign(reinterpret_cast<const char*>(out), sizeof(out));
   return salted;
 }
 
 PrefixKey SaltKey(absl::string_view tenant, const PrefixKey& key) {
-  return SaltKey(TenantSalt(tenant), key);
+  return KeySalter(tenant).Salt(key);
 }
 
 std::vector<PrefixKey> SaltKeys(absl::string_view tenant, absl::Span<const PrefixKey> keys) {
-  const std::array<uint8_t, kSha256DigestBytes> salt = TenantSalt(tenant);
+  const KeySalter salter(tenant);
   std::vector<PrefixKey> out;
   out.reserve(keys.size());
-  for (const PrefixKey& k : keys) out.push_back(SaltKey(salt, k));
+  for (const PrefixKey& k : keys) out.push_back(salter.Salt(k));
   return out;
 }
 

@@ -18,18 +18,30 @@
 //
 // Wire keys are unsalted. Before a key reaches a CheckpointStore the server
 // salts it with the owning tenant (SaltKey): the stored key keeps kind,
-// hash and length, and its digest becomes SHA-256 over a domain tag, the
-// tenant id and the wire key, so equal wire keys of two tenants never
-// compare equal.
+// hash and length, and its 32-byte digest binds the tenant's salt to the
+// wire key, so equal wire keys of two tenants never compare equal:
+//   kFnv64:             digest = salt (exact: the salt and the 64-bit hash
+//                       are compared as they are; no digest per key);
+//   kSha256 / kEngine:  digest = SHA-256(B || kind || le64(hash) ||
+//                       le64(num_tokens) || le32(|digest|) || digest), B the
+//                       64-byte block salt || "statecache.prefix-key.v2"
+//                       zero-padded, compressed once per tenant (KeySalter),
+//                       so a 32-byte digest costs one SHA-256 compression.
+// with salt = TenantSalt(tenant). Keys stored by servers that salted with
+// SHA-256(salt || key) in one message (v1) never equal these (DiskTier
+// files of v1 keys are dropped by their tags, see ModelRegistry).
 //
 //   std::vector<PrefixKey> keys = ChainPrefixKeys(tokens);  // keys[i]: first i+1 tokens
 //   std::vector<PrefixKey> strong = ChainSha256PrefixKeys(tokens);
 //   PrefixKey stored = SaltKey(tenant, strong.back());
+//   KeySalter salter(tenant);  // many keys of one tenant
+//   PrefixKey same = salter.Salt(strong.back());
 #ifndef STATECACHE_SERVER_POOL_PREFIX_KEY_H_
 #define STATECACHE_SERVER_POOL_PREFIX_KEY_H_
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -86,18 +98,32 @@ std::vector<PrefixKey> ChainSha256PrefixKeys(absl::Span<const int32_t> tokens);
 // kSha256 key of the whole sequence (n = 0 and d_0 for an empty one).
 PrefixKey Sha256KeyOfTokens(absl::Span<const int32_t> tokens);
 
-// The stored form of wire key `key` for `tenant` ("" in single-tenant mode):
-// kind, hash and num_tokens unchanged, digest =
-//   SHA-256(salt || kind || le64(hash) || le64(num_tokens) || le32(|digest|) || digest)
-// with salt = TenantSalt(tenant). Deterministic, so two servers salting one
-// tenant's key agree (a shared tier).
+// The stored form of wire key `key` for `tenant` ("" in single-tenant mode),
+// as above: kind, hash and num_tokens unchanged, a 32-byte digest.
+// Deterministic, so two servers salting one tenant's key agree (a shared
+// tier).
 PrefixKey SaltKey(absl::string_view tenant, const PrefixKey& key);
 // SaltKey of each key (one salt derivation for all).
 std::vector<PrefixKey> SaltKeys(absl::string_view tenant, absl::Span<const PrefixKey> keys);
 
 // SHA-256("statecache.prefix-key.salt.v1" || 0x00 || le32(|tenant|) || tenant).
 std::array<uint8_t, kSha256DigestBytes> TenantSalt(absl::string_view tenant);
-PrefixKey SaltKey(const std::array<uint8_t, kSha256DigestBytes>& salt, const PrefixKey& key);
+
+// SaltKey for many keys of one tenant: the salt and the SHA-256 state after
+// the block B derived once. Thread-compatible (Salt is const).
+class KeySalter {
+ public:
+  explicit KeySalter(absl::string_view tenant);
+  ~KeySalter();
+  KeySalter(const KeySalter&) = delete;
+  KeySalter& operator=(const KeySalter&) = delete;
+  PrefixKey Salt(const PrefixKey& key) const;
+
+ private:
+  struct Midstate;  // prefix_key.cc (an OpenSSL SHA256_CTX)
+  std::string salt_;  // TenantSalt(tenant), 32 bytes
+  std::unique_ptr<Midstate> midstate_;
+};
 
 }  // namespace statecache
 

@@ -1,7 +1,12 @@
 #include "server/pool/prefix_key.h"
 
+#include <openssl/sha.h>
+
+#include <array>
+#include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 
@@ -93,6 +98,95 @@ TEST(PrefixKeyTest, SaltSeparatesTenants) {
   // The tenant id is length-prefixed: ("ab", key) and ("a", key') never
   // share a message.
   EXPECT_NE(SaltKey("ab", KeyOfTokens({1})), SaltKey("a", KeyOfTokens({1})));
+}
+
+std::string Sha256Of(const std::string& msg) {
+  uint8_t out[32];
+  SHA256(reinterpret_cast<const uint8_t*>(msg.data()), msg.size(), out);
+  return std::string(reinterpret_cast<const char*>(out), 32);
+}
+
+std::string Le(uint64_t v, int bytes) {
+  std::string s;
+  for (int i = 0; i < bytes; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
+  return s;
+}
+
+std::string SaltOf(const std::string& tenant) {
+  const std::array<uint8_t, kSha256DigestBytes> salt = TenantSalt(tenant);
+  return std::string(reinterpret_cast<const char*>(salt.data()), salt.size());
+}
+
+// The v2 construction, spelled out: FNV keys carry the salt itself; other
+// kinds SHA-256(B || kind || le64 hash || le64 n || le32 |digest| || digest).
+TEST(PrefixKeyTest, SaltedDigestsFollowTheV2Construction) {
+  const std::string salt = SaltOf("tenant-a");
+  const PrefixKey fnv = KeyOfTokens({5, 6, 7});
+  EXPECT_EQ(SaltKey("tenant-a", fnv).digest, salt);
+  std::string block = salt + "statecache.prefix-key.v2";
+  block.resize(64, '\0');
+  PrefixKey engine;
+  engine.kind = PrefixKeyKind::kEngine;
+  engine.num_tokens = 48;
+  engine.digest = std::string(64, '\x5a');  // two compressions after B
+  for (const PrefixKey& key : {Sha256KeyOfTokens({5, 6, 7}), engine}) {
+    const std::string want =
+        Sha256Of(block + Le(static_cast<uint8_t>(key.kind), 1) + Le(key.hash, 8) +
+                 Le(key.num_tokens, 8) + Le(key.digest.size(), 4) + key.digest);
+    EXPECT_EQ(SaltKey("tenant-a", key).digest, want) << key.DebugString();
+  }
+}
+
+// Same tenant equal, tenants apart, for every kind and many keys at once;
+// SaltKeys equals SaltKey one by one.
+TEST(PrefixKeyTest, SaltKeysSeparatesTenantsAndKeepsATenantsKeysApart) {
+  std::vector<int32_t> tokens(200);
+  for (int i = 0; i < 200; ++i) tokens[i] = i * 31 % 97;
+  for (const std::vector<PrefixKey>& keys :
+       {ChainPrefixKeys(tokens), ChainSha256PrefixKeys(tokens)}) {
+    const std::vector<PrefixKey> a = SaltKeys("tenant-a", keys);
+    const std::vector<PrefixKey> a2 = SaltKeys("tenant-a", keys);
+    const std::vector<PrefixKey> b = SaltKeys("tenant-b", keys);
+    ASSERT_EQ(a.size(), keys.size());
+    absl::flat_hash_set<PrefixKey> all;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(a[i], a2[i]);
+      EXPECT_EQ(a[i], SaltKey("tenant-a", keys[i]));
+      EXPECT_NE(a[i], b[i]);
+      all.insert(a[i]);
+      all.insert(b[i]);
+    }
+    EXPECT_EQ(all.size(), 2 * keys.size());  // no two stored keys collide
+  }
+}
+
+// Client-chosen digests cannot line two tenants' stored keys up: a digest
+// shifted by the XOR of the two salts (what would defeat a salt XORed into
+// the digest) still lands elsewhere.
+TEST(PrefixKeyTest, ChosenDigestsDoNotCrossTenants) {
+  const std::string sa = SaltOf("tenant-a"), sb = SaltOf("tenant-b");
+  for (PrefixKeyKind kind : {PrefixKeyKind::kSha256, PrefixKeyKind::kEngine}) {
+    PrefixKey ka;
+    ka.kind = kind;
+    ka.num_tokens = 9;
+    ka.digest = Sha256KeyOfTokens({1, 2}).digest;
+    PrefixKey kb = ka;
+    for (size_t i = 0; i < kb.digest.size(); ++i) kb.digest[i] ^= sa[i] ^ sb[i];
+    EXPECT_NE(SaltKey("tenant-a", ka), SaltKey("tenant-b", kb));
+    EXPECT_NE(SaltKey("tenant-a", ka), SaltKey("tenant-b", ka));
+  }
+}
+
+// Keys stored under v1 (one SHA-256 over salt || key) never equal v2 keys:
+// checkpoints of v1 servers cannot be found under another prefix.
+TEST(PrefixKeyTest, V1SaltedKeysNeverEqualV2Keys) {
+  const std::string salt = SaltOf("tenant-a");
+  for (const PrefixKey& key : {KeyOfTokens({3, 4}), Sha256KeyOfTokens({3, 4})}) {
+    PrefixKey v1 = key;
+    v1.digest = Sha256Of(salt + Le(static_cast<uint8_t>(key.kind), 1) + Le(key.hash, 8) +
+                         Le(key.num_tokens, 8) + Le(key.digest.size(), 4) + key.digest);
+    EXPECT_NE(v1, SaltKey("tenant-a", key));
+  }
 }
 
 TEST(PrefixKeyTest, DebugStrings) {

@@ -33,6 +33,35 @@ TEST(StagingCacheTest, ReusesBuffersOfTheSameSizeClass) {
   EXPECT_EQ(cache.allocations(), 2);
 }
 
+TEST(StagingCacheTest, HostStagingBuffersAreAKindOfTheirOwn) {
+  testing::FakeBackend backend;
+  StagingCache cache(&backend, 1 << 20);
+  uint8_t* dev = nullptr;
+  {
+    absl::StatusOr<StagingCache::Lease> d = cache.Get(4096);
+    ASSERT_TRUE(d.ok()) << d.status();
+    dev = d->data();
+  }
+  uint8_t* host = nullptr;
+  {
+    absl::StatusOr<StagingCache::Lease> h = cache.GetHost(4096);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_NE(h->data(), dev);  // a cached backend buffer is never host staging
+    EXPECT_EQ(h->capacity(), 4096);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(h->data()) % 256, 0u);
+    host = h->data();
+  }
+  EXPECT_EQ(cache.allocations(), 2);
+  EXPECT_EQ(backend.live_bytes(), 4096);  // host staging is not backend memory
+  EXPECT_EQ(cache.cached_bytes(), 8192);
+  absl::StatusOr<StagingCache::Lease> h2 = cache.GetHost(3000);
+  absl::StatusOr<StagingCache::Lease> d2 = cache.Get(3000);
+  ASSERT_TRUE(h2.ok() && d2.ok());
+  EXPECT_EQ(h2->data(), host);
+  EXPECT_EQ(d2->data(), dev);
+  EXPECT_EQ(cache.allocations(), 2);
+}
+
 TEST(StagingCacheTest, FreesBuffersBeyondTheCap) {
   testing::FakeBackend backend;
   StagingCache cache(&backend, 8192);

@@ -12,9 +12,17 @@
 #       (64 is the default); the baseline binary when staged. Each run
 #       replays serially and compares every slot's bytes (result=OK);
 #   (d) update_echo_bench --backend=cuda: unary Update at 1 client vs a bare
-#       gRPC echo of the same bytes at 4 KiB, 64 KiB, 8 MiB (ECHO lines).
-# Logs and summary.txt go to $OUT (or /tmp/sc_out). Expected ~4 minutes;
-# worst case (timeouts) ~9 minutes.
+#       gRPC echo of the same bytes at 4 KiB, 64 KiB, 8 MiB (ECHO lines, and
+#       PHASES lines: where the server's Update time goes; "base ECHO" lines:
+#       the same from the baseline binary when staged with BASE_ECHO_BENCH);
+#   (e) multi_worker_bench: Qwen3.6-35B-A3B geometry, B = 256, 30 layers
+#       through SubmitUpdates, 1 worker alone then 8 workers at once on
+#       distinct slots (MULTI / VERIFY / MULTI_SUMMARY lines). Skipped with
+#       SKIP_MULTI=1; MULTI_WORKERS / MULTI_STEPS change its size.
+# Logs and summary.txt go to $OUT (or /tmp/sc_out). Expected ~5 minutes;
+# worst case (timeouts) ~9 minutes. Only (e): ONLY_MULTI=1. MIXED picks the
+# runs of (c) by name (default: "default coalesce coalesce_wait100us
+# grpc_threads16 baseline").
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
 mkdir -p "$OUT"
@@ -28,6 +36,14 @@ export LD_LIBRARY_PATH=$U/lib
 cat "$U/STAGED" | tee "$OUT/staged.txt"
 nproc | sed 's/^/cores=/' | tee -a "$OUT/staged.txt"
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+multi() {  # (e)
+  timeout 240 $U/multi_worker_bench --backend=cuda --server=spawn --statecached=$U/statecached \
+    --batch=256 --workers=${MULTI_WORKERS:-8} --steps=${MULTI_STEPS:-20} --warmup=3 \
+    --verify_slots=2 > "$OUT/multi_worker_bench.log" 2> "$OUT/multi_worker_bench.err"
+  summary "multi_worker_bench exit=$?"
+  grep -E '^(# multi|MULTI|VERIFY)' "$OUT/multi_worker_bench.log" | tee -a "$OUT/summary.txt"
+}
+if [ -n "${ONLY_MULTI:-}" ]; then multi; exit 0; fi
 timeout 120 $U/cuda_concurrency_test > "$OUT/cuda_concurrency_test.log" 2>&1
 summary "cuda_concurrency_test exit=$?  $(grep -E 'PASSED|FAILED|SKIPPED \]|CONCURRENCY' "$OUT/cuda_concurrency_test.log" | tr '\n' ' ')"
 timeout 150 $U/cuda_backend_test --gtest_brief=1 > "$OUT/cuda_backend_test.log" 2>&1
@@ -35,6 +51,7 @@ summary "cuda_backend_test exit=$?  $(grep -E 'PASSED|FAILED|SKIPPED \]' "$OUT/c
 mixed() {  # mixed NAME BINARY [server flags...]
   local name=$1 bin=$2
   shift 2
+  [[ " ${MIXED:-default coalesce coalesce_wait100us grpc_threads16 baseline} " == *" $name "* ]] || return 0
   timeout 100 bash $U/run_mixed.sh "$bin" $U/statecache_load 50700 --backend=cuda "$@" -- \
     --steps=${STEPS:-500} > "$OUT/mixed_$name.log" 2>&1
   local rc=$?
@@ -49,7 +66,14 @@ timeout 150 $U/update_echo_bench --backend=cuda --sizes=4096,65536,8388608 \
   > "$OUT/update_echo_bench.log" 2>&1
 summary "update_echo_bench exit=$?"
 grep -E '^(backend|ECHO) ' "$OUT/update_echo_bench.log" | tee -a "$OUT/summary.txt"
+if [ -x $U/update_echo_bench_base ]; then  # the baseline binary, same sizes (no PHASES lines)
+  timeout 150 $U/update_echo_bench_base --backend=cuda --sizes=4096,65536,8388608 \
+    > "$OUT/update_echo_bench_base.log" 2>&1
+  summary "update_echo_bench_base exit=$?"
+  grep -E '^ECHO ' "$OUT/update_echo_bench_base.log" | sed 's/^/base /' | tee -a "$OUT/summary.txt"
+fi
 timeout 100 $U/update_echo_bench --backend=cuda --sizes=4096,65536 --coalesce_updates \
   > "$OUT/update_echo_bench_coalesce.log" 2>&1
 summary "update_echo_bench --coalesce_updates exit=$?"
 grep -E '^ECHO ' "$OUT/update_echo_bench_coalesce.log" | sed 's/^/coalesce /' | tee -a "$OUT/summary.txt"
+[ -z "${SKIP_MULTI:-}" ] && multi

@@ -15,8 +15,19 @@
 //   bazel build //tests/load:update_echo_bench
 //   bazel-bin/tests/load/update_echo_bench --backend=cpu --sizes=4096,65536,8388608
 //
-// One line per size: ECHO size=... batch=... request_bytes=... response_bytes=...
-// update_p50_us=... update_p99_us=... echo_p50_us=... echo_p99_us=... ratio_p50=...
+// Two lines per size:
+//   ECHO size=... batch=... request_bytes=... response_bytes=... calls=...
+//     update_p50_us=... update_p99_us=... echo_p50_us=... echo_p99_us=... ratio_p50=...
+//   PHASES size=... calls=... checks_us=... slots_us=... stage_us=... backend_us=...
+//     copy_out_us=... handler_us=... parse_us=... serialize_us=...
+// PHASES: mean server time per timed Update by phase (server/core/
+// update_phases.h: checks = shapes and values on the host, slots = slot
+// acquisition, stage = packing inputs into the host staging block, backend =
+// copy in + validation + kernel + copy out + wait (CPU: kernel in place),
+// copy_out = o into the response, handler = all of ops::Update), and the
+// protobuf parse of the request / serialization of the response measured
+// here on the same messages (gRPC does both for the Update and the echo
+// alike). update_p50 - handler is the RPC itself (transport, gRPC, protobuf).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -34,6 +45,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/statecache/v1/statecache.grpc.pb.h"
 #include "server/core/log.h"
+#include "server/core/update_phases.h"
 #include "server/server.h"
 #include "tests/load/mixed_load.h"
 #include "tests/load/workload.h"
@@ -118,6 +130,33 @@ double TimedCall(v1::StateCache::Stub& stub, const v1::UpdateRequest& req,
   return us;
 }
 
+// The PHASES line of one size (see the top of this file).
+void PrintPhases(int64_t size, const UpdatePhases& phases, const v1::UpdateRequest& req,
+                 const v1::UpdateResponse& resp) {
+  const std::string wire = req.SerializeAsString();
+  constexpr int kReps = 5;
+  absl::Time start = absl::Now();
+  for (int i = 0; i < kReps; ++i) {
+    v1::UpdateRequest parsed;
+    if (!parsed.ParseFromString(wire)) std::fprintf(stderr, "update_echo_bench: parse failed\n");
+  }
+  const double parse_us = absl::ToDoubleMicroseconds(absl::Now() - start) / kReps;
+  start = absl::Now();
+  for (int i = 0; i < kReps; ++i) {
+    std::string out;
+    resp.SerializeToString(&out);
+  }
+  const double serialize_us = absl::ToDoubleMicroseconds(absl::Now() - start) / kReps;
+  using P = UpdatePhases;
+  std::printf(
+      "PHASES size=%lld calls=%lld checks_us=%.1f slots_us=%.1f stage_us=%.1f backend_us=%.1f "
+      "copy_out_us=%.1f handler_us=%.1f parse_us=%.1f serialize_us=%.1f\n",
+      static_cast<long long>(size), static_cast<long long>(phases.Calls(P::kTotal)),
+      phases.MeanMicros(P::kChecks), phases.MeanMicros(P::kSlots), phases.MeanMicros(P::kStage),
+      phases.MeanMicros(P::kBackend), phases.MeanMicros(P::kCopyOut),
+      phases.MeanMicros(P::kTotal), parse_us, serialize_us);
+}
+
 int Main() {
   SetLoggingEnabled(false);
   std::vector<int64_t> sizes;
@@ -143,6 +182,8 @@ int Main() {
   so.memory.checkpoint_memory_bytes = int64_t{64} << 20;
   so.metrics.port = -1;
   so.compute.coalesce_updates = absl::GetFlag(FLAGS_coalesce_updates);
+  auto phases = std::make_shared<UpdatePhases>();
+  so.compute.update_phases = phases;
   absl::StatusOr<std::unique_ptr<StateCacheServer>> server = StateCacheServer::Create(std::move(so));
   if (!server.ok()) {
     std::fprintf(stderr, "update_echo_bench: %s\n", server.status().ToString().c_str());
@@ -192,6 +233,7 @@ int Main() {
     echo.set_response(real);
     v1::UpdateResponse scratch;
     if (TimedCall(*ec, req, &scratch) < 0) return 1;
+    phases->Reset();
     std::vector<double> update_us, echo_us;
     const absl::Time until = absl::Now() + absl::Seconds(2 * absl::GetFlag(FLAGS_seconds_per_size));
     const int min_calls = absl::GetFlag(FLAGS_min_calls);
@@ -215,6 +257,7 @@ int Main() {
         static_cast<long long>(size), static_cast<long long>(b), req.ByteSizeLong(),
         real.ByteSizeLong(), update_us.size(), up50, Percentile(update_us, 99), ep50,
         Percentile(echo_us, 99), ep50 > 0 ? up50 / ep50 : 0);
+    PrintPhases(size, *phases, req, real);
     std::fflush(stdout);
   }
   echo_server->Shutdown();

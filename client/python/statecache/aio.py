@@ -231,6 +231,10 @@ class Client(_Api):
         return await super().unpack(model_id, slot)
 
     @_doc
+    async def unpack_checkpoint(self, model_id: str, key: PrefixKey, lease_id: int = 0) -> Any:
+        return await super().unpack_checkpoint(model_id, key, lease_id)
+
+    @_doc
     async def get_stats(self, model_id: str = "") -> Stats:
         return await super().get_stats(model_id)
 

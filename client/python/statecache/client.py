@@ -385,6 +385,20 @@ class _Api:
                               slot=_args.slot(slot, "slot", m).to_pb(p))
         return self._run("Unpack", req, lambda r: np.frombuffer(r.states, "<f4").copy())
 
+    def unpack_checkpoint(self, model_id: str, key: PrefixKey, lease_id: int = 0) -> Any:
+        """The checkpoint `key`'s states decoded to FP32 as unpack() returns a
+        slot's, read where the checkpoint is stored without restoring it
+        (lease_id from lookup_prefix: read the leased checkpoint; the lease
+        is not consumed). NotFound when no tier holds it; ResourceExhausted
+        naming max_unpack_bytes when the states exceed the server's limit."""
+        import numpy as np
+        m = "unpack_checkpoint"
+        p = pb2()
+        req = p.UnpackRequest(model_id=_args.string(model_id, "model_id", m),
+                              key=_args.key(key, "key", m).to_pb(p),
+                              lease_id=_args.integer(lease_id, "lease_id", m, minimum=0))
+        return self._run("Unpack", req, lambda r: np.frombuffer(r.states, "<f4").copy())
+
     # -- observability ------------------------------------------------------------
     def get_stats(self, model_id: str = "") -> Stats:
         """Server-wide stats and per-model counters (one model when given)."""

@@ -236,6 +236,33 @@ def test_unpack_is_the_inverse_of_prefill_states(client, model):
         client.release_slots("fp32m", slots)
 
 
+def test_unpack_checkpoint_equals_the_slot_at_snapshot_time(client, model):
+    rng = np.random.default_rng(10)
+    slots = client.allocate_slots("fp32m", 1)
+    try:
+        states = rng.standard_normal((1, 2, 4, 128, 128)).astype(np.float32)
+        client.prefill_states("fp32m", slots, states)
+        before = client.unpack("fp32m", slots[0])
+        tokens = [3, 1, 4, 1, 5]
+        snap = client.snapshot("fp32m", slots[0], tokens=tokens, key_kind=sc.KEY_SHA256)
+        client.prefill_states("fp32m", slots, states * 2)  # the slot moves on
+        ckpt = client.unpack_checkpoint("fp32m", snap.key)
+        assert ckpt.dtype == np.float32
+        assert ckpt.tobytes() == before.tobytes()  # bit for bit (fp32)
+        hit = client.lookup_prefix("fp32m", keys=[snap.key], lease_ms=5000)
+        assert hit.hit and hit.lease_id != 0
+        np.testing.assert_array_equal(
+            client.unpack_checkpoint("fp32m", snap.key, hit.lease_id), before)
+        client.release_lease("fp32m", hit.lease_id)  # not consumed by the unpack
+        missing = sc.PrefixKey(0, 5, sc.KEY_SHA256, b"\x07" * 32)
+        with pytest.raises(sc.NotFound, match="key"):
+            client.unpack_checkpoint("fp32m", missing)
+        with pytest.raises(sc.InvalidArgument, match="lease_id"):
+            client.unpack_checkpoint("fp32m", snap.key, -1)
+    finally:
+        client.release_slots("fp32m", slots)
+
+
 def test_snapshot_lookup_restore(client, model):
     rng = np.random.default_rng(6)
     slots = client.allocate_slots("fp32m", 2)

@@ -38,9 +38,6 @@
 //
 //   dataplane_bench --backend=cpu --batches=1,32 --steps=5
 //   dataplane_bench --backend=cuda --server=spawn --statecached=.device/statecached
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,7 +48,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -73,9 +69,8 @@
 #include "kernels/formats/format.h"
 #include "kernels/layout/state_layout.h"
 #include "kernels/cuda_ipc/stream_wait.h"
+#include "server/dataplane/bench/bench_common.h"
 #include "server/server.h"
-
-extern char** environ;
 
 ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda.");
 ABSL_FLAG(std::string, geometry, "gdn:30:16:32:128:128", "arch:layers:h_qk:h_v:d_k:d_v");
@@ -93,37 +88,11 @@ ABSL_FLAG(bool, verify, true, "Check every mode's first-step o against inproc, b
 namespace statecache {
 namespace {
 
-// Host inputs of one layer for B slots (reused for every layer and step).
-struct Inputs {
-  std::vector<float> q, k, v, g, beta;
-  int64_t o_count = 0;
-};
-
-Inputs MakeInputs(const ModelGeometry& geo, int b) {
-  std::mt19937 rng(1234 + b);
-  std::normal_distribution<float> n(0.f, 1.f);
-  std::uniform_real_distribution<float> u(0.05f, 0.95f);
-  Inputs in;
-  auto unit = [&](std::vector<float>* x, int64_t rows, int d) {
-    x->resize(rows * d);
-    for (int64_t r = 0; r < rows; ++r) {
-      double s = 0;
-      for (int i = 0; i < d; ++i) s += std::pow((*x)[r * d + i] = n(rng), 2);
-      for (int i = 0; i < d; ++i) (*x)[r * d + i] /= static_cast<float>(std::sqrt(s));
-    }
-  };
-  unit(&in.q, int64_t{b} * geo.h_qk, geo.d_k);
-  unit(&in.k, int64_t{b} * geo.h_qk, geo.d_k);
-  in.v.resize(int64_t{b} * geo.h_v * geo.d_v);
-  for (float& x : in.v) x = n(rng);
-  const int64_t gn = int64_t{b} * geo.h_v * (geo.arch == Arch::kKda ? geo.d_k : 1);
-  in.g.resize(gn);
-  for (float& x : in.g) x = -0.1f * u(rng);
-  in.beta.resize(int64_t{b} * geo.h_v);
-  for (float& x : in.beta) x = u(rng);
-  in.o_count = int64_t{b} * geo.h_v * geo.d_v;
-  return in;
-}
+using bench::Inputs;
+using bench::MakeInputs;
+using bench::ServerHandle;
+using bench::ServerSpec;
+using bench::StageInputs;
 
 // Inputs copied into one backend's memory.
 struct DeviceInputs {
@@ -181,54 +150,17 @@ absl::StatusOr<Timing> TimeSteps(int layers, const std::function<absl::Status(in
   return t;
 }
 
-// A statecached: in this process or a child process.
-class ServerHandle {
- public:
-  static absl::StatusOr<std::unique_ptr<ServerHandle>> Start(const std::string& listen,
-                                                             int64_t state_bytes) {
-    auto h = std::make_unique<ServerHandle>();
-    h->target_ = listen;
-    const std::string backend = absl::GetFlag(FLAGS_backend);
-    if (absl::GetFlag(FLAGS_server) == "inproc") {
-      StateCacheServer::Options o;
-      o.sockets.listen = listen;
-      o.memory.backend = backend;
-      o.memory.state_memory_bytes = state_bytes;
-      o.memory.checkpoint_memory_bytes = 1 << 20;
-      o.metrics.port = -1;
-      o.dataplane.shared_pools = true;
-      o.slot_idle_timeout = absl::ZeroDuration();
-      ASSIGN_OR_RETURN(h->server_, StateCacheServer::Create(std::move(o)));
-      return h;
-    }
-    const std::string bin = absl::GetFlag(FLAGS_statecached);
-    if (bin.empty()) return absl::InvalidArgumentError("statecached: give --statecached=PATH");
-    std::vector<std::string> args = {
-        bin, "--listen=" + listen, "--backend=" + backend, "--metrics_port=-1", "--shared_pools",
-        absl::StrCat("--state_memory_bytes=", state_bytes), "--checkpoint_memory_bytes=1048576",
-        "--slot_idle_timeout_ms=0", "--report_geometry=gdn:1:1:1:32:32"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&h->pid_, bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-      return absl::InternalError(absl::StrCat("cannot spawn ", bin));
-    }
-    return h;
-  }
-  ~ServerHandle() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int st;
-      waitpid(pid_, &st, 0);
-    }
-  }
-  const std::string& target() const { return target_; }
-
- private:
-  std::string target_;
-  std::unique_ptr<StateCacheServer> server_;
-  pid_t pid_ = 0;
-};
+// A statecached on `listen`: in this process or a child (--server).
+absl::StatusOr<std::unique_ptr<ServerHandle>> StartServer(const std::string& listen,
+                                                          int64_t state_bytes) {
+  ServerSpec spec;
+  spec.listen = listen;
+  spec.backend = absl::GetFlag(FLAGS_backend);
+  spec.spawn = absl::GetFlag(FLAGS_server) != "inproc";
+  spec.statecached = absl::GetFlag(FLAGS_statecached);
+  spec.state_bytes = state_bytes;
+  return ServerHandle::Start(spec);
+}
 
 absl::StatusOr<std::unique_ptr<StateCacheClient>> Connect(const ServerHandle& s,
                                                           const ModelGeometry& geo, int b) {
@@ -368,43 +300,13 @@ absl::StatusOr<Timing> RunCapi(const ServerHandle& s, const ModelGeometry& geo,
       });
 }
 
-// The registered-buffer modes' staging: q, k, v, g, beta written into one
-// worker buffer (256-byte aligned parts) and an output buffer for o; the
-// returned call references them for `slots` (layer left to the caller);
-// *out is the output buffer.
-absl::StatusOr<RefUpdateCall> StageInputs(DataPlaneSession* session, const Inputs& in,
-                                          const std::vector<SlotHandle>& slots,
-                                          WorkerBuffer** out_buffer) {
-  auto up = [](int64_t x) { return (x + 255) / 256 * 256; };
-  const int64_t q = 0, k = up(4 * in.q.size()), v = k + up(4 * in.k.size()),
-                g = v + up(4 * in.v.size()), beta = g + up(4 * in.g.size()),
-                total = beta + up(4 * in.beta.size());
-  ASSIGN_OR_RETURN(WorkerBuffer * buf, session->CreateBuffer(total));
-  ASSIGN_OR_RETURN(WorkerBuffer * out, session->CreateBuffer(4 * in.o_count));
-  RETURN_IF_ERROR(buf->Write(q, in.q.data(), 4 * in.q.size()));
-  RETURN_IF_ERROR(buf->Write(k, in.k.data(), 4 * in.k.size()));
-  RETURN_IF_ERROR(buf->Write(v, in.v.data(), 4 * in.v.size()));
-  RETURN_IF_ERROR(buf->Write(g, in.g.data(), 4 * in.g.size()));
-  RETURN_IF_ERROR(buf->Write(beta, in.beta.data(), 4 * in.beta.size()));
-  RefUpdateCall c;
-  c.slots = slots;
-  c.q = {buf, q};
-  c.k = {buf, k};
-  c.v = {buf, v};
-  c.g = {buf, g};
-  c.beta = {buf, beta};
-  c.o = {out, 0};
-  *out_buffer = out;
-  return c;
-}
-
 absl::StatusOr<Timing> RunBuffers(const ServerHandle& s, const ModelGeometry& geo,
                                   const Inputs& in, int b) {
   ASSIGN_OR_RETURN(auto client, Connect(s, geo, b));
   ASSIGN_OR_RETURN(std::vector<SlotHandle> h, client->AllocateSlots("bench", b));
   ASSIGN_OR_RETURN(auto session, DataPlaneSession::Open(client.get()));
   WorkerBuffer* out = nullptr;
-  ASSIGN_OR_RETURN(RefUpdateCall c, StageInputs(session.get(), in, h, &out));
+  ASSIGN_OR_RETURN(RefUpdateCall c, StageInputs(session.get(), in, h, 4 * in.o_count, &out));
   std::vector<v1::UpdateRequest> reqs(geo.layers);
   for (int l = 0; l < geo.layers; ++l) {
     c.layer = l;
@@ -431,7 +333,7 @@ absl::StatusOr<Timing> RunStream(const ServerHandle& s, const ModelGeometry& geo
   ASSIGN_OR_RETURN(std::vector<SlotHandle> h, client->AllocateSlots("bench", b));
   ASSIGN_OR_RETURN(auto session, DataPlaneSession::Open(client.get()));
   WorkerBuffer* out = nullptr;
-  ASSIGN_OR_RETURN(RefUpdateCall staged, StageInputs(session.get(), in, h, &out));
+  ASSIGN_OR_RETURN(RefUpdateCall staged, StageInputs(session.get(), in, h, 4 * in.o_count, &out));
   ASSIGN_OR_RETURN(WorkerBuffer * done, session->CreateBuffer(256));
   ASSIGN_OR_RETURN(auto sub, UpdateSubmitter::Open(session.get(), "bench", {done, 0}));
   std::vector<RefUpdateCall> calls(geo.layers, staged);
@@ -526,7 +428,7 @@ int Main() {
       "| B | mode | ms / step (mean) | median | min | vs inproc (mean) | vs inproc (median) | "
       "o bit-identical |\n|---|---|---|---|---|---|---|---|\n";
   for (int b : batches) {
-    const Inputs in = MakeInputs(*geo, b);
+    const Inputs in = MakeInputs(*geo, b, 1234 + b);
     const int64_t state_bytes = int64_t{b} * layout->slot_bytes() + (1 << 20);
     std::unique_ptr<ServerHandle> unix_server, tcp_server;
     // The unix-socket server starts before every mode, inproc included, so
@@ -536,7 +438,7 @@ int Main() {
           return m == "attached" || m == "attached_raw" || m == "capi" || m == "buffers" ||
                  m == "stream";
         })) {
-      auto s = ServerHandle::Start(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
+      auto s = StartServer(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
                                    state_bytes);
       if (!s.ok()) { std::fprintf(stderr, "%s\n", s.status().ToString().c_str()); return 1; }
       unix_server = *std::move(s);
@@ -558,7 +460,7 @@ int Main() {
       } else if (mode == "attached" || mode == "attached_raw" || mode == "capi" ||
                  mode == "buffers" || mode == "stream") {
         if (unix_server == nullptr) {
-          auto s = ServerHandle::Start(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
+          auto s = StartServer(absl::StrCat("unix:/tmp/sc_dp_bench_", tag, ".sock"),
                                        state_bytes);
           if (!s.ok()) { std::fprintf(stderr, "%s\n", s.status().ToString().c_str()); return 1; }
           unix_server = *std::move(s);
@@ -570,7 +472,7 @@ int Main() {
                                      : RunStream(*unix_server, *geo, in, b);
       } else if (mode == "inline") {
         if (tcp_server == nullptr) {
-          auto s = ServerHandle::Start(absl::StrCat("127.0.0.1:", port), state_bytes);
+          auto s = StartServer(absl::StrCat("127.0.0.1:", port), state_bytes);
           if (!s.ok()) { std::fprintf(stderr, "%s\n", s.status().ToString().c_str()); return 1; }
           tcp_server = *std::move(s);
         }

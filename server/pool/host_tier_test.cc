@@ -1,0 +1,171 @@
+// HostTier memory: blocks in chunks of the backend's PinnedMemory, reused
+// (no allocation per checkpoint), and the copy paths PutFromBackend /
+// TakeInto of demotion and promotion.
+#include "server/pool/host_tier.h"
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend/pinned_memory.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/pool/checkpoint_store.h"
+#include "server/pool/prefix_key.h"
+#include "server/pool/slot_pool.h"
+
+namespace statecache {
+namespace {
+
+using ::testing::ElementsAre;
+
+PrefixKey Key(int n) {
+  std::vector<int32_t> tokens(n);
+  for (int i = 0; i < n; ++i) tokens[i] = 7 + i;
+  return KeyOfTokens(tokens);
+}
+
+std::string Pattern(int seed, int64_t n) {
+  std::mt19937 rng(seed);
+  std::string s(static_cast<size_t>(n), '\0');
+  for (char& c : s) c = static_cast<char>(rng() & 0xff);
+  return s;
+}
+
+// Counts the allocations it passes on to the CPU backend's PinnedMemory.
+class CountingPinned : public PinnedMemory {
+ public:
+  explicit CountingPinned(PinnedMemory* inner) : inner_(inner) {}
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> AllocatePinned(int64_t bytes) override {
+    ++calls;
+    total_bytes += bytes;
+    return inner_->AllocatePinned(bytes);
+  }
+  bool page_locked() const override { return inner_->page_locked(); }
+  int calls = 0;
+  int64_t total_bytes = 0;
+
+ private:
+  PinnedMemory* inner_;
+};
+
+TEST(PinnedMemoryTest, CpuBackendHandsOutPlainAlignedMemory) {
+  auto backend = CpuBackend::Create({});
+  ASSERT_NE(backend->pinned_memory(), nullptr);
+  EXPECT_FALSE(backend->pinned_memory()->page_locked());
+  auto b = backend->pinned_memory()->AllocatePinned(1000);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->size(), 1000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*b)->data()) % 256, 0u);
+  std::memset((*b)->data(), 0xab, 1000);
+  EXPECT_EQ(backend->pinned_memory()->AllocatePinned(-1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostTierMemoryTest, PutFromBackendAndTakeIntoCopyTheBytes) {
+  auto backend = CpuBackend::Create({});
+  CountingPinned pinned(backend->pinned_memory());
+  HostTier host({/*capacity_bytes=*/1000, &pinned, /*chunk_bytes=*/1 << 20});
+  auto src = backend->Allocate(300).value();
+  const std::string bytes = Pattern(1, 300);
+  std::memcpy(src->data(), bytes.data(), 300);
+  std::vector<CheckpointBlob> evicted;
+  ASSERT_TRUE(host.PutFromBackend(Key(3), *backend, src->data(), 300, {"aux"}, &evicted).ok());
+  EXPECT_TRUE(evicted.empty());
+  EXPECT_EQ(host.use().bytes, 303);
+  EXPECT_EQ(pinned.calls, 1);
+  // The budget allows ceil(1000 / 300) + 1 = 5 blocks; one chunk of 1 MiB
+  // would hold more, so it is cut to 5 blocks of 512 (300 rounded to 256s).
+  EXPECT_EQ(pinned.total_bytes, 5 * 512);
+  EXPECT_EQ(host.PutFromBackend(Key(4), *backend, src->data(), 1001, {}, &evicted).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Promotion that fails: the checkpoint comes back whole, out of the tier.
+  CheckpointBlob blob;
+  absl::Status st = host.TakeInto(
+      Key(3),
+      [&](const void* packed, int64_t n) {
+        EXPECT_EQ(n, 300);
+        EXPECT_EQ(std::memcmp(packed, bytes.data(), 300), 0);
+        return absl::UnavailableError("copy failed");
+      },
+      &blob);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(blob.key, Key(3));
+  EXPECT_EQ(blob.packed, bytes);
+  EXPECT_THAT(blob.aux, ElementsAre("aux"));
+  EXPECT_TRUE(host.KeysByRecency().empty());
+  EXPECT_EQ(host.use().bytes, 0);
+  ASSERT_TRUE(host.Put(blob, &evicted).ok());  // put back
+
+  // Promotion into backend memory; the block is reused afterwards.
+  auto dst = backend->Allocate(300).value();
+  CheckpointBlob promoted;
+  st = host.TakeInto(
+      Key(3),
+      [&](const void* packed, int64_t n) { return backend->CopyIn(dst->data(), packed, n); },
+      &promoted);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst->data()), 300), bytes);
+  EXPECT_TRUE(promoted.packed.empty());
+  EXPECT_THAT(promoted.aux, ElementsAre("aux"));
+  bool called = false;
+  EXPECT_EQ(host.TakeInto(Key(3), [&](const void*, int64_t) {
+                  called = true;
+                  return absl::OkStatus();
+                }, &promoted).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(called);
+  EXPECT_EQ(pinned.calls, 1);
+}
+
+TEST(HostTierMemoryTest, DemoteAndPromoteReuseChunksThroughTheStore) {
+  auto backend = CpuBackend::Create({});
+  ModelGeometry g{Arch::kGdn, /*layers=*/2, /*h_qk=*/1, /*h_v=*/2, /*d_k=*/32, /*d_v=*/32};
+  StateLayout layout = StateLayout::Identity(g, ParseFormatSpec("int8").value()).value();
+  auto pool = SlotPool::Create(backend.get(), layout, 2).value();
+  auto slots = pool->Allocate(2).value();
+  auto access = pool->Acquire(slots, "slots").value();
+  const int32_t a = access.indices()[0], b = access.indices()[1];
+  const int64_t slot_bytes = pool->slot_bytes();
+  CountingPinned pinned(backend->pinned_memory());
+  // 3 checkpoints of budget, chunks of 2 blocks: 3 held plus the one a
+  // promotion holds while the arena's entry is demoted need 2 chunks, however
+  // many checkpoints pass through.
+  auto host = std::make_shared<HostTier>(
+      HostTier::Options{3 * (slot_bytes + 2), &pinned, 2 * ((slot_bytes + 255) / 256 * 256)});
+  CheckpointStore::Options o;
+  o.capacity = 1;
+  o.host = host;
+  auto store = CheckpointStore::Create(backend.get(), layout, o).value();
+  for (int round = 0; round < 5; ++round) {
+    for (int n = 1; n <= 4; ++n) {  // one in the arena, three in the host tier
+      const std::string bytes = Pattern(100 * round + n, slot_bytes);
+      std::memcpy(pool->view().slot(a), bytes.data(), bytes.size());
+      ASSERT_TRUE(store->Put(Key(n), pool->view(), a, {"a" + std::to_string(n)}).ok());
+    }
+    for (int n : {2, 1, 3}) {
+      auto hit = store->Lookup({Key(n)}, absl::ZeroDuration()).value();
+      ASSERT_TRUE(hit.hit) << n;
+      EXPECT_EQ(hit.tier, StoreTier::kHost);
+      std::memset(pool->view().slot(b), 0, slot_bytes);
+      auto restored = store->Restore(hit.key, hit.lease_id, pool->view(), b);
+      ASSERT_TRUE(restored.ok()) << restored.status();
+      EXPECT_THAT(restored->aux, ElementsAre("a" + std::to_string(n)));
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool->view().slot(b)), slot_bytes),
+                Pattern(100 * round + n, slot_bytes))
+          << "round " << round << " prefix " << n;
+    }
+    ASSERT_TRUE(store->CheckInvariants().ok()) << store->CheckInvariants();
+  }
+  EXPECT_EQ(store->stats().tiers[static_cast<int>(StoreTier::kHost)].promotions, 15);
+  EXPECT_LE(pinned.calls, 2);
+  EXPECT_EQ(host->chunk_allocations(), pinned.calls);
+  EXPECT_LE(host->reserved_bytes(), 4 * ((slot_bytes + 255) / 256 * 256));
+}
+
+}  // namespace
+}  // namespace statecache
