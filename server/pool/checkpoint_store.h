@@ -51,9 +51,10 @@
 // lock for it. When the writer's queue is full the new copy is dropped
 // before copying (counted in write_through_dropped); a write-through never
 // fails or blocks a Put on Redis. An entry written through is marked
-// (CheckpointBlob::remote_written, kept through the host tier): its later
-// demotion to the remote tier only refreshes the TTL, and resends the bytes
-// only when the key expired (redis_tier.h).
+// (CheckpointBlob::remote_written): its demotion straight to the remote tier
+// only refreshes the TTL, and resends the bytes only when the key expired
+// (redis_tier.h). The host and disk tiers do not keep the mark: a
+// checkpoint that passes through them is sent again on reaching Redis.
 // With a transcoder (checkpoint_transcoder.h) the lower tiers hold the
 // checkpoint format instead of the slot's bytes: demotion encodes into it,
 // promotion decodes back into the slot format.
