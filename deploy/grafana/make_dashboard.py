@@ -102,10 +102,12 @@ panel("Remote (Redis) tier: calls, errors, mean latency",
        (f'sum by (instance) (rate(statecache_checkpoint_tier_errors_total{{{MSEL}, store_tier="remote"}}[$__rate_interval]))', "{{instance}} errors/s"),
        (f'sum by (instance) (rate(statecache_checkpoint_tier_request_seconds_total{{{MSEL}, store_tier="remote"}}[$__rate_interval])) * 1000 / '
         f'(sum by (instance) (rate(statecache_checkpoint_tier_requests_total{{{MSEL}, store_tier="remote"}}[$__rate_interval])) > 0)',
-        "{{instance}} mean ms/call")],
+        "{{instance}} mean ms/call"),
+       (f'sum by (instance) (rate(statecache_checkpoint_tier_write_through_dropped_total{{{MSEL}, store_tier="remote"}}[$__rate_interval]))', "{{instance}} write-through drops/s")],
       unit="short",
       description="Calls to Redis (--redis_checkpoint_address / --redis_cluster_nodes), failed ones "
-                  "(each a miss, never a failed RPC) and mean wall time per call in milliseconds.")
+                  "(each a miss, never a failed RPC), mean wall time per call in milliseconds, and "
+                  "snapshot copies not written through (--redis_write_queue_bytes full).")
 panel("Snapshot / restore traffic",
       [(f'sum by (model) (rate(statecache_snapshot_bytes_total{{{MSEL}}}[$__rate_interval]))', "{{model}} snapshot B/s"),
        (f'sum by (model) (rate(statecache_restore_bytes_total{{{MSEL}}}[$__rate_interval]))', "{{model}} restore B/s"),
