@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "server/pool/slot_pool.h"
 #include "server/pool/testing/fake_backend.h"
+#include "server/pool/testing/test_keys.h"
 
 namespace statecache {
 namespace {
@@ -21,11 +22,7 @@ StateLayout SmallLayout() {
   return StateLayout::Identity(g, ParseFormatSpec("int8").value()).value();
 }
 
-PrefixKey Key(int n) {
-  std::vector<int32_t> tokens(n);
-  for (int i = 0; i < n; ++i) tokens[i] = 100 + i;
-  return KeyOfTokens(tokens);
-}
+PrefixKey Key(int n) { return KeyOfRun(100, n); }
 
 class CheckpointStoreTest : public ::testing::Test {
  protected:

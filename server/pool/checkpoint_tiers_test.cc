@@ -22,6 +22,7 @@
 #include "server/pool/host_tier.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/slot_pool.h"
+#include "server/pool/testing/test_keys.h"
 
 namespace statecache {
 namespace {
@@ -38,20 +39,7 @@ StateLayout SmallLayout() {
   return StateLayout::Identity(g, ParseFormatSpec("int8").value()).value();
 }
 
-PrefixKey Key(int n) {
-  std::vector<int32_t> tokens(n);
-  for (int i = 0; i < n; ++i) tokens[i] = 100 + i;
-  return KeyOfTokens(tokens);
-}
-
-// Distinct pseudo-random bytes per seed (not a constant fill, so a copy of
-// the wrong entry or a shifted copy is caught).
-std::string Pattern(int seed, int64_t n) {
-  std::mt19937 rng(seed);
-  std::string s(static_cast<size_t>(n), '\0');
-  for (char& c : s) c = static_cast<char>(rng() & 0xff);
-  return s;
-}
+PrefixKey Key(int n) { return KeyOfRun(100, n); }
 
 std::string TempDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
@@ -112,7 +100,7 @@ class TiersTest : public ::testing::Test {
   }
 
   void Put(int n) {
-    const std::string bytes = Pattern(n, slot_bytes_);
+    const std::string bytes = PatternBytes(n, slot_bytes_);
     std::memcpy(pool_->view().slot(a_), bytes.data(), bytes.size());
     auto put = store_->Put(Key(n), pool_->view(), a_, {Aux(n)});
     ASSERT_TRUE(put.ok()) << put.status();
@@ -127,7 +115,7 @@ class TiersTest : public ::testing::Test {
     if (!hit.ok() || !hit->hit) return StoreTier::kDevice;
     auto restored = store_->Restore(hit->key, hit->lease_id, pool_->view(), b_);
     EXPECT_TRUE(restored.ok()) << restored.status();
-    const std::string want = Pattern(n, slot_bytes_);
+    const std::string want = PatternBytes(n, slot_bytes_);
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool_->view().slot(b_)), slot_bytes_),
               want)
         << "restored slot of prefix " << n << " differs";
@@ -273,7 +261,7 @@ TEST_F(TiersTest, RestoreWithoutLeaseFindsLowerTiers) {
   auto restored = store_->Restore(Key(1), 0, pool_->view(), b_);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool_->view().slot(b_)), slot_bytes_),
-            Pattern(1, slot_bytes_));
+            PatternBytes(1, slot_bytes_));
   EXPECT_EQ(store_->stats().tiers[kHost].promotions, 1);
 }
 
@@ -298,7 +286,7 @@ TEST_F(TiersTest, ConcurrentTrafficRestoresOnlyTheBytesOfTheKey) {
       for (int op = 0; op < kOps; ++op) {
         const int n = 1 + static_cast<int>(rng() % kKeys);
         if (rng() % 2 == 0) {
-          const std::string bytes = Pattern(n, slot_bytes_);
+          const std::string bytes = PatternBytes(n, slot_bytes_);
           std::memcpy(pool_->view().slot(src), bytes.data(), bytes.size());
           auto put = store_->Put(Key(n), pool_->view(), src, {Aux(n)});
           if (!put.ok() && put.status().code() != absl::StatusCode::kResourceExhausted) ++wrong;
@@ -317,7 +305,7 @@ TEST_F(TiersTest, ConcurrentTrafficRestoresOnlyTheBytesOfTheKey) {
         }
         ++restored;
         const std::string got(reinterpret_cast<const char*>(pool_->view().slot(dst)), slot_bytes_);
-        if (got != Pattern(n, slot_bytes_) || r->aux != std::vector<std::string>{Aux(n)}) ++wrong;
+        if (got != PatternBytes(n, slot_bytes_) || r->aux != std::vector<std::string>{Aux(n)}) ++wrong;
       }
     });
   }
@@ -371,7 +359,7 @@ class DiskTierTest : public TiersTest {
   CheckpointBlob Blob(int n) {
     CheckpointBlob b;
     b.key = Key(n);
-    b.packed = Pattern(n, 100);
+    b.packed = PatternBytes(n, 100);
     b.aux = {"a" + std::to_string(n), ""};
     return b;
   }
@@ -395,7 +383,7 @@ TEST_F(DiskTierTest, LruOrderBudgetAndRoundTrip) {
   EXPECT_EQ(disk->use().evictions, 1);
   auto blob = disk->Take(Key(2));
   ASSERT_TRUE(blob.ok()) << blob.status();
-  EXPECT_EQ(blob->packed, Pattern(2, 100));
+  EXPECT_EQ(blob->packed, PatternBytes(2, 100));
   EXPECT_THAT(blob->aux, ElementsAre("a2", ""));
   EXPECT_EQ(CountFiles(dir_), 1);
   EXPECT_EQ(disk->Put(CheckpointBlob{Key(9), std::string(300, 'x'), {}}, &evicted).code(),
@@ -416,7 +404,7 @@ TEST_F(DiskTierTest, KeysDifferingOnlyInKindOrSaltKeepTheirOwnFiles) {
   std::vector<CheckpointBlob> evicted;
   int seed = 40;
   for (const PrefixKey& k : {a, b, sha}) {
-    ASSERT_TRUE(disk->Put(CheckpointBlob{k, Pattern(seed++, 100), {"x"}}, &evicted).ok());
+    ASSERT_TRUE(disk->Put(CheckpointBlob{k, PatternBytes(seed++, 100), {"x"}}, &evicted).ok());
   }
   EXPECT_EQ(CountFiles(dir_), 3);
   // The files' headers carry kind and digest: a re-index finds the same keys.
@@ -428,7 +416,7 @@ TEST_F(DiskTierTest, KeysDifferingOnlyInKindOrSaltKeepTheirOwnFiles) {
     auto blob = disk->Take(k);
     ASSERT_TRUE(blob.ok()) << blob.status();
     EXPECT_EQ(blob->key, k);
-    EXPECT_EQ(blob->packed, Pattern(seed++, 100));
+    EXPECT_EQ(blob->packed, PatternBytes(seed++, 100));
   }
   EXPECT_EQ(CountFiles(dir_), 0);
 }

@@ -14,22 +14,12 @@
 #include "server/pool/host_tier.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/slot_pool.h"
+#include "server/pool/testing/test_keys.h"
 
 namespace statecache {
 namespace {
 
-PrefixKey Key(int n) {
-  std::vector<int32_t> tokens(n);
-  for (int i = 0; i < n; ++i) tokens[i] = 11 + i;
-  return KeyOfTokens(tokens);
-}
-
-std::string Pattern(int seed, int64_t n) {
-  std::mt19937 rng(seed);
-  std::string s(static_cast<size_t>(n), '\0');
-  for (char& c : s) c = static_cast<char>(rng() & 0xff);
-  return s;
-}
+PrefixKey Key(int n) { return KeyOfRun(11, n); }
 
 TEST(HostTierCudaTest, PinnedMemoryIsPageLocked) {
   STATECACHE_SKIP_WITHOUT_GPU();
@@ -63,7 +53,7 @@ TEST(HostTierCudaTest, DemoteThenPromoteRestoresIdenticalBytes) {
     o.host = host;
     auto store = CheckpointStore::Create(gpu, layout, o).value();
     for (int n = 1; n <= 3; ++n) {  // 1 and 2 are demoted to the host tier
-      const std::string bytes = Pattern(n, slot_bytes);
+      const std::string bytes = PatternBytes(n, slot_bytes);
       ASSERT_TRUE(gpu->CopyIn(pool->view().slot(a), bytes.data(), slot_bytes).ok());
       ASSERT_TRUE(store->Put(Key(n), pool->view(), a, {"aux" + std::to_string(n)}).ok());
     }
@@ -82,7 +72,7 @@ TEST(HostTierCudaTest, DemoteThenPromoteRestoresIdenticalBytes) {
       EXPECT_EQ(restored->aux[0], "aux" + std::to_string(n));
       std::string out(static_cast<size_t>(slot_bytes), '\0');
       ASSERT_TRUE(gpu->CopyOut(&out[0], pool->view().slot(b), slot_bytes).ok());
-      EXPECT_TRUE(out == Pattern(n, slot_bytes)) << "prefix " << n << " differs after the tiers";
+      EXPECT_TRUE(out == PatternBytes(n, slot_bytes)) << "prefix " << n << " differs after the tiers";
     }
     const CheckpointStats s = store->stats();
     EXPECT_EQ(s.tiers[static_cast<int>(StoreTier::kHost)].promotions, 4);

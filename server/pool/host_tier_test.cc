@@ -16,24 +16,14 @@
 #include "server/pool/checkpoint_store.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/slot_pool.h"
+#include "server/pool/testing/test_keys.h"
 
 namespace statecache {
 namespace {
 
 using ::testing::ElementsAre;
 
-PrefixKey Key(int n) {
-  std::vector<int32_t> tokens(n);
-  for (int i = 0; i < n; ++i) tokens[i] = 7 + i;
-  return KeyOfTokens(tokens);
-}
-
-std::string Pattern(int seed, int64_t n) {
-  std::mt19937 rng(seed);
-  std::string s(static_cast<size_t>(n), '\0');
-  for (char& c : s) c = static_cast<char>(rng() & 0xff);
-  return s;
-}
+PrefixKey Key(int n) { return KeyOfRun(7, n); }
 
 // Counts the allocations it passes on to the CPU backend's PinnedMemory.
 class CountingPinned : public PinnedMemory {
@@ -70,7 +60,7 @@ TEST(HostTierMemoryTest, PutFromBackendAndTakeIntoCopyTheBytes) {
   CountingPinned pinned(backend->pinned_memory());
   HostTier host({/*capacity_bytes=*/1000, &pinned, /*chunk_bytes=*/1 << 20});
   auto src = backend->Allocate(300).value();
-  const std::string bytes = Pattern(1, 300);
+  const std::string bytes = PatternBytes(1, 300);
   std::memcpy(src->data(), bytes.data(), 300);
   std::vector<CheckpointBlob> evicted;
   ASSERT_TRUE(host.PutFromBackend(Key(3), *backend, src->data(), 300, {"aux"}, &evicted).ok());
@@ -143,7 +133,7 @@ TEST(HostTierMemoryTest, DemoteAndPromoteReuseChunksThroughTheStore) {
   auto store = CheckpointStore::Create(backend.get(), layout, o).value();
   for (int round = 0; round < 5; ++round) {
     for (int n = 1; n <= 4; ++n) {  // one in the arena, three in the host tier
-      const std::string bytes = Pattern(100 * round + n, slot_bytes);
+      const std::string bytes = PatternBytes(100 * round + n, slot_bytes);
       std::memcpy(pool->view().slot(a), bytes.data(), bytes.size());
       ASSERT_TRUE(store->Put(Key(n), pool->view(), a, {"a" + std::to_string(n)}).ok());
     }
@@ -156,7 +146,7 @@ TEST(HostTierMemoryTest, DemoteAndPromoteReuseChunksThroughTheStore) {
       ASSERT_TRUE(restored.ok()) << restored.status();
       EXPECT_THAT(restored->aux, ElementsAre("a" + std::to_string(n)));
       EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool->view().slot(b)), slot_bytes),
-                Pattern(100 * round + n, slot_bytes))
+                PatternBytes(100 * round + n, slot_bytes))
           << "round " << round << " prefix " << n;
     }
     ASSERT_TRUE(store->CheckInvariants().ok()) << store->CheckInvariants();

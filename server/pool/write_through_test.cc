@@ -20,6 +20,7 @@
 #include "server/pool/testing/fake_backend.h"
 #include "server/pool/testing/gated_remote.h"
 #include "server/pool/testing/redis_server.h"
+#include "server/pool/testing/test_keys.h"
 
 namespace statecache {
 namespace {
@@ -31,11 +32,7 @@ StateLayout SmallLayout() {
   return StateLayout::Identity(g, ParseFormatSpec("int8").value()).value();
 }
 
-PrefixKey Key(int n) {
-  std::vector<int32_t> tokens(n);
-  for (int i = 0; i < n; ++i) tokens[i] = 100 + i;
-  return KeyOfTokens(tokens);
-}
+PrefixKey Key(int n) { return KeyOfRun(100, n); }
 
 // One server's checkpoint store and slots on its own fake backend.
 struct Instance {
