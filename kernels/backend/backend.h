@@ -167,6 +167,18 @@ class Backend {
   // Host -> backend and backend -> host copies.
   virtual absl::Status CopyIn(void* backend_dst, const void* host_src, int64_t bytes) = 0;
   virtual absl::Status CopyOut(void* host_dst, const void* backend_src, int64_t bytes) = 0;
+  // Backend -> backend copy of `bytes` between non-overlapping regions
+  // (e.g. one whole slot into another: PoolView::slot pointers, no index
+  // upload, no validation - the caller owns both regions). Returns once the
+  // bytes are in place. This default goes through a host buffer (CopyOut +
+  // CopyIn); the CPU backend copies in place, CUDA device to device.
+  virtual absl::Status CopyWithin(void* backend_dst, const void* backend_src, int64_t bytes) {
+    if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+    std::string host(static_cast<size_t>(bytes), '\0');
+    absl::Status st = CopyOut(&host[0], backend_src, bytes);
+    if (!st.ok()) return st;
+    return CopyIn(backend_dst, host.data(), bytes);
+  }
 
   // Uploads a layout's maps. The result stays valid while the backend lives.
   virtual absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) = 0;

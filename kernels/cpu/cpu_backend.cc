@@ -168,6 +168,12 @@ absl::Status CpuBackend::CopyOut(void* dst, const void* src, int64_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::CopyWithin(void* dst, const void* src, int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<PreparedModel>> CpuBackend::Prepare(const StateLayout& layout) {
   return std::unique_ptr<PreparedModel>(new CpuPreparedModel(layout));
 }

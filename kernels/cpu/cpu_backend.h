@@ -37,6 +37,7 @@ class CpuBackend : public Backend {
   bool host_memory() const override { return true; }
   absl::Status CopyIn(void* backend_dst, const void* host_src, int64_t bytes) override;
   absl::Status CopyOut(void* host_dst, const void* backend_src, int64_t bytes) override;
+  absl::Status CopyWithin(void* dst, const void* src, int64_t bytes) override;
   absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override;
   absl::Status DecodeUpdate(const PreparedModel& model, const PoolView& pool, int layer,
                             const DecodeInputs& in) override;

@@ -466,6 +466,17 @@ TEST(CpuBackendErrorsTest, PackStatesEnforcesTheStateMagnitudeBound) {
   }
 }
 
+TEST(CpuBackendCopyTest, CopyWithinCopiesTheBytesAndRefusesNegativeSizes) {
+  std::unique_ptr<CpuBackend> backend = Backend2();
+  auto buf = backend->Allocate(4096).value();
+  for (int i = 0; i < 2048; ++i) buf->data()[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE(backend->CopyWithin(buf->data() + 2048, buf->data(), 2048).ok());
+  EXPECT_EQ(0, std::memcmp(buf->data() + 2048, buf->data(), 2048));
+  const absl::Status s = backend->CopyWithin(buf->data(), buf->data() + 2048, -1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bytes"), absl::string_view::npos) << s;
+}
+
 TEST(CpuBackendErrorsTest, LayoutAndGeometryErrorsNameTheField) {
   const absl::StatusOr<StateLayout> too_many = StateLayout::Identity(kGdnSmall, {StateFormat::kDamp, 65});
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);

@@ -162,6 +162,16 @@ class CudaBackend : public Backend {
     return c->Synchronize("copy out");
   }
 
+  absl::Status CopyWithin(void* dst, const void* src, int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+    if (bytes == 0) return absl::OkStatus();
+    if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("copy: null pointer");
+    ASSIGN_OR_RETURN(Lease c, Acquire());
+    RETURN_IF_ERROR(
+        CudaStatus(ci::CopyDeviceToDeviceAsync(dst, src, bytes, c->stream()), "copy within"));
+    return c->Synchronize("copy within");
+  }
+
   absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override {
     const ModelGeometry& g = layout.geometry();
     if (IsStepQuantFormat(layout.format().format)) {

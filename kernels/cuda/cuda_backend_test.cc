@@ -835,6 +835,18 @@ TEST_P(GpuBindingTest, CopySlotsAndZeroSlots) {
   EXPECT_EQ(pool_arr_.To<uint8_t>(expect.size()), expect);
 }
 
+TEST_P(GpuBindingTest, CopyWithinCopiesOneWholeSlot) {
+  const int64_t sb = layout_->slot_bytes();
+  auto snap_buf = TestGpu()->Allocate(2 * sb).value();
+  ASSERT_TRUE(TestGpu()->CopyWithin(snap_buf->data() + sb, pool_.slot(3), sb).ok());
+  std::vector<uint8_t> got(sb);
+  ASSERT_TRUE(TestGpu()->CopyOut(got.data(), snap_buf->data() + sb, sb).ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), before_.data() + 3 * sb, sb));
+  EXPECT_EQ(TestGpu()->CopyWithin(snap_buf->data(), pool_.slot(0), -1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_arr_.To<uint8_t>(before_.size()), before_);
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, GpuBindingTest,
                          ::testing::Values(StateFormat::kDamp, StateFormat::kFp32),
                          [](const ::testing::TestParamInfo<StateFormat>& info) {

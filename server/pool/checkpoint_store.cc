@@ -40,8 +40,7 @@ CheckpointStore::CheckpointStore(Backend* backend, std::unique_ptr<BackendBuffer
       arena_(std::move(arena)),
       view_(view),
       slot_tiers_(slot_tiers),
-      options_(std::move(options)),
-      index_staging_(backend, kIndexStagingBytes) {
+      options_(std::move(options)) {
   if (options_.remote && options_.remote_write_through) {
     writer_ = std::make_unique<RemoteWriter>(options_.remote, options_.remote_writer);
   }
@@ -370,11 +369,14 @@ absl::Status CheckpointStore::Copy(const PoolView& src, int32_t src_slot, const 
     return absl::InvalidArgumentError(absl::StrCat("slot_bytes: ", src.slot_bytes(), " != ",
                                                    dst.slot_bytes()));
   }
-  const int32_t idx[2] = {src_slot, dst_slot};
-  ASSIGN_OR_RETURN(StagingCache::Lease staged, index_staging_.Get(sizeof(idx)));
-  RETURN_IF_ERROR(backend_->CopyIn(staged.data(), idx, sizeof(idx)));
-  const int32_t* p = reinterpret_cast<const int32_t*>(staged.data());
-  return backend_->CopySlots(src, p, dst, p + 1, 1);
+  if (src_slot < 0 || src_slot >= src.num_slots || dst_slot < 0 || dst_slot >= dst.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("slot: copy ", src_slot, " -> ", dst_slot,
+                                                   " outside the pools (", src.num_slots, ", ",
+                                                   dst.num_slots, " slots)"));
+  }
+  // One whole contiguous slot: a plain backend copy (no index upload, no
+  // validation kernels; the store owns src_slot, the caller holds dst_slot).
+  return backend_->CopyWithin(dst.slot(dst_slot), src.slot(src_slot), src.slot_bytes());
 }
 
 absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey& key,

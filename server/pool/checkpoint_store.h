@@ -92,7 +92,6 @@
 #include "server/pool/checkpoint_transcoder.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/remote_writer.h"
-#include "server/pool/staging_cache.h"
 #include "server/pool/tier_bytes.h"
 
 namespace statecache {
@@ -379,10 +378,6 @@ class CheckpointStore {
   const PoolView view_;
   const TierBytes slot_tiers_;
   const Options options_;
-  // The slot indices of each copy (Put, Restore): reused backend buffers, not
-  // an Allocate (cudaMalloc, zero fill, cudaFree) per copy.
-  static constexpr int64_t kIndexStagingBytes = 256 << 10;
-  StagingCache index_staging_;
 
   mutable absl::Mutex mu_;
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
