@@ -15,10 +15,11 @@
 #       gRPC echo of the same bytes at 4 KiB, 64 KiB, 8 MiB (ECHO lines, and
 #       PHASES lines: where the server's Update time goes; "base ECHO" lines:
 #       the same from the baseline binary when staged with BASE_ECHO_BENCH);
-#   (e) multi_worker_bench: Qwen3.6-35B-A3B geometry, B = 256, 30 layers
-#       through SubmitUpdates, 1 worker alone then 8 workers at once on
-#       distinct slots (MULTI / VERIFY / MULTI_SUMMARY lines). Skipped with
-#       SKIP_MULTI=1; MULTI_WORKERS / MULTI_STEPS change its size.
+#   (e) multi_worker_bench: Qwen3.6-35B-A3B geometry, 30 layers through
+#       SubmitUpdates, 1 worker alone then 8 workers at once on distinct
+#       slots (MULTI / VERIFY / MULTI_SUMMARY lines): B = 256 with one wait
+#       per step, B = 256 with a host wait per layer (--layer_waits), B = 16.
+#       Skipped with SKIP_MULTI=1; MULTI_WORKERS / MULTI_STEPS change its size.
 # Logs and summary.txt go to $OUT (or /tmp/sc_out). Expected ~5 minutes;
 # worst case (timeouts) ~9 minutes. Only (e): ONLY_MULTI=1. MIXED picks the
 # runs of (c) by name (default: "default coalesce coalesce_wait100us
@@ -36,12 +37,17 @@ export LD_LIBRARY_PATH=$U/lib
 cat "$U/STAGED" | tee "$OUT/staged.txt"
 nproc | sed 's/^/cores=/' | tee -a "$OUT/staged.txt"
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
-multi() {  # (e)
-  timeout 240 $U/multi_worker_bench --backend=cuda --server=spawn --statecached=$U/statecached \
-    --batch=256 --workers=${MULTI_WORKERS:-8} --steps=${MULTI_STEPS:-20} --warmup=3 \
-    --verify_slots=2 > "$OUT/multi_worker_bench.log" 2> "$OUT/multi_worker_bench.err"
-  summary "multi_worker_bench exit=$?"
-  grep -E '^(# multi|MULTI|VERIFY)' "$OUT/multi_worker_bench.log" | tee -a "$OUT/summary.txt"
+multi() {  # (e): pipelined steps at B = 256, then per-layer host waits, then B = 16
+  local run args
+  for run in "b256 --batch=256" "b256_layer_waits --batch=256 --layer_waits" "b16 --batch=16"; do
+    args=${run#* }
+    run=${run%% *}
+    timeout 200 $U/multi_worker_bench --backend=cuda --server=spawn --statecached=$U/statecached \
+      $args --workers=${MULTI_WORKERS:-8} --steps=${MULTI_STEPS:-20} --warmup=3 \
+      --verify_slots=2 > "$OUT/multi_worker_bench_$run.log" 2> "$OUT/multi_worker_bench_$run.err"
+    summary "multi_worker_bench $run exit=$?"
+    grep -E '^(# multi|MULTI|VERIFY)' "$OUT/multi_worker_bench_$run.log" | tee -a "$OUT/summary.txt"
+  done
 }
 if [ -n "${ONLY_MULTI:-}" ]; then multi; exit 0; fi
 timeout 120 $U/cuda_concurrency_test > "$OUT/cuda_concurrency_test.log" 2>&1

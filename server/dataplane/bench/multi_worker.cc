@@ -81,7 +81,7 @@ absl::Status RunSteps(const MultiWorkerOptions& o, Worker* wk) {
     const absl::Time start = absl::Now();
     for (const RefUpdateCall& c : wk->calls) {
       ASSIGN_OR_RETURN(uint64_t seq, sub.Submit(c, wk->stream));
-      RETURN_IF_ERROR(sub.StreamWait(seq, wk->stream));
+      if (o.layer_waits) RETURN_IF_ERROR(sub.StreamWait(seq, wk->stream));
     }
     RETURN_IF_ERROR(sub.Wait(sub.last_seq()));
     RETURN_IF_ERROR(sub.TakeError());

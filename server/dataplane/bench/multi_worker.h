@@ -5,9 +5,12 @@
 // A worker has its own client (gRPC channel), DataPlaneSession, registered
 // buffers (inputs: seed `seed + w`, the same every layer and step; o: one
 // FP32 [B, h_v, d_v] block per layer), done word, UpdateSubmitter and (CUDA)
-// its own non-blocking stream, and B slots of its own. One step = per layer
-// Submit + StreamWait (layer l + 1 ordered after layer l's o), then the host
-// waits for the last reply; its wall time is one sample of step_ms. Workers
+// its own non-blocking stream, and B slots of its own. One step = every
+// layer's Submit (the server runs one submitter's updates in order), then
+// the host waits for the last reply; with `layer_waits` each Submit is
+// followed by a StreamWait on its reply (a worker that consumes o between
+// layers; with a host-visible done word that is a host wait per layer). The
+// step's wall time is one sample of step_ms. Workers
 // are set up one after another, then start together.
 //
 // Replay: for each worker, B fresh slots of the same model run the worker's
@@ -42,6 +45,7 @@ struct MultiWorkerOptions {
   int verify_slots = -1;  // slots per worker whose bytes are compared (-1: all)
   uint32_t seed = 1234;
   bool cuda_streams = false;  // each worker on its own non-blocking CUDA stream
+  bool layer_waits = false;   // StreamWait after every layer's Submit
 };
 
 struct WorkerSteps {

@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, server, "inproc", "inproc (CPU only) or spawn.");
 ABSL_FLAG(std::string, statecached, "", "statecached binary for --server=spawn.");
 ABSL_FLAG(bool, verify, true, "Replay every worker serially and compare o and slot bytes.");
 ABSL_FLAG(int, verify_slots, -1, "Slots per worker whose exported bytes are compared (-1: all).");
+ABSL_FLAG(bool, layer_waits, false,
+          "StreamWait after every layer's Submit (a worker consuming o between layers) "
+          "instead of one wait per step.");
 ABSL_FLAG(double, goal_ratio, 1.2, "Together vs alone p50 step time reported as met below this.");
 
 namespace statecache {
@@ -108,10 +111,12 @@ int Main() {
   o.verify = absl::GetFlag(FLAGS_verify);
   o.verify_slots = absl::GetFlag(FLAGS_verify_slots);
   o.cuda_streams = ss.backend == "cuda";
+  o.layer_waits = absl::GetFlag(FLAGS_layer_waits);
   std::printf("# multi_worker_bench backend=%s geometry=%s format=%s B=%d workers=%d steps=%d "
-              "warmup=%d slot_bytes=%lld\n",
+              "warmup=%d layer_waits=%d slot_bytes=%lld\n",
               ss.backend.c_str(), geo->DebugString().c_str(), FormatSpecName(*spec).c_str(),
-              batch, workers, o.steps, o.warmup, static_cast<long long>(layout->slot_bytes()));
+              batch, workers, o.steps, o.warmup, o.layer_waits ? 1 : 0,
+              static_cast<long long>(layout->slot_bytes()));
   std::fflush(stdout);
   absl::StatusOr<MultiWorkerReport> alone = RunMultiWorker(o, 1);
   if (!alone.ok()) {

@@ -75,6 +75,19 @@ TEST_F(MultiWorkerTest, OneWorkerAndSomeSlotsVerified) {
   EXPECT_FALSE(r->workers_distinct);  // one worker: nothing to tell apart
 }
 
+TEST_F(MultiWorkerTest, LayerWaitsGiveTheSameResults) {
+  o_.layer_waits = true;
+  const int workers = 2;
+  absl::StatusOr<MultiWorkerReport> r = RunMultiWorker(o_, workers);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->workers.size(), static_cast<size_t>(workers));
+  for (const WorkerSteps& w : r->workers) EXPECT_EQ(w.steps_run, o_.warmup + o_.steps);
+  EXPECT_EQ(r->o_compared, int64_t{workers} * geo_.layers * o_.batch * geo_.h_v * geo_.d_v);
+  EXPECT_EQ(r->o_mismatches, 0);
+  EXPECT_EQ(r->slot_mismatches, 0);
+  EXPECT_TRUE(r->workers_distinct);
+}
+
 TEST_F(MultiWorkerTest, BadCountsNameTheField) {
   absl::StatusOr<MultiWorkerReport> r = RunMultiWorker(o_, 0);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
