@@ -7,115 +7,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cpp/statecache_client_wire.h"
 #include "kernels/common/status_macros.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 
 namespace statecache {
+
+using client_wire::AddHandles;
+using client_wire::FloatBytes;
+using client_wire::FloatsOf;
+using client_wire::KeyToWire;
+using client_wire::SetHandle;
+using client_wire::SetTensor;
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
 }
-
-namespace {
-
-v1::DType ToProto(DType d) {
-  switch (d) {
-    case DType::kFp32: return v1::DTYPE_FP32;
-    case DType::kBf16: return v1::DTYPE_BF16;
-    case DType::kFp16: return v1::DTYPE_FP16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
-void SetTensor(v1::Tensor* t, DType dtype, std::initializer_list<int64_t> shape,
-               absl::string_view bytes) {
-  t->set_dtype(ToProto(dtype));
-  for (int64_t d : shape) t->add_shape(d);
-  t->set_data(bytes.data(), bytes.size());
-}
-
-absl::string_view FloatBytes(absl::Span<const float> v) {
-  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
-
-void AddHandles(absl::Span<const SlotHandle> slots,
-                google::protobuf::RepeatedPtrField<v1::SlotHandle>* out) {
-  for (const SlotHandle& h : slots) {
-    v1::SlotHandle* p = out->Add();
-    p->set_id(h.id);
-    p->set_generation(h.generation);
-  }
-}
-
-void SetHandle(SlotHandle h, v1::SlotHandle* out) {
-  out->set_id(h.id);
-  out->set_generation(h.generation);
-}
-
-// A snapshot request of `slot` with its aux blobs (the caller names the
-// prefix: by tokens or by key).
-v1::SnapshotRequest SnapshotRequestFor(absl::string_view model_id, SlotHandle slot,
-                                       const std::vector<std::string>& aux) {
-  v1::SnapshotRequest req;
-  req.set_model_id(std::string(model_id));
-  SetHandle(slot, req.mutable_slot());
-  for (const std::string& a : aux) req.add_aux(a);
-  return req;
-}
-
-absl::StatusOr<std::vector<float>> FloatsOf(const v1::Tensor& t, absl::string_view what) {
-  if (t.dtype() != v1::DTYPE_FP32 || t.data().size() % 4 != 0) {
-    return absl::InternalError(absl::StrCat(what, ": server returned a non-FP32 tensor"));
-  }
-  std::vector<float> out(t.data().size() / 4);
-  if (!out.empty()) std::memcpy(out.data(), t.data().data(), t.data().size());
-  return out;
-}
-
-void KeyToWire(const PrefixKey& k, v1::PrefixKey* out) {
-  out->set_hash(k.hash);
-  out->set_num_tokens(k.num_tokens);
-  out->set_kind(static_cast<v1::PrefixKeyKind>(k.kind));
-  out->set_digest(k.digest);
-}
-
-PrefixKey KeyFromWire(const v1::PrefixKey& k) {
-  PrefixKey key{k.hash(), k.num_tokens()};
-  key.kind = static_cast<PrefixKeyKind>(k.kind());
-  key.digest = k.digest();
-  return key;
-}
-
-absl::Status ItemError(const v1::Error& e) {
-  return absl::Status(static_cast<absl::StatusCode>(e.code()), e.message());
-}
-
-void LookupItemToProto(absl::string_view model_id, const LookupItem& in,
-                       v1::LookupPrefixRequest* req) {
-  req->set_model_id(std::string(model_id));
-  if (!in.tokens.empty() || in.keys.empty()) {
-    req->mutable_tokens()->mutable_ids()->Add(in.tokens.begin(), in.tokens.end());
-  } else {
-    for (const PrefixKey& k : in.keys) KeyToWire(k, req->mutable_keys()->add_keys());
-  }
-  req->set_key_kind(static_cast<v1::PrefixKeyKind>(in.key_kind));
-  req->set_lease_ms(absl::ToInt64Milliseconds(in.lease));
-  req->set_peek(in.peek);
-}
-
-PrefixLookup LookupFromProto(const v1::LookupPrefixResponse& r) {
-  PrefixLookup out;
-  out.hit = r.hit();
-  out.key = KeyFromWire(r.key());
-  out.lease_id = r.lease_id();
-  out.lease_expiry = absl::FromUnixMillis(r.lease_expiry_unix_ms());
-  out.candidate_tokens = r.candidate_tokens();
-  return out;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // StateCacheClient
@@ -406,180 +315,6 @@ absl::Status StateCacheClient::PrefillStates(absl::string_view model_id,
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   return FromGrpcStatus(stub_->Prefill(&ctx, req, &resp));
-}
-
-absl::StatusOr<PrefixKey> StateCacheClient::Snapshot(absl::string_view model_id, SlotHandle slot,
-                                                     absl::Span<const int32_t> tokens,
-                                                     const std::vector<std::string>& aux,
-                                                     PrefixKeyKind key_kind) {
-  v1::SnapshotRequest req = SnapshotRequestFor(model_id, slot, aux);
-  req.mutable_tokens()->mutable_ids()->Add(tokens.begin(), tokens.end());
-  req.set_key_kind(static_cast<v1::PrefixKeyKind>(key_kind));
-  v1::SnapshotResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Snapshot(&ctx, req, &resp)));
-  return KeyFromWire(resp.key());
-}
-
-absl::StatusOr<PrefixKey> StateCacheClient::SnapshotKey(absl::string_view model_id,
-                                                        SlotHandle slot, PrefixKey key,
-                                                        const std::vector<std::string>& aux) {
-  v1::SnapshotRequest req = SnapshotRequestFor(model_id, slot, aux);
-  KeyToWire(key, req.mutable_key());
-  v1::SnapshotResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Snapshot(&ctx, req, &resp)));
-  return KeyFromWire(resp.key());
-}
-
-absl::StatusOr<PrefixLookup> StateCacheClient::LookupPrefix(absl::string_view model_id,
-                                                            absl::Span<const int32_t> tokens,
-                                                            absl::Duration lease,
-                                                            PrefixKeyKind key_kind) {
-  v1::LookupPrefixRequest req;
-  req.set_model_id(std::string(model_id));
-  req.mutable_tokens()->mutable_ids()->Add(tokens.begin(), tokens.end());
-  req.set_key_kind(static_cast<v1::PrefixKeyKind>(key_kind));
-  req.set_lease_ms(absl::ToInt64Milliseconds(lease));
-  v1::LookupPrefixResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->LookupPrefix(&ctx, req, &resp)));
-  return LookupFromProto(resp);
-}
-
-absl::StatusOr<PrefixLookup> StateCacheClient::LookupPrefixKeys(absl::string_view model_id,
-                                                                absl::Span<const PrefixKey> keys,
-                                                                absl::Duration lease) {
-  v1::LookupPrefixRequest req;
-  req.set_model_id(std::string(model_id));
-  for (const PrefixKey& k : keys) KeyToWire(k, req.mutable_keys()->add_keys());
-  req.set_lease_ms(absl::ToInt64Milliseconds(lease));
-  v1::LookupPrefixResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->LookupPrefix(&ctx, req, &resp)));
-  return LookupFromProto(resp);
-}
-
-absl::StatusOr<RestoredCheckpoint> StateCacheClient::Restore(absl::string_view model_id,
-                                                        SlotHandle slot, PrefixKey key,
-                                                        uint64_t lease_id) {
-  v1::RestoreRequest req;
-  req.set_model_id(std::string(model_id));
-  SetHandle(slot, req.mutable_slot());
-  KeyToWire(key, req.mutable_key());
-  req.set_lease_id(lease_id);
-  v1::RestoreResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Restore(&ctx, req, &resp)));
-  RestoredCheckpoint out;
-  out.aux.assign(resp.aux().begin(), resp.aux().end());
-  out.num_tokens = resp.num_tokens();
-  return out;
-}
-
-absl::StatusOr<PrefixLookup> StateCacheClient::PeekPrefix(absl::string_view model_id,
-                                                          const LookupItem& item) {
-  v1::LookupPrefixRequest req;
-  LookupItemToProto(model_id, item, &req);
-  req.set_peek(true);
-  v1::LookupPrefixResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->LookupPrefix(&ctx, req, &resp)));
-  return LookupFromProto(resp);
-}
-
-absl::Status StateCacheClient::ReleaseLease(absl::string_view model_id, uint64_t lease_id) {
-  v1::ReleaseLeaseRequest req;
-  req.set_model_id(std::string(model_id));
-  req.set_lease_id(lease_id);
-  v1::ReleaseLeaseResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  return FromGrpcStatus(stub_->ReleaseLease(&ctx, req, &resp));
-}
-
-absl::StatusOr<std::vector<absl::StatusOr<PrefixKey>>> StateCacheClient::BatchSnapshot(
-    absl::string_view model_id, absl::Span<const SnapshotItem> items) {
-  v1::BatchSnapshotRequest req;
-  req.set_model_id(std::string(model_id));
-  for (const SnapshotItem& in : items) {
-    v1::SnapshotRequest* item = req.add_items();
-    SetHandle(in.slot, item->mutable_slot());
-    if (!in.tokens.empty()) {
-      item->mutable_tokens()->mutable_ids()->Add(in.tokens.begin(), in.tokens.end());
-      item->set_key_kind(static_cast<v1::PrefixKeyKind>(in.key_kind));
-    } else {
-      KeyToWire(in.key, item->mutable_key());
-    }
-    for (const std::string& a : in.aux) item->add_aux(a);
-  }
-  v1::BatchSnapshotResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->BatchSnapshot(&ctx, req, &resp)));
-  std::vector<absl::StatusOr<PrefixKey>> out;
-  for (const v1::BatchSnapshotResult& r : resp.results()) {
-    if (r.error().code() != 0) {
-      out.push_back(ItemError(r.error()));
-    } else {
-      out.push_back(KeyFromWire(r.response().key()));
-    }
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<absl::StatusOr<RestoredCheckpoint>>> StateCacheClient::BatchRestore(
-    absl::string_view model_id, absl::Span<const RestoreItem> items) {
-  v1::BatchRestoreRequest req;
-  req.set_model_id(std::string(model_id));
-  for (const RestoreItem& in : items) {
-    v1::RestoreRequest* item = req.add_items();
-    SetHandle(in.slot, item->mutable_slot());
-    KeyToWire(in.key, item->mutable_key());
-    item->set_lease_id(in.lease_id);
-  }
-  v1::BatchRestoreResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->BatchRestore(&ctx, req, &resp)));
-  std::vector<absl::StatusOr<RestoredCheckpoint>> out;
-  for (const v1::BatchRestoreResult& r : resp.results()) {
-    if (r.error().code() != 0) {
-      out.push_back(ItemError(r.error()));
-      continue;
-    }
-    RestoredCheckpoint c;
-    c.aux.assign(r.response().aux().begin(), r.response().aux().end());
-    c.num_tokens = r.response().num_tokens();
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<absl::StatusOr<PrefixLookup>>> StateCacheClient::BatchLookupPrefix(
-    absl::string_view model_id, absl::Span<const LookupItem> items) {
-  v1::BatchLookupPrefixRequest req;
-  req.set_model_id(std::string(model_id));
-  for (const LookupItem& in : items) LookupItemToProto("", in, req.add_items());
-  v1::BatchLookupPrefixResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->BatchLookupPrefix(&ctx, req, &resp)));
-  std::vector<absl::StatusOr<PrefixLookup>> out;
-  for (const v1::BatchLookupPrefixResult& r : resp.results()) {
-    if (r.error().code() != 0) {
-      out.push_back(ItemError(r.error()));
-    } else {
-      out.push_back(LookupFromProto(r.response()));
-    }
-  }
-  return out;
 }
 
 absl::StatusOr<ExportedState> StateCacheClient::Export(absl::string_view model_id,
