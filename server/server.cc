@@ -136,6 +136,51 @@ void LogSecurity(const StateCacheServer::Options& options, const TenantDirectory
                         " models_reloaded=", models_reloaded));
 }
 
+// The registry's options from the server's memory options and the budgets
+// in bytes; kInvalidArgument naming the flag for a bad tier setting.
+absl::StatusOr<ModelRegistry::Options> RegistryOptionsFrom(
+    const StateCacheServer::MemoryOptions& mem, int64_t state_bytes, int64_t checkpoint_bytes) {
+  ModelRegistry::Options ro;
+  ro.state_budget_bytes = state_bytes;
+  ro.checkpoint_budget_bytes = checkpoint_bytes;
+  ro.default_lease = mem.lease_default;
+  ro.max_lease = mem.lease_max;
+  if (mem.host_checkpoint_bytes < 0 || mem.disk_checkpoint_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "host_checkpoint_bytes and disk_checkpoint_bytes: must be >= 0");
+  }
+  if (!mem.disk_checkpoint_dir.empty() && mem.disk_checkpoint_bytes < 1) {
+    return absl::InvalidArgumentError(
+        "disk_checkpoint_bytes: must be >= 1 with --disk_checkpoint_dir");
+  }
+  ro.host_checkpoint_bytes = mem.host_checkpoint_bytes;
+  ro.disk_checkpoint_dir = mem.disk_checkpoint_dir;
+  ro.disk_checkpoint_bytes = mem.disk_checkpoint_bytes;
+  if (!mem.redis_checkpoint_address.empty() && !mem.redis_cluster_nodes.empty()) {
+    return absl::InvalidArgumentError(
+        "redis_cluster_nodes: set either --redis_checkpoint_address or --redis_cluster_nodes");
+  }
+  ro.redis_checkpoint_address = mem.redis_checkpoint_address;
+  ro.redis_cluster_nodes = mem.redis_cluster_nodes;
+  ro.redis_checkpoint_ttl_s = mem.redis_checkpoint_ttl_s;
+  ro.redis_checkpoint_timeout_ms = mem.redis_checkpoint_timeout_ms;
+  ro.redis_checkpoint_min_mib_per_s = mem.redis_checkpoint_min_mib_per_s;
+  ro.redis_write_through = mem.redis_write_through;
+  if (mem.redis_write_queue_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("redis_write_queue_bytes: ",
+                                                   mem.redis_write_queue_bytes, " must be >= 1"));
+  }
+  ro.redis_write_queue_bytes = mem.redis_write_queue_bytes;
+  if (!mem.checkpoint_format.empty()) {
+    absl::StatusOr<FormatSpec> cf = ParseFormatSpec(mem.checkpoint_format);
+    if (!cf.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint_format: ", cf.status().message()));
+    }
+  }
+  ro.default_checkpoint_format = mem.checkpoint_format;
+  return ro;
+}
+
 }  // namespace
 
 bool IsLoopbackAddress(absl::string_view listen) {
@@ -212,44 +257,8 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
       checkpoint_bytes = static_cast<int64_t>(available * mem.checkpoint_fraction);
     }
   }
-  ModelRegistry::Options ro;
-  ro.state_budget_bytes = state_bytes;
-  ro.checkpoint_budget_bytes = checkpoint_bytes;
-  ro.default_lease = mem.lease_default;
-  ro.max_lease = mem.lease_max;
-  if (mem.host_checkpoint_bytes < 0 || mem.disk_checkpoint_bytes < 0) {
-    return absl::InvalidArgumentError(
-        "host_checkpoint_bytes and disk_checkpoint_bytes: must be >= 0");
-  }
-  if (!mem.disk_checkpoint_dir.empty() && mem.disk_checkpoint_bytes < 1) {
-    return absl::InvalidArgumentError(
-        "disk_checkpoint_bytes: must be >= 1 with --disk_checkpoint_dir");
-  }
-  ro.host_checkpoint_bytes = mem.host_checkpoint_bytes;
-  ro.disk_checkpoint_dir = mem.disk_checkpoint_dir;
-  ro.disk_checkpoint_bytes = mem.disk_checkpoint_bytes;
-  if (!mem.redis_checkpoint_address.empty() && !mem.redis_cluster_nodes.empty()) {
-    return absl::InvalidArgumentError(
-        "redis_cluster_nodes: set either --redis_checkpoint_address or --redis_cluster_nodes");
-  }
-  ro.redis_checkpoint_address = mem.redis_checkpoint_address;
-  ro.redis_cluster_nodes = mem.redis_cluster_nodes;
-  ro.redis_checkpoint_ttl_s = mem.redis_checkpoint_ttl_s;
-  ro.redis_checkpoint_timeout_ms = mem.redis_checkpoint_timeout_ms;
-  ro.redis_checkpoint_min_mib_per_s = mem.redis_checkpoint_min_mib_per_s;
-  ro.redis_write_through = mem.redis_write_through;
-  if (mem.redis_write_queue_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("redis_write_queue_bytes: ",
-                                                   mem.redis_write_queue_bytes, " must be >= 1"));
-  }
-  ro.redis_write_queue_bytes = mem.redis_write_queue_bytes;
-  if (!mem.checkpoint_format.empty()) {
-    absl::StatusOr<FormatSpec> cf = ParseFormatSpec(mem.checkpoint_format);
-    if (!cf.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint_format: ", cf.status().message()));
-    }
-  }
-  ro.default_checkpoint_format = mem.checkpoint_format;
+  ASSIGN_OR_RETURN(ModelRegistry::Options ro,
+                   RegistryOptionsFrom(mem, state_bytes, checkpoint_bytes));
   ro.clock = options.clock;
   // Shared pools are for backends whose memory is shared host memory (the
   // CPU's); device arenas are exported by their own handles.
