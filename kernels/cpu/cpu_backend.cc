@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -15,18 +14,6 @@
 
 namespace statecache {
 namespace {
-
-class HostBuffer : public BackendBuffer {
- public:
-  HostBuffer(uint8_t* data, int64_t size) : data_(data), size_(size) {}
-  ~HostBuffer() override { std::free(data_); }
-  uint8_t* data() const override { return data_; }
-  int64_t size() const override { return size_; }
-
- private:
-  uint8_t* data_;
-  int64_t size_;
-};
 
 class CpuPreparedModel : public PreparedModel {
  public:
@@ -120,17 +107,6 @@ void RunToken(const ModelGeometry& geo, const int32_t* perm, const ValueMap& map
   if (o_out != nullptr) ValueFromStored(map, s.o_stored.data(), o_out, geo.d_v);
 }
 
-// 256-byte-aligned host memory, uninitialized (the caller writes it first).
-absl::StatusOr<std::unique_ptr<BackendBuffer>> AllocateHost(int64_t bytes) {
-  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " is negative"));
-  const int64_t rounded = std::max<int64_t>(256, (bytes + 255) / 256 * 256);
-  void* p = std::aligned_alloc(256, static_cast<size_t>(rounded));
-  if (p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
-  }
-  return std::unique_ptr<BackendBuffer>(new HostBuffer(static_cast<uint8_t*>(p), bytes));
-}
-
 }  // namespace
 
 CpuBackend::CpuBackend(int threads)
@@ -146,7 +122,9 @@ std::string CpuBackend::Describe() const {
 }
 
 absl::StatusOr<std::unique_ptr<BackendBuffer>> CpuBackend::Allocate(int64_t bytes) {
-  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> b, AllocateHost(bytes));
+  // Backend memory is plain host memory: the same 256-byte-aligned blocks
+  // as the pinned-memory capability, zeroed (Allocate's contract).
+  ASSIGN_OR_RETURN(std::unique_ptr<BackendBuffer> b, pinned_->AllocatePinned(bytes));
   std::memset(b->data(), 0, static_cast<size_t>(std::max<int64_t>(256, (bytes + 255) / 256 * 256)));
   return b;
 }
