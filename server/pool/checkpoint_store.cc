@@ -157,7 +157,9 @@ void CheckpointStore::WriteThroughLocked(int32_t e) {
 }
 
 absl::Status CheckpointStore::PromoteBytesLocked(absl::string_view packed, int32_t e) {
-  if (!options_.transcoder) return backend_->CopyIn(view_.slot(e), packed.data(), view_.slot_bytes());
+  if (!options_.transcoder) {
+    return backend_->CopyIn(view_.slot(e), packed.data(), view_.slot_bytes());
+  }
   RETURN_IF_ERROR(options_.transcoder->FromCold(packed, view_, e));
   ++counters_.transcodes_from_cold;
   return absl::OkStatus();
@@ -414,6 +416,24 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
     entry.copies = 1;
   }
   absl::Status copied = Copy(src, src_slot, view_, e);
+  // The write-through copy of the slot's bytes, from the caller's slot (held
+  // exclusively for the call) and outside the lock; with a transcoder it is
+  // encoded under the lock (WriteThroughLocked: the transcoder's scratch
+  // memory is not thread-safe).
+  std::optional<CheckpointBlob> through;
+  if (copied.ok() && writer_ != nullptr && !options_.transcoder) {
+    int64_t aux_bytes = 0;
+    for (const std::string& a : aux) aux_bytes += static_cast<int64_t>(a.size());
+    if (writer_->Admit(view_.slot_bytes() + aux_bytes)) {  // full: dropped before copying
+      CheckpointBlob blob;
+      blob.key = key;
+      blob.packed.resize(static_cast<size_t>(view_.slot_bytes()));
+      if (backend_->CopyOut(&blob.packed[0], src.slot(src_slot), view_.slot_bytes()).ok()) {
+        blob.aux = aux;
+        through = std::move(blob);
+      }
+    }
+  }
   absl::MutexLock lock(&mu_);
   Entry& entry = entries_[e];
   entry.copies = 0;
@@ -433,7 +453,11 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
   index_[key] = e;
   ++counters_.snapshots;
   counters_.bytes_snapshotted += view_.slot_bytes();
-  if (writer_) WriteThroughLocked(e);
+  if (through.has_value()) {
+    entry.remote_written = writer_->Enqueue(*std::move(through));
+  } else if (writer_ != nullptr && options_.transcoder) {
+    WriteThroughLocked(e);
+  }
   return result;
 }
 

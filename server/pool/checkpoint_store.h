@@ -42,19 +42,20 @@
 // is simply dropped.
 // Write-through (Options::remote_write_through, with a remote tier): every
 // successful Put also copies the new checkpoint into host bytes (in the
-// checkpoint format) under the lock, right after it becomes ready, and
-// queues that copy on a RemoteWriter (remote_writer.h), whose thread sends
-// it: another server sharing the tier can restore it while this one still
-// holds it. The copy is taken under the lock because the transcoder and its
-// scratch are not thread-safe and the entry is then stable (ready, indexed);
-// the caller's Put pays one device-to-host copy, other callers wait on the
-// lock for it. When the writer's queue is full the new copy is dropped
-// before copying (counted in write_through_dropped); a write-through never
-// fails or blocks a Put on Redis. An entry written through is marked
-// (CheckpointBlob::remote_written): its demotion straight to the remote tier
-// only refreshes the TTL, and resends the bytes only when the key expired
-// (redis_tier.h). The host and disk tiers do not keep the mark: a
-// checkpoint that passes through them is sent again on reaching Redis.
+// checkpoint format) and queues that copy on a RemoteWriter
+// (remote_writer.h), whose thread sends it: another server sharing the tier
+// can restore it while this one still holds it. Without a transcoder the
+// copy is read from the caller's source slot (held exclusively for the Put)
+// outside the lock; with one it is encoded from the ready entry under the
+// lock (the transcoder and its scratch are not thread-safe), so other
+// callers wait for that transcode. When the writer's queue is full the new
+// copy is dropped before copying (counted in write_through_dropped); a
+// write-through never fails or blocks a Put on Redis. An entry written
+// through is marked (CheckpointBlob::remote_written): its demotion straight
+// to the remote tier only refreshes the TTL, and resends the bytes only when
+// the key expired (redis_tier.h). The host and disk tiers do not keep the
+// mark: a checkpoint that passes through them is sent again on reaching
+// Redis.
 // With a transcoder (checkpoint_transcoder.h) the lower tiers hold the
 // checkpoint format instead of the slot's bytes: demotion encodes into it,
 // promotion decodes back into the slot format.
@@ -338,7 +339,8 @@ class CheckpointStore {
   // Copies ready entry `e` into `blob` (the checkpoint format); false when
   // the copy or the transcode failed.
   bool CopyOutLocked(int32_t e, CheckpointBlob* blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues a copy of ready entry `e` on writer_ when it has room.
+  // Queues a copy of ready entry `e` on writer_ when it has room (the
+  // transcoder's write-through; Put copies the slot's bytes itself otherwise).
   void WriteThroughLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Outside the lock, before PinForCopyLocked: what FetchRemote takes for
   // `key` (nullopt without a remote tier or when `lease_id` is held).
