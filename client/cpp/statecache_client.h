@@ -317,6 +317,8 @@ class StateCacheClient {
   void SetDeadline(grpc::ClientContext* ctx) const;
   // The Unpack call and its FP32 answer.
   absl::StatusOr<std::vector<float>> CallUnpack(const v1::UnpackRequest& req);
+  // The LookupPrefix RPC of `req` (LookupPrefix, LookupPrefixKeys, PeekPrefix).
+  absl::StatusOr<PrefixLookup> CallLookup(const v1::LookupPrefixRequest& req);
   absl::Status BuildUpdate(absl::string_view model_id, const UpdateCall& in,
                            v1::UpdateRequest* req);
 

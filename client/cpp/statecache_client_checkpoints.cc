@@ -53,11 +53,7 @@ absl::StatusOr<PrefixLookup> StateCacheClient::LookupPrefix(absl::string_view mo
   req.mutable_tokens()->mutable_ids()->Add(tokens.begin(), tokens.end());
   req.set_key_kind(static_cast<v1::PrefixKeyKind>(key_kind));
   req.set_lease_ms(absl::ToInt64Milliseconds(lease));
-  v1::LookupPrefixResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->LookupPrefix(&ctx, req, &resp)));
-  return LookupFromProto(resp);
+  return CallLookup(req);
 }
 
 absl::StatusOr<PrefixLookup> StateCacheClient::LookupPrefixKeys(absl::string_view model_id,
@@ -67,11 +63,7 @@ absl::StatusOr<PrefixLookup> StateCacheClient::LookupPrefixKeys(absl::string_vie
   req.set_model_id(std::string(model_id));
   for (const PrefixKey& k : keys) KeyToWire(k, req.mutable_keys()->add_keys());
   req.set_lease_ms(absl::ToInt64Milliseconds(lease));
-  v1::LookupPrefixResponse resp;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->LookupPrefix(&ctx, req, &resp)));
-  return LookupFromProto(resp);
+  return CallLookup(req);
 }
 
 absl::StatusOr<RestoredCheckpoint> StateCacheClient::Restore(absl::string_view model_id,
@@ -97,6 +89,10 @@ absl::StatusOr<PrefixLookup> StateCacheClient::PeekPrefix(absl::string_view mode
   v1::LookupPrefixRequest req;
   LookupItemToProto(model_id, item, &req);
   req.set_peek(true);
+  return CallLookup(req);
+}
+
+absl::StatusOr<PrefixLookup> StateCacheClient::CallLookup(const v1::LookupPrefixRequest& req) {
   v1::LookupPrefixResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
