@@ -145,39 +145,29 @@ absl::StatusOr<ModelRegistry::Options> RegistryOptionsFrom(
   ro.checkpoint_budget_bytes = checkpoint_bytes;
   ro.default_lease = mem.lease_default;
   ro.max_lease = mem.lease_max;
-  if (mem.host_checkpoint_bytes < 0 || mem.disk_checkpoint_bytes < 0) {
+  if (mem.tiers.host_checkpoint_bytes < 0 || mem.tiers.disk_checkpoint_bytes < 0) {
     return absl::InvalidArgumentError(
         "host_checkpoint_bytes and disk_checkpoint_bytes: must be >= 0");
   }
-  if (!mem.disk_checkpoint_dir.empty() && mem.disk_checkpoint_bytes < 1) {
+  if (!mem.tiers.disk_checkpoint_dir.empty() && mem.tiers.disk_checkpoint_bytes < 1) {
     return absl::InvalidArgumentError(
         "disk_checkpoint_bytes: must be >= 1 with --disk_checkpoint_dir");
   }
-  ro.host_checkpoint_bytes = mem.host_checkpoint_bytes;
-  ro.disk_checkpoint_dir = mem.disk_checkpoint_dir;
-  ro.disk_checkpoint_bytes = mem.disk_checkpoint_bytes;
-  if (!mem.redis_checkpoint_address.empty() && !mem.redis_cluster_nodes.empty()) {
+  if (!mem.tiers.redis_checkpoint_address.empty() && !mem.tiers.redis_cluster_nodes.empty()) {
     return absl::InvalidArgumentError(
         "redis_cluster_nodes: set either --redis_checkpoint_address or --redis_cluster_nodes");
   }
-  ro.redis_checkpoint_address = mem.redis_checkpoint_address;
-  ro.redis_cluster_nodes = mem.redis_cluster_nodes;
-  ro.redis_checkpoint_ttl_s = mem.redis_checkpoint_ttl_s;
-  ro.redis_checkpoint_timeout_ms = mem.redis_checkpoint_timeout_ms;
-  ro.redis_checkpoint_min_mib_per_s = mem.redis_checkpoint_min_mib_per_s;
-  ro.redis_write_through = mem.redis_write_through;
-  if (mem.redis_write_queue_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("redis_write_queue_bytes: ",
-                                                   mem.redis_write_queue_bytes, " must be >= 1"));
+  if (mem.tiers.redis_write_queue_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "redis_write_queue_bytes: ", mem.tiers.redis_write_queue_bytes, " must be >= 1"));
   }
-  ro.redis_write_queue_bytes = mem.redis_write_queue_bytes;
-  if (!mem.checkpoint_format.empty()) {
-    absl::StatusOr<FormatSpec> cf = ParseFormatSpec(mem.checkpoint_format);
+  if (!mem.tiers.checkpoint_format.empty()) {
+    absl::StatusOr<FormatSpec> cf = ParseFormatSpec(mem.tiers.checkpoint_format);
     if (!cf.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint_format: ", cf.status().message()));
     }
   }
-  ro.default_checkpoint_format = mem.checkpoint_format;
+  ro.tiers = mem.tiers;
   return ro;
 }
 
@@ -327,12 +317,13 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
                         s->backend_->name(), " (", s->backend_->Describe(), ")",
                         " state_memory_bytes=", state_bytes,
                         " checkpoint_memory_bytes=", checkpoint_bytes,
-                        " host_checkpoint_bytes=", mem.host_checkpoint_bytes,
+                        " host_checkpoint_bytes=", mem.tiers.host_checkpoint_bytes,
                         " disk_checkpoint_dir=",
-                        mem.disk_checkpoint_dir.empty() ? "none" : mem.disk_checkpoint_dir,
-                        " disk_checkpoint_bytes=", mem.disk_checkpoint_bytes,
+                        mem.tiers.disk_checkpoint_dir.empty() ? "none"
+                                                              : mem.tiers.disk_checkpoint_dir,
+                        " disk_checkpoint_bytes=", mem.tiers.disk_checkpoint_bytes,
                         " checkpoint_format=",
-                        mem.checkpoint_format.empty() ? "slot" : mem.checkpoint_format,
+                        mem.tiers.checkpoint_format.empty() ? "slot" : mem.tiers.checkpoint_format,
                         // metrics_port stays numeric (log readers parse it);
                         // metrics= says what it means.
                         " metrics_port=", options.metrics.port < 0 ? -1 : s->metrics_port(),

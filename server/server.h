@@ -87,24 +87,8 @@ class StateCacheServer {
     int64_t checkpoint_memory_bytes = 0;
     double memory_fraction = 0.5;
     double checkpoint_fraction = 0.2;
-    // Lower checkpoint tiers, per model (ModelRegistry::Options): host
-    // memory bytes (0 = no host tier); a disk directory (empty = no disk
-    // tier; it survives restarts) and its byte budget.
-    int64_t host_checkpoint_bytes = 0;
-    std::string disk_checkpoint_dir;
-    int64_t disk_checkpoint_bytes = 0;
-    // Redis checkpoint tier below disk: one node (host:port) or a Redis
-    // Cluster (comma-separated seed host:port list); at most one of the two.
-    std::string redis_checkpoint_address;
-    std::string redis_cluster_nodes;
-    int64_t redis_checkpoint_ttl_s = 3600;
-    int redis_checkpoint_timeout_ms = 20;
-    double redis_checkpoint_min_mib_per_s = 64;
-    bool redis_write_through = true;
-    int64_t redis_write_queue_bytes = int64_t{512} << 20;
-    // Cold-tier checkpoint format of models that name none (a format spec;
-    // empty = each model's slot format).
-    std::string checkpoint_format;
+    // Lower checkpoint tiers, per model, and their format.
+    CheckpointTierOptions tiers;
     absl::Duration lease_default = absl::Seconds(30);
     absl::Duration lease_max = absl::Minutes(10);
   };

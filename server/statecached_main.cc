@@ -225,18 +225,19 @@ int Main() {
   options.memory.checkpoint_memory_bytes = absl::GetFlag(FLAGS_checkpoint_memory_bytes);
   options.memory.memory_fraction = absl::GetFlag(FLAGS_memory_fraction);
   options.memory.checkpoint_fraction = absl::GetFlag(FLAGS_checkpoint_fraction);
-  options.memory.host_checkpoint_bytes = absl::GetFlag(FLAGS_host_checkpoint_bytes);
-  options.memory.disk_checkpoint_dir = absl::GetFlag(FLAGS_disk_checkpoint_dir);
-  options.memory.disk_checkpoint_bytes = absl::GetFlag(FLAGS_disk_checkpoint_bytes);
-  options.memory.redis_checkpoint_address = absl::GetFlag(FLAGS_redis_checkpoint_address);
-  options.memory.redis_cluster_nodes = absl::GetFlag(FLAGS_redis_cluster_nodes);
-  options.memory.redis_checkpoint_ttl_s = absl::GetFlag(FLAGS_redis_checkpoint_ttl_s);
-  options.memory.redis_checkpoint_timeout_ms = absl::GetFlag(FLAGS_redis_checkpoint_timeout_ms);
-  options.memory.redis_checkpoint_min_mib_per_s =
+  options.memory.tiers.host_checkpoint_bytes = absl::GetFlag(FLAGS_host_checkpoint_bytes);
+  options.memory.tiers.disk_checkpoint_dir = absl::GetFlag(FLAGS_disk_checkpoint_dir);
+  options.memory.tiers.disk_checkpoint_bytes = absl::GetFlag(FLAGS_disk_checkpoint_bytes);
+  options.memory.tiers.redis_checkpoint_address = absl::GetFlag(FLAGS_redis_checkpoint_address);
+  options.memory.tiers.redis_cluster_nodes = absl::GetFlag(FLAGS_redis_cluster_nodes);
+  options.memory.tiers.redis_checkpoint_ttl_s = absl::GetFlag(FLAGS_redis_checkpoint_ttl_s);
+  options.memory.tiers.redis_checkpoint_timeout_ms =
+      absl::GetFlag(FLAGS_redis_checkpoint_timeout_ms);
+  options.memory.tiers.redis_checkpoint_min_mib_per_s =
       absl::GetFlag(FLAGS_redis_checkpoint_min_mib_per_s);
-  options.memory.redis_write_through = absl::GetFlag(FLAGS_redis_write_through);
-  options.memory.redis_write_queue_bytes = absl::GetFlag(FLAGS_redis_write_queue_bytes);
-  options.memory.checkpoint_format = absl::GetFlag(FLAGS_checkpoint_format);
+  options.memory.tiers.redis_write_through = absl::GetFlag(FLAGS_redis_write_through);
+  options.memory.tiers.redis_write_queue_bytes = absl::GetFlag(FLAGS_redis_write_queue_bytes);
+  options.memory.tiers.checkpoint_format = absl::GetFlag(FLAGS_checkpoint_format);
   options.memory.lease_default = absl::Milliseconds(absl::GetFlag(FLAGS_lease_default_ms));
   options.memory.lease_max = absl::Milliseconds(absl::GetFlag(FLAGS_lease_max_ms));
   options.metrics.port = absl::GetFlag(FLAGS_metrics_port);

@@ -67,7 +67,7 @@ class CheckpointFormatTest : public ::testing::Test {
     ModelRegistry::Options o;
     o.state_budget_bytes = int64_t{1} << 20;
     o.checkpoint_budget_bytes = int64_t{1} << 20;
-    o.host_checkpoint_bytes = int64_t{1} << 20;
+    o.tiers.host_checkpoint_bytes = int64_t{1} << 20;
     return o;
   }
 
@@ -124,7 +124,7 @@ TEST_F(CheckpointFormatTest, InvalidSpecsAreRefusedNamingTheField) {
   EXPECT_EQ(FormatSpecName((*sr)->checkpoint_format), "damp-sr:8");
   // A bad server default fails each registration that uses it, naming it.
   ModelRegistry::Options o = Budgets();
-  o.default_checkpoint_format = "fp12";
+  o.tiers.checkpoint_format = "fp12";
   ModelRegistry defaulted(backend_.get(), o);
   auto d = defaulted.Register(Spec("m", "damp:16", ""));
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
@@ -138,7 +138,7 @@ TEST_F(CheckpointFormatTest, DefaultIsTheSlotFormatOrTheServerDefault) {
   EXPECT_EQ(FormatSpecName((*a)->checkpoint_format), "damp:16");
   EXPECT_EQ((*a)->checkpoint_slot_bytes, (*a)->layout.slot_bytes());
   ModelRegistry::Options o = Budgets();
-  o.default_checkpoint_format = "int4-hadamard";
+  o.tiers.checkpoint_format = "int4-hadamard";
   ModelRegistry defaulted(backend_.get(), o);
   auto b = defaulted.Register(Spec("b", "damp:16", ""));
   ASSERT_TRUE(b.ok()) << b.status();
@@ -173,9 +173,9 @@ TEST_F(CheckpointFormatTest, SameFormatKeepsTheSlotBytesExactly) {
 TEST_F(CheckpointFormatTest, DiskFilesRecordTheColdFormatAndOtherFormatsNeverMatch) {
   const std::string dir = TempDir("cold_format_disk");
   ModelRegistry::Options o = Budgets();
-  o.host_checkpoint_bytes = 0;
-  o.disk_checkpoint_dir = dir;
-  o.disk_checkpoint_bytes = int64_t{1} << 20;
+  o.tiers.host_checkpoint_bytes = 0;
+  o.tiers.disk_checkpoint_dir = dir;
+  o.tiers.disk_checkpoint_bytes = int64_t{1} << 20;
   const std::string model_dir = dir + "/_/m";
   {
     ModelRegistry registry(backend_.get(), o);

@@ -109,7 +109,7 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
   const int64_t slot_bytes = layout->slot_bytes();
   ASSIGN_OR_RETURN(const StateLayout cold,
                    CheckpointLayout(*layout, spec.checkpoint_format.empty()
-                                                 ? options_.default_checkpoint_format
+                                                 ? options_.tiers.checkpoint_format
                                                  : spec.checkpoint_format));
 
   absl::MutexLock lock(&mu_);
@@ -149,43 +149,44 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
     co.default_lease = options_.default_lease;
     co.max_lease = options_.max_lease;
     co.clock = options_.clock;
-    if (options_.host_checkpoint_bytes > 0) {
+    if (options_.tiers.host_checkpoint_bytes > 0) {
       HostTier::Options ho;
-      ho.capacity_bytes = options_.host_checkpoint_bytes;
+      ho.capacity_bytes = options_.tiers.host_checkpoint_bytes;
       ho.memory = backend_->pinned_memory();  // page-locked on CUDA; null: plain
       co.host = std::make_shared<HostTier>(ho);
     }
-    if (!options_.disk_checkpoint_dir.empty()) {
+    if (!options_.tiers.disk_checkpoint_dir.empty()) {
       const std::string dir =
-          absl::StrCat(options_.disk_checkpoint_dir, "/",
+          absl::StrCat(options_.tiers.disk_checkpoint_dir, "/",
                        spec.tenant.empty() ? "_" : absl::BytesToHexString(spec.tenant), "/",
                        spec.id);
       ASSIGN_OR_RETURN(
           std::unique_ptr<DiskTier> disk,
           DiskTier::Create(dir, CheckpointTierTags(spec.tenant, spec.id, cold),
-                           options_.disk_checkpoint_bytes,
+                           options_.tiers.disk_checkpoint_bytes,
                            [](absl::string_view event, absl::string_view details) {
                              LogEvent(event, details);
                            }));
       co.disk = std::move(disk);
     }
-    if (!options_.redis_checkpoint_address.empty() || !options_.redis_cluster_nodes.empty()) {
+    const CheckpointTierOptions& tiers = options_.tiers;
+    if (!tiers.redis_checkpoint_address.empty() || !tiers.redis_cluster_nodes.empty()) {
       RedisTierOptions ro;
-      if (!options_.redis_cluster_nodes.empty()) {
-        RETURN_IF_ERROR(ParseRedisAddressList(options_.redis_cluster_nodes, "redis_cluster_nodes",
+      if (!tiers.redis_cluster_nodes.empty()) {
+        RETURN_IF_ERROR(ParseRedisAddressList(tiers.redis_cluster_nodes, "redis_cluster_nodes",
                                               &ro.cluster_seeds));
       } else {
-        RETURN_IF_ERROR(RedisTier::ParseAddress(options_.redis_checkpoint_address, &ro));
+        RETURN_IF_ERROR(RedisTier::ParseAddress(options_.tiers.redis_checkpoint_address, &ro));
       }
-      ro.ttl_s = options_.redis_checkpoint_ttl_s;
-      ro.timeout_ms = options_.redis_checkpoint_timeout_ms;
-      ro.min_transfer_mib_per_s = options_.redis_checkpoint_min_mib_per_s;
+      ro.ttl_s = options_.tiers.redis_checkpoint_ttl_s;
+      ro.timeout_ms = options_.tiers.redis_checkpoint_timeout_ms;
+      ro.min_transfer_mib_per_s = options_.tiers.redis_checkpoint_min_mib_per_s;
       ASSIGN_OR_RETURN(
           std::unique_ptr<RedisTier> redis,
           RedisTier::Create(CheckpointTierTags(spec.tenant, spec.id, cold), ro));
       co.remote = std::move(redis);
-      co.remote_write_through = options_.redis_write_through;
-      co.remote_writer.max_queued_bytes = options_.redis_write_queue_bytes;
+      co.remote_write_through = options_.tiers.redis_write_through;
+      co.remote_writer.max_queued_bytes = options_.tiers.redis_write_queue_bytes;
     }
     const bool cold_tiers = co.host || co.disk || co.remote;
     if (cold_tiers && !(cold.format() == model->layout.format())) {

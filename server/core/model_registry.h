@@ -72,7 +72,39 @@ struct ModelSpec {
   int64_t max_state_bytes = 0;       // 0 = no cap
   int64_t max_checkpoint_bytes = 0;  // 0 = no cap
   // Format of the cold-tier checkpoints (ParseFormatSpec syntax); "" = the
-  // registry's default_checkpoint_format, itself "" = the slot format.
+  // registry's tiers.checkpoint_format, itself "" = the slot format.
+  std::string checkpoint_format;
+};
+
+// Lower checkpoint tiers of each model with checkpoint memory
+// (server/pool/checkpoint_tier.h) and the format they hold; statecached's
+// --host_checkpoint_bytes, --disk_checkpoint_*, --redis_* and
+// --checkpoint_format. A host-memory tier of host_checkpoint_bytes (0 =
+// none), and a disk tier of disk_checkpoint_bytes under
+// <disk_checkpoint_dir>/<tenant>/<model id> (empty dir = none). Both budgets
+// are per model; the host tier's memory is the backend's PinnedMemory when it
+// has one. The disk tier's files carry CheckpointTierTags, so a model
+// registered again with the same tags finds them after a restart; files of
+// other tags are deleted.
+struct CheckpointTierOptions {
+  int64_t host_checkpoint_bytes = 0;
+  std::string disk_checkpoint_dir;
+  int64_t disk_checkpoint_bytes = 0;
+  // A Redis tier below the disk tier (host:port, empty = none), shared by
+  // every server using the same node; keys carry the tags. Or a Redis
+  // Cluster: comma-separated seed host:port list (redis_router.h); at most
+  // one of the two.
+  std::string redis_checkpoint_address;
+  std::string redis_cluster_nodes;
+  int64_t redis_checkpoint_ttl_s = 3600;
+  int redis_checkpoint_timeout_ms = 20;  // RedisTierOptions::timeout_ms
+  double redis_checkpoint_min_mib_per_s = 64;  // RedisTierOptions::min_transfer_mib_per_s
+  // Write-through of every snapshot to the Redis tier (checkpoint_store.h)
+  // and its queue bound in bytes per model (RemoteWriterOptions).
+  bool redis_write_through = true;
+  int64_t redis_write_queue_bytes = int64_t{512} << 20;
+  // Checkpoint format of models that name none (a format spec; "" = each
+  // model's slot format).
   std::string checkpoint_format;
 };
 
@@ -90,32 +122,8 @@ class ModelRegistry {
     // workers can map); null = backend->Allocate.
     std::function<absl::StatusOr<std::unique_ptr<BackendBuffer>>(int64_t bytes)>
         slot_arena_allocator;
-    // Lower checkpoint tiers of each model with checkpoint memory
-    // (server/pool/checkpoint_tier.h): a host-memory tier of this many bytes
-    // (0 = none), and a disk tier of disk_checkpoint_bytes under
-    // <disk_checkpoint_dir>/<tenant>/<model id> (empty dir = none). Both
-    // budgets are per model; the host tier's memory is the backend's
-    // PinnedMemory when it has one. The disk tier's files carry CheckpointTierTags,
-    // so a model registered again with the same tags finds them after a
-    // restart; files of other tags are deleted.
-    int64_t host_checkpoint_bytes = 0;
-    std::string disk_checkpoint_dir;
-    int64_t disk_checkpoint_bytes = 0;
-    // A Redis tier below the disk tier (host:port, empty = none), shared by
-    // every server using the same node; keys carry the tags. Or a Redis
-    // Cluster: comma-separated seed host:port list (redis_router.h).
-    std::string redis_checkpoint_address;
-    std::string redis_cluster_nodes;
-    int64_t redis_checkpoint_ttl_s = 3600;
-    int redis_checkpoint_timeout_ms = 20;  // RedisTierOptions::timeout_ms
-    double redis_checkpoint_min_mib_per_s = 64;  // RedisTierOptions::min_transfer_mib_per_s
-    // Write-through of every snapshot to the Redis tier (checkpoint_store.h)
-    // and its queue bound in bytes per model (RemoteWriterOptions).
-    bool redis_write_through = true;
-    int64_t redis_write_queue_bytes = int64_t{512} << 20;
-    // Checkpoint format of models that name none (--checkpoint_format;
-    // "" = each model's slot format).
-    std::string default_checkpoint_format;
+    // Lower checkpoint tiers of each model and their format.
+    CheckpointTierOptions tiers;
   };
 
   // `backend` must outlive the registry and every Model it hands out.

@@ -115,8 +115,8 @@ TEST_F(ModelRegistryTest, DiskFilesOfOldSaltedKeysAreDroppedOnOpen) {
   ModelRegistry::Options o;
   o.state_budget_bytes = 10 * kSlot;
   o.checkpoint_budget_bytes = 4 * kSlot;
-  o.disk_checkpoint_dir = dir;
-  o.disk_checkpoint_bytes = 10 * kSlot;
+  o.tiers.disk_checkpoint_dir = dir;
+  o.tiers.disk_checkpoint_bytes = 10 * kSlot;
   ModelRegistry registry(&backend_, o);
   auto a = registry.Register(spec);
   ASSERT_TRUE(a.ok()) << a.status();

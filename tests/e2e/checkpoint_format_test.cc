@@ -34,8 +34,8 @@ class CheckpointFormatRpcTest : public ::testing::Test {
     so.memory.backend = "cpu";
     so.memory.state_memory_bytes = 16 << 20;
     so.memory.checkpoint_memory_bytes = 16 << 20;
-    so.memory.host_checkpoint_bytes = 4 << 20;
-    so.memory.checkpoint_format = "int8-hadamard";
+    so.memory.tiers.host_checkpoint_bytes = 4 << 20;
+    so.memory.tiers.checkpoint_format = "int8-hadamard";
     so.metrics.port = -1;
     auto s = StateCacheServer::Create(std::move(so));
     ASSERT_TRUE(s.ok()) << s.status();

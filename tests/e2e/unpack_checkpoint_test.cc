@@ -54,7 +54,7 @@ class UnpackCheckpointTest : public ::testing::Test {
     so.memory.backend = "cpu";
     so.memory.state_memory_bytes = 16 << 20;
     so.memory.checkpoint_memory_bytes = 16 << 20;
-    so.memory.host_checkpoint_bytes = 4 * kStateBytes;  // per model
+    so.memory.tiers.host_checkpoint_bytes = 4 * kStateBytes;  // per model
     so.limits.max_unpack_bytes = kStateBytes;           // kGeo fits exactly
     so.metrics.port = -1;
     auto server = StateCacheServer::Create(std::move(so));

@@ -59,9 +59,9 @@ std::unique_ptr<StateCacheServer> Start(const std::string& data_dir, const std::
   so.memory.backend = "cpu";
   so.memory.state_memory_bytes = 16 << 20;
   so.memory.checkpoint_memory_bytes = 16 << 20;
-  so.memory.host_checkpoint_bytes = host_checkpoints * (SlotBytes() + kAuxBytes);
-  so.memory.disk_checkpoint_dir = disk_dir;
-  so.memory.disk_checkpoint_bytes = 2 * (SlotBytes() + kAuxBytes);
+  so.memory.tiers.host_checkpoint_bytes = host_checkpoints * (SlotBytes() + kAuxBytes);
+  so.memory.tiers.disk_checkpoint_dir = disk_dir;
+  so.memory.tiers.disk_checkpoint_bytes = 2 * (SlotBytes() + kAuxBytes);
   so.persistence.data_dir = data_dir;
   so.metrics.port = -1;
   auto s = StateCacheServer::Create(std::move(so));
@@ -324,9 +324,9 @@ TEST(TiersTest, TierFlagsAreValidated) {
     so.memory.state_memory_bytes = 1 << 20;
     so.memory.checkpoint_memory_bytes = 1 << 20;
     so.metrics.port = -1;
-    so.memory.host_checkpoint_bytes = host_bytes;
-    so.memory.disk_checkpoint_dir = std::move(disk_dir);
-    so.memory.disk_checkpoint_bytes = disk_bytes;
+    so.memory.tiers.host_checkpoint_bytes = host_bytes;
+    so.memory.tiers.disk_checkpoint_dir = std::move(disk_dir);
+    so.memory.tiers.disk_checkpoint_bytes = disk_bytes;
     return so;
   };
   auto s = StateCacheServer::Create(options(0, TempDir("tiers-flags"), 0));
