@@ -283,6 +283,7 @@ absl::StatusOr<std::unique_ptr<StateCacheServer>> StateCacheServer::Create(Optio
     dpo.default_lease = options.dataplane.session_lease;
     dpo.max_lease = options.dataplane.max_session_lease;
     dpo.ring_wait_timeout = options.dataplane.ring_wait_timeout;
+    dpo.device_event_wait = options.dataplane.device_event_wait;
     s->dataplane_ = std::make_unique<DataPlane>(s->backend_.get(), s->registry_.get(), dpo);
     s->service_->set_dataplane(s->dataplane_.get());
   }

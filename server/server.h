@@ -71,8 +71,11 @@ class StateCacheServer {
     absl::Duration session_lease = absl::Seconds(30);
     absl::Duration max_session_lease = absl::Minutes(10);
     // SubmitUpdates on CUDA: how long a worker's ring event may stay
-    // incomplete before the stream's gated updates are aborted.
+    // incomplete before the stream's gated updates are aborted, and whether
+    // the stream waits for those events on the device instead
+    // (DataPlane::Options::device_event_wait).
     absl::Duration ring_wait_timeout = absl::Seconds(10);
+    bool device_event_wait = false;
   };
   struct MemoryOptions {
     // "auto", "cuda" or "cpu".

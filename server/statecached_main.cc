@@ -13,6 +13,8 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -285,6 +287,11 @@ int Main() {
   }
   options.dataplane.ring_wait_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_submit_ring_wait_timeout_ms));
+  // STATECACHE_SUBMIT_DEVICE_WAIT=event: SubmitUpdates waits for the workers'
+  // ring events on the device (read once, here).
+  const char* device_wait = std::getenv("STATECACHE_SUBMIT_DEVICE_WAIT");
+  options.dataplane.device_event_wait =
+      device_wait != nullptr && std::strcmp(device_wait, "event") == 0;
   options.dataplane.max_session_lease = options.memory.lease_max;
 
   absl::StatusOr<ModelGeometry> report =

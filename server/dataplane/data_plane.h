@@ -94,6 +94,11 @@ class DataPlane {
     // incomplete before the stream's gated updates are aborted and the
     // stream ends (DEADLINE_EXCEEDED naming wait.index).
     absl::Duration ring_wait_timeout = absl::Seconds(10);
+    // SubmitUpdates on CUDA: the stream's queue waits for the worker's ring
+    // events with a device-side event wait (cudaStreamWaitEvent) instead of
+    // behind a host-released RingGate (the default; docs/BENCHMARKS.md "Data
+    // plane" says why).
+    bool device_event_wait = false;
   };
   // Kernel timing callback: (kernel name, seconds, batch).
   using KernelObserver = std::function<void(const char*, double, int)>;

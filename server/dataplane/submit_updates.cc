@@ -9,8 +9,6 @@
 // ends the stream.
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <memory>
 #include <thread>
@@ -353,7 +351,7 @@ absl::Status DataPlane::OpenSubmitStream(const std::string& tenant,
   // Backends with a DecodeQueue (CUDA): submissions run on a queue of the
   // stream's own (the host never waits per submission; the queue's stream
   // waits for the worker's ring event on the device, behind a RingGate, or
-  // with STATECACHE_SUBMIT_DEVICE_WAIT=event a cudaStreamWaitEvent) and the
+  // with Options::device_event_wait a cudaStreamWaitEvent) and the
   // reply is sent from its completion thread. Others (CPU): each submission
   // runs synchronously here.
   {
@@ -366,8 +364,7 @@ absl::Status DataPlane::OpenSubmitStream(const std::string& tenant,
     }
   }
   if (s->queue != nullptr && s->ring.size() > 0) {
-    const char* mode = std::getenv("STATECACHE_SUBMIT_DEVICE_WAIT");
-    if (mode == nullptr || std::strcmp(mode, "event") != 0) {
+    if (!options_.device_event_wait) {
       s->gate = std::make_unique<RingGate>(&s->ring, options_.ring_wait_timeout);
       RETURN_IF_ERROR(s->gate->Start(*ipc_));
     }
