@@ -180,6 +180,20 @@ class Backend {
     return CopyIn(backend_dst, host.data(), bytes);
   }
 
+  // An eviction that makes room in place: `bytes` of backend_region are
+  // copied to host_dst, then `bytes` of host_src replace them. Returns once
+  // both are done; on an error backend_region's and host_dst's contents are
+  // unspecified. host_dst and host_src must not overlap. This default runs
+  // CopyOut then CopyIn; the CUDA backend overlaps the two directions in
+  // chunks on two streams (PCIe is full duplex).
+  virtual absl::Status CopyOutThenIn(void* host_dst, void* backend_region, const void* host_src,
+                                     int64_t bytes) {
+    if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+    absl::Status st = CopyOut(host_dst, backend_region, bytes);
+    if (!st.ok()) return st;
+    return CopyIn(backend_region, host_src, bytes);
+  }
+
   // Uploads a layout's maps. The result stays valid while the backend lives.
   virtual absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) = 0;
 

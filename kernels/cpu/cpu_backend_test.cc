@@ -477,6 +477,21 @@ TEST(CpuBackendCopyTest, CopyWithinCopiesTheBytesAndRefusesNegativeSizes) {
   EXPECT_NE(s.message().find("bytes"), absl::string_view::npos) << s;
 }
 
+TEST(CpuBackendCopyTest, CopyOutThenInSwapsTheRegionsBytes) {
+  std::unique_ptr<CpuBackend> backend = Backend2();
+  auto region = backend->Allocate(3000).value();
+  std::vector<uint8_t> in(3000), out(3000, 0), before(3000);
+  for (int i = 0; i < 3000; ++i) {
+    before[i] = region->data()[i] = static_cast<uint8_t>(i * 7 + 3);
+    in[i] = static_cast<uint8_t>(i * 13 + 1);
+  }
+  ASSERT_TRUE(backend->CopyOutThenIn(out.data(), region->data(), in.data(), 3000).ok());
+  EXPECT_EQ(out, before);
+  EXPECT_EQ(0, std::memcmp(region->data(), in.data(), 3000));
+  EXPECT_EQ(backend->CopyOutThenIn(out.data(), region->data(), in.data(), -1).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CpuBackendErrorsTest, LayoutAndGeometryErrorsNameTheField) {
   const absl::StatusOr<StateLayout> too_many = StateLayout::Identity(kGdnSmall, {StateFormat::kDamp, 65});
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);

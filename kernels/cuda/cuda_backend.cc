@@ -39,6 +39,15 @@ using ci::EnqueueRecurrenceOn;
 using ci::ErrorBlockStatus;
 using ci::PoolOf;
 
+// CopyOutThenIn's chunk: about 1/16 of the copy (the two directions overlap
+// but for one chunk), at least 1 MiB (a DMA copy's fixed cost stays small
+// beside its bytes), in 64 KiB units.
+int64_t SwapChunkBytes(int64_t bytes) {
+  constexpr int64_t kUnit = int64_t{64} << 10;
+  const int64_t chunk = std::max<int64_t>(int64_t{1} << 20, (bytes + 15) / 16);
+  return (chunk + kUnit - 1) / kUnit * kUnit;
+}
+
 class DeviceBuffer : public BackendBuffer {
  public:
   DeviceBuffer(uint8_t* data, int64_t size) : data_(data), size_(size) {}
@@ -170,6 +179,42 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(
         CudaStatus(ci::CopyDeviceToDeviceAsync(dst, src, bytes, c->stream()), "copy within"));
     return c->Synchronize("copy within");
+  }
+
+  absl::Status CopyOutThenIn(void* host_dst, void* region, const void* host_src,
+                             int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+    if (bytes == 0) return absl::OkStatus();
+    if (host_dst == nullptr || region == nullptr || host_src == nullptr) {
+      return absl::InvalidArgumentError("copy: null pointer");
+    }
+    // Chunk i goes out on one stream and its replacement in on the other
+    // once it is out, so chunk i + 1's copy out overlaps chunk i's copy in.
+    ASSIGN_OR_RETURN(Lease out, Acquire());
+    ASSIGN_OR_RETURN(Lease in, Acquire());
+    void* out_done = nullptr;
+    RETURN_IF_ERROR(CudaStatus(ci::EventCreate(&out_done, /*timing=*/false), "create event"));
+    const int64_t chunk = SwapChunkBytes(bytes);
+    auto* dst = static_cast<uint8_t*>(host_dst);
+    auto* dev = static_cast<uint8_t*>(region);
+    const auto* src = static_cast<const uint8_t*>(host_src);
+    int rc = 0;
+    for (int64_t off = 0; off < bytes && rc == 0; off += chunk) {
+      const int64_t n = std::min(chunk, bytes - off);
+      rc = ci::CopyDeviceToHostAsync(dst + off, dev + off, n, out->stream());
+      if (rc == 0) rc = ci::EventRecord(out_done, out->stream());
+      if (rc == 0) rc = ci::StreamWaitEvent(in->stream(), out_done);
+      if (rc == 0) rc = ci::CopyHostToDeviceAsync(dev + off, src + off, n, in->stream());
+    }
+    // Both streams drain before the host buffers are handed back, also
+    // after a failed enqueue.
+    absl::Status st = CudaStatus(rc, "copy out then in");
+    absl::Status out_sync = out->Synchronize("copy out");
+    absl::Status in_sync = in->Synchronize("copy in");
+    ci::EventDestroy(out_done);
+    if (!st.ok()) return st;
+    if (!out_sync.ok()) return out_sync;
+    return in_sync;
   }
 
   absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override {

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/backend/pinned_memory.h"
 #include "kernels/common/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/decode_math.h"
@@ -845,6 +846,36 @@ TEST_P(GpuBindingTest, CopyWithinCopiesOneWholeSlot) {
   EXPECT_EQ(TestGpu()->CopyWithin(snap_buf->data(), pool_.slot(0), -1).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(pool_arr_.To<uint8_t>(before_.size()), before_);
+}
+
+// Several chunks (1 MiB each at this size) and a ragged tail; the host
+// buffers page-locked (the host tier's) and pageable.
+TEST(GpuCopyTest, CopyOutThenInSwapsTheRegionsBytesInChunks) {
+  constexpr int64_t kBytes = (int64_t{5} << 20) + 123;
+  auto region = TestGpu()->Allocate(kBytes).value();
+  auto pinned_out = TestGpu()->pinned_memory()->AllocatePinned(kBytes).value();
+  auto pinned_in = TestGpu()->pinned_memory()->AllocatePinned(kBytes).value();
+  std::vector<uint8_t> before(kBytes), in(kBytes), out(kBytes);
+  for (int64_t i = 0; i < kBytes; ++i) {
+    before[i] = static_cast<uint8_t>(i * 7 + (i >> 20));
+    in[i] = static_cast<uint8_t>(i * 13 + 1);
+  }
+  for (bool page_locked : {true, false}) {
+    SCOPED_TRACE(page_locked ? "page-locked" : "pageable");
+    ASSERT_TRUE(TestGpu()->CopyIn(region->data(), before.data(), kBytes).ok());
+    uint8_t* dst = page_locked ? pinned_out->data() : out.data();
+    uint8_t* src = page_locked ? pinned_in->data() : in.data();
+    if (page_locked) std::memcpy(src, in.data(), kBytes);
+    std::memset(dst, 0, kBytes);
+    ASSERT_TRUE(TestGpu()->CopyOutThenIn(dst, region->data(), src, kBytes).ok());
+    EXPECT_EQ(0, std::memcmp(dst, before.data(), kBytes));
+    std::vector<uint8_t> now(kBytes);
+    ASSERT_TRUE(TestGpu()->CopyOut(now.data(), region->data(), kBytes).ok());
+    EXPECT_EQ(now, in);
+  }
+  EXPECT_EQ(TestGpu()->CopyOutThenIn(out.data(), region->data(), in.data(), -1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(TestGpu()->CopyOutThenIn(out.data(), region->data(), in.data(), 0).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, GpuBindingTest,

@@ -87,7 +87,8 @@ void CheckpointStore::TouchLocked(int32_t e) {
   lru_.splice(lru_.begin(), lru_, entry.lru_pos);
 }
 
-int32_t CheckpointStore::TakeFreeEntryLocked(int* evicted) {
+int32_t CheckpointStore::TakeFreeEntryLocked(int* evicted, const void* refill, bool* refilled) {
+  if (refilled != nullptr) *refilled = false;
   while (free_list_.empty()) {
     int32_t victim = -1;
     for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
@@ -97,7 +98,9 @@ int32_t CheckpointStore::TakeFreeEntryLocked(int* evicted) {
       }
     }
     if (victim < 0) return -1;
-    DemoteLocked(victim);
+    // The free list is empty, so the victim's entry is the one returned.
+    const bool victim_refilled = DemoteLocked(victim, refill);
+    if (refilled != nullptr) *refilled = victim_refilled;
     UnindexLocked(victim);
     ++*evicted;
     ++counters_.evictions;
@@ -124,26 +127,29 @@ bool CheckpointStore::CopyOutLocked(int32_t e, CheckpointBlob* blob) {
   return true;
 }
 
-void CheckpointStore::DemoteLocked(int32_t e) {
-  if (lower_.empty()) return;
+bool CheckpointStore::DemoteLocked(int32_t e, const void* refill) {
+  if (lower_.empty()) return false;
   const Entry& entry = entries_[e];
   if (!options_.transcoder && lower_[0] != options_.remote) {
     // The slot's bytes straight from the arena into the tier's memory (the
-    // host tier: pinned, one DMA copy). The remote_written mark is not kept
-    // there: a later demotion to the remote tier sends the bytes again.
+    // host tier: pinned, one DMA copy, overlapped with the refill's). The
+    // remote_written mark is not kept there: a later demotion to the remote
+    // tier sends the bytes again.
     std::vector<CheckpointBlob> evicted;
-    const absl::Status put = lower_[0]->PutFromBackend(entry.key, *backend_, view_.slot(e),
-                                                        view_.slot_bytes(), entry.aux, &evicted);
+    const absl::Status put =
+        lower_[0]->PutFromBackend(entry.key, *backend_, view_.slot(e), view_.slot_bytes(),
+                                  entry.aux, &evicted, refill);
     if (put.ok()) ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
     PassDownLocked(0, std::move(evicted));
-    return;
+    return put.ok() && refill != nullptr;
   }
   // Through host bytes: the cold format's encoding, or a remote tier first
   // in line (written outside the lock).
   CheckpointBlob blob;
-  if (!CopyOutLocked(e, &blob)) return;  // dropped, as an unwritable tier drops it
+  if (!CopyOutLocked(e, &blob)) return false;  // dropped, as an unwritable tier drops it
   ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
   SpillLocked(0, std::move(blob));
+  return false;
 }
 
 void CheckpointStore::WriteThroughLocked(int32_t e) {
@@ -290,9 +296,13 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
         return absl::DataLossError(
             absl::StrCat("checkpoint of ", bytes, " bytes, expected ", want_bytes));
       }
+      // Without a transcoder the packed bytes are the slot's: an evicted
+      // entry takes them in while its own go out.
       int evicted = 0;
-      e = TakeFreeEntryLocked(&evicted);
+      bool refilled = false;
+      e = TakeFreeEntryLocked(&evicted, options_.transcoder ? nullptr : packed, &refilled);
       if (e < 0) return absl::ResourceExhaustedError("checkpoints: every entry is pinned");
+      if (refilled) return absl::OkStatus();
       return PromoteBytesLocked(
           absl::string_view(static_cast<const char*>(packed), static_cast<size_t>(bytes)), e);
     };
@@ -403,7 +413,7 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
   {
     absl::MutexLock lock(&mu_);
     SweepExpiredLocked(Now());
-    e = TakeFreeEntryLocked(&result.evicted);
+    e = TakeFreeEntryLocked(&result.evicted, /*refill=*/nullptr, /*refilled=*/nullptr);
     if (e < 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "checkpoints: all ", view_.num_slots,

@@ -320,7 +320,12 @@ class CheckpointStore {
   void UnindexLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free entry, evicting LRU entries if needed; -1 when all are pinned.
-  int32_t TakeFreeEntryLocked(int* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // refill (null, or slot_bytes of host memory): the bytes the entry is
+  // taken for; *refilled (may be null when refill is) is true when the
+  // returned entry already holds them (copied in while an evicted entry's
+  // bytes went out, DemoteLocked); otherwise the caller copies them in.
+  int32_t TakeFreeEntryLocked(int* evicted, const void* refill, bool* refilled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The arena entry holding the longest of `candidates`, promoting it from a
   // lower tier when that is where it is; -1 when no tier holds one (or the
   // arena cannot take a promoted one). Counts tier hits and misses. The
@@ -353,9 +358,11 @@ class CheckpointStore {
                                            std::optional<CheckpointBlob>* fetched, bool* leased)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the arena entry `e` (indexed, referenced only by the index) into
-  // the lower tiers (transcoded when the store has a transcoder); its arena
-  // entry stays as it is.
-  void DemoteLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // the lower tiers (transcoded when the store has a transcoder). Its arena
+  // bytes stay as they are, or, with `refill` (slot_bytes of host memory),
+  // are replaced by refill's where the first lower tier copies straight
+  // from the backend (CheckpointTier::PutFromBackend): returns true then.
+  bool DemoteLocked(int32_t e, const void* refill) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts `blob` into lower tier `i` and what it evicts into tier i + 1; the
   // remote tier's share goes to remote_outbox_.
   void SpillLocked(size_t i, CheckpointBlob blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

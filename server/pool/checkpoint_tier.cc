@@ -6,14 +6,15 @@
 
 namespace statecache {
 
-absl::Status CheckpointTier::PutFromBackend(const PrefixKey& key, Backend& backend,
-                                            const void* src, int64_t packed_bytes,
-                                            std::vector<std::string> aux,
-                                            std::vector<CheckpointBlob>* evicted) {
+absl::Status CheckpointTier::PutFromBackend(const PrefixKey& key, Backend& backend, void* src,
+                                            int64_t packed_bytes, std::vector<std::string> aux,
+                                            std::vector<CheckpointBlob>* evicted,
+                                            const void* refill) {
   CheckpointBlob blob;
   blob.key = key;
   blob.packed.resize(static_cast<size_t>(packed_bytes));
   absl::Status copied = backend.CopyOut(&blob.packed[0], src, packed_bytes);
+  if (copied.ok() && refill != nullptr) copied = backend.CopyIn(src, refill, packed_bytes);
   if (!copied.ok()) return copied;
   blob.aux = std::move(aux);
   return Put(std::move(blob), evicted);

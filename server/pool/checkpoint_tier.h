@@ -139,9 +139,16 @@ class CheckpointTier {
   // as Put, and the copy's (nothing stored; `evicted` keeps what was
   // evicted before the copy failed). The default copies into a blob and
   // calls Put; the host tier copies into its own memory.
-  virtual absl::Status PutFromBackend(const PrefixKey& key, Backend& backend, const void* src,
+  // refill (null, or host memory of packed_bytes): an eviction making room
+  // for a promotion in place - once copied out, src's bytes are replaced by
+  // refill's. On OK src holds refill's bytes; on an error src's bytes are
+  // unspecified (the caller copies refill in itself). The host tier overlaps
+  // the two copies (Backend::CopyOutThenIn); the default copies in after
+  // the copy out.
+  virtual absl::Status PutFromBackend(const PrefixKey& key, Backend& backend, void* src,
                                       int64_t packed_bytes, std::vector<std::string> aux,
-                                      std::vector<CheckpointBlob>* evicted);
+                                      std::vector<CheckpointBlob>* evicted,
+                                      const void* refill);
 
   // Receives a taken checkpoint's packed bytes (host memory, valid during
   // the call only) for promotion, e.g. a Backend::CopyIn into the arena. It

@@ -109,15 +109,17 @@ absl::Status HostTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* evi
   return absl::OkStatus();
 }
 
-absl::Status HostTier::PutFromBackend(const PrefixKey& key, Backend& backend, const void* src,
+absl::Status HostTier::PutFromBackend(const PrefixKey& key, Backend& backend, void* src,
                                       int64_t packed_bytes, std::vector<std::string> aux,
-                                      std::vector<CheckpointBlob>* evicted) {
+                                      std::vector<CheckpointBlob>* evicted, const void* refill) {
   Held held;
   held.key = key;
   held.packed_bytes = packed_bytes;
   held.aux = std::move(aux);
   ASSIGN_OR_RETURN(held.packed, Reserve(key, held.bytes(), packed_bytes, evicted));
-  absl::Status copied = backend.CopyOut(held.packed, src, packed_bytes);
+  absl::Status copied = refill != nullptr
+                            ? backend.CopyOutThenIn(held.packed, src, refill, packed_bytes)
+                            : backend.CopyOut(held.packed, src, packed_bytes);
   if (!copied.ok()) {
     ReleaseBlock(held.packed, packed_bytes);
     return copied;

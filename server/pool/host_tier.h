@@ -52,10 +52,11 @@ class HostTier : public CheckpointTier {
   bool LongestHeld(absl::Span<const PrefixKey> candidates, PrefixKey* best) const override;
   absl::StatusOr<CheckpointBlob> Take(const PrefixKey& key) override;
   TierUse use() const override;
-  // Backend::CopyOut straight into a block.
-  absl::Status PutFromBackend(const PrefixKey& key, Backend& backend, const void* src,
+  // Backend::CopyOut straight into a block (with a refill:
+  // Backend::CopyOutThenIn, the two directions overlapped).
+  absl::Status PutFromBackend(const PrefixKey& key, Backend& backend, void* src,
                               int64_t packed_bytes, std::vector<std::string> aux,
-                              std::vector<CheckpointBlob>* evicted) override;
+                              std::vector<CheckpointBlob>* evicted, const void* refill) override;
   // Hands `promote` the block itself; the block is reused once it returns.
   absl::Status TakeInto(const PrefixKey& key, const Promote& promote,
                         CheckpointBlob* blob) override;

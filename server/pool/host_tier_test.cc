@@ -63,14 +63,18 @@ TEST(HostTierMemoryTest, PutFromBackendAndTakeIntoCopyTheBytes) {
   const std::string bytes = PatternBytes(1, 300);
   std::memcpy(src->data(), bytes.data(), 300);
   std::vector<CheckpointBlob> evicted;
-  ASSERT_TRUE(host.PutFromBackend(Key(3), *backend, src->data(), 300, {"aux"}, &evicted).ok());
+  ASSERT_TRUE(host.PutFromBackend(Key(3), *backend, src->data(), 300, {"aux"}, &evicted,
+                                  /*refill=*/nullptr)
+                  .ok());
   EXPECT_TRUE(evicted.empty());
   EXPECT_EQ(host.use().bytes, 303);
   EXPECT_EQ(pinned.calls, 1);
   // The budget allows ceil(1000 / 300) + 1 = 5 blocks; one chunk of 1 MiB
   // would hold more, so it is cut to 5 blocks of 512 (300 rounded to 256s).
   EXPECT_EQ(pinned.total_bytes, 5 * 512);
-  EXPECT_EQ(host.PutFromBackend(Key(4), *backend, src->data(), 1001, {}, &evicted).code(),
+  EXPECT_EQ(host.PutFromBackend(Key(4), *backend, src->data(), 1001, {}, &evicted,
+                               /*refill=*/nullptr)
+                .code(),
             absl::StatusCode::kInvalidArgument);
 
   // Promotion that fails: the checkpoint comes back whole, out of the tier.
@@ -110,6 +114,28 @@ TEST(HostTierMemoryTest, PutFromBackendAndTakeIntoCopyTheBytes) {
             absl::StatusCode::kNotFound);
   EXPECT_FALSE(called);
   EXPECT_EQ(pinned.calls, 1);
+}
+
+TEST(HostTierMemoryTest, PutFromBackendWithRefillSwapsTheBytes) {
+  auto backend = CpuBackend::Create({});
+  HostTier host(1000);
+  auto region = backend->Allocate(300).value();
+  const std::string out = PatternBytes(1, 300), in = PatternBytes(2, 300);
+  std::memcpy(region->data(), out.data(), 300);
+  std::vector<CheckpointBlob> evicted;
+  ASSERT_TRUE(
+      host.PutFromBackend(Key(3), *backend, region->data(), 300, {"aux"}, &evicted, in.data())
+          .ok());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(region->data()), 300), in);
+  absl::StatusOr<CheckpointBlob> held = host.Take(Key(3));
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->packed, out);
+  EXPECT_THAT(held->aux, ElementsAre("aux"));
+  // Over the budget: nothing stored, the region's bytes are the caller's to refill.
+  EXPECT_EQ(host.PutFromBackend(Key(4), *backend, region->data(), 1001, {}, &evicted, in.data())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(host.KeysByRecency().empty());
 }
 
 TEST(HostTierMemoryTest, DemoteAndPromoteReuseChunksThroughTheStore) {
