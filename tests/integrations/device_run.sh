@@ -8,9 +8,13 @@
 #       C++ reference worker), multi-turn restore, bad input on the CUDA
 #       pool, transformers Qwen3-Next on CUDA;
 #   (b) decode_step_bench.py: one decode step at Qwen3.6-35B-A3B
-#       linear-attention geometry, B = 1 / 64 / 256, stock FP32 vs damp:16.
+#       linear-attention geometry, B = 1 / 64 / 256, stock FP32 vs damp:16;
+#   (c) worker: the C++ reference worker's format sweep on the CUDA backend
+#       (`worker sweep --backend=cuda`, WORKER_MODELS, WORKER_FORMATS; damp
+#       calibrated in memory), the reference figures of (a) on the same GPU.
 # Logs and summary.txt go to $OUT (or /tmp/sc_out). ~6-9 min in all.
-# PARTS (default "fla bench") picks which of (a) and (b) run.
+# PARTS (default "fla bench") picks which of (a), (b) and (c) run, in the
+# order worker, fla, bench.
 set -o pipefail
 OUT=${OUT:-/tmp/sc_out}
 mkdir -p "$OUT"
@@ -27,6 +31,15 @@ cat "$U/STAGED" | tee "$OUT/staged.txt"
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 SHARED=${SHARED:-$U/shared}
 PARTS=${PARTS:-fla bench}
+if [[ " $PARTS " == *" worker "* ]]; then
+  for m in ${WORKER_MODELS:-gdn-tiny kda-tiny}; do
+    STATECACHE_SHARED_DIR=$SHARED timeout ${WORKER_S:-240} $U/worker sweep --backend=cuda \
+      --model=$m --formats=${WORKER_FORMATS:-int8-hadamard,damp:16} \
+      > "$OUT/worker_$m.log" 2> "$OUT/worker_$m.err"
+    summary "worker sweep $m exit=$?"
+    grep -E '^(model|\|)' "$OUT/worker_$m.log" >> "$OUT/summary.txt"
+  done
+fi
 if [[ " $PARTS " == *" fla "* ]]; then
 PYTHONUNBUFFERED=1 timeout ${FLA_S:-420} python3 tests/integrations/fla_check.py --dir "$U" \
   --shared "$SHARED" ${FLA_ARGS:-} > "$OUT/fla_check.log" 2>&1

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Stages the GPU run of statecache.integrations (issue 27) into
-# .device/integrations/ (git-ignored): statecached (CUDA build),
+# .device/integrations/ (git-ignored): statecached and the C++ reference
+# worker (CUDA builds),
 # libstatecache_dataplane.so / libstatecache_prefix.so with the non-glibc
 # libraries they need, and the statecache package with its generated gRPC
 # stubs (statecache/v1), the shipped models and corpora of ../shared
@@ -14,15 +15,17 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 D=.device/integrations
 S=.device/integrations.staging
-bazel build //server:statecached //client/python:libstatecache_dataplane.so \
-  //client/python:libstatecache_prefix.so
+bazel build //server:statecached //client/worker:worker \
+  //client/python:libstatecache_dataplane.so //client/python:libstatecache_prefix.so
 rm -rf "$S" "$D"
 mkdir -p "$S/lib" "$S/python" "$D"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
 source tests/stage_deps.sh
-cp -Lf "$bin_dir/server/statecached" "$S/"
-chmod u+w "$S/statecached" && strip --strip-unneeded "$S/statecached"
-copy_deps "$bin_dir/server/statecached" "$S/lib"
+for bin in server/statecached client/worker/worker; do
+  cp -Lf "$bin_dir/$bin" "$S/"
+  chmod u+w "$S/$(basename "$bin")" && strip --strip-unneeded "$S/$(basename "$bin")"
+  copy_deps "$bin_dir/$bin" "$S/lib"
+done
 for so in libstatecache_dataplane.so libstatecache_prefix.so; do
   cp -Lf "$bin_dir/client/python/$so" "$S/lib/"
   chmod u+w "$S/lib/$so" && strip --strip-unneeded "$S/lib/$so"

@@ -19,7 +19,8 @@
 #       SubmitUpdates, 1 worker alone then 8 workers at once on distinct
 #       slots (MULTI / VERIFY / MULTI_SUMMARY lines): B = 256 with one wait
 #       per step, B = 256 with a host wait per layer (--layer_waits), B = 16.
-#       Skipped with SKIP_MULTI=1; MULTI_WORKERS / MULTI_STEPS change its size.
+#       Skipped with SKIP_MULTI=1; MULTI_WORKERS / MULTI_STEPS change its size,
+#       MULTI_RUNS picks runs by name (default "b256 b256_layer_waits b16").
 # Logs and summary.txt go to $OUT (or /tmp/sc_out). Expected ~5 minutes;
 # worst case (timeouts) ~9 minutes. Only (e): ONLY_MULTI=1. MIXED picks the
 # runs of (c) by name (default: "default coalesce coalesce_wait100us
@@ -42,6 +43,7 @@ multi() {  # (e): pipelined steps at B = 256, then per-layer host waits, then B 
   for run in "b256 --batch=256" "b256_layer_waits --batch=256 --layer_waits" "b16 --batch=16"; do
     args=${run#* }
     run=${run%% *}
+    [[ " ${MULTI_RUNS:-b256 b256_layer_waits b16} " == *" $run "* ]] || continue
     timeout 200 $U/multi_worker_bench --backend=cuda --server=spawn --statecached=$U/statecached \
       $args --workers=${MULTI_WORKERS:-8} --steps=${MULTI_STEPS:-20} --warmup=3 \
       --verify_slots=2 > "$OUT/multi_worker_bench_$run.log" 2> "$OUT/multi_worker_bench_$run.err"
