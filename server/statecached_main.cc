@@ -117,6 +117,12 @@ ABSL_FLAG(double, memory_fraction, 0.5,
 ABSL_FLAG(int64_t, host_checkpoint_bytes, 0,
           "Host-memory checkpoint tier per model, in bytes: checkpoints evicted from "
           "checkpoint memory move here (LRU) and are promoted back on a hit. 0 = off.");
+ABSL_FLAG(bool, host_checkpoint_write_through, true,
+          "With a host tier: every snapshot is also copied into it (one device-to-host copy "
+          "per snapshot), so evicting a checkpoint from checkpoint memory copies nothing and "
+          "a restore from the host tier is a single host-to-device copy even when checkpoint "
+          "memory is full. The host tier's budget then also holds copies of checkpoints in "
+          "checkpoint memory. false = checkpoints are copied to the host tier when evicted.");
 ABSL_FLAG(std::string, disk_checkpoint_dir, "",
           "Directory of the disk checkpoint tier (one subdirectory per model): what the "
           "host tier (or checkpoint memory) evicts is written here, CRC-checked, and "
@@ -228,6 +234,7 @@ int Main() {
   options.memory.memory_fraction = absl::GetFlag(FLAGS_memory_fraction);
   options.memory.checkpoint_fraction = absl::GetFlag(FLAGS_checkpoint_fraction);
   options.memory.tiers.host_checkpoint_bytes = absl::GetFlag(FLAGS_host_checkpoint_bytes);
+  options.memory.tiers.host_write_through = absl::GetFlag(FLAGS_host_checkpoint_write_through);
   options.memory.tiers.disk_checkpoint_dir = absl::GetFlag(FLAGS_disk_checkpoint_dir);
   options.memory.tiers.disk_checkpoint_bytes = absl::GetFlag(FLAGS_disk_checkpoint_bytes);
   options.memory.tiers.redis_checkpoint_address = absl::GetFlag(FLAGS_redis_checkpoint_address);

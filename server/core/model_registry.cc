@@ -170,6 +170,7 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const ModelSpec& 
       co.disk = std::move(disk);
     }
     const CheckpointTierOptions& tiers = options_.tiers;
+    co.host_write_through = tiers.host_write_through;
     if (!tiers.redis_checkpoint_address.empty() || !tiers.redis_cluster_nodes.empty()) {
       RedisTierOptions ro;
       if (!tiers.redis_cluster_nodes.empty()) {

@@ -88,6 +88,10 @@ struct ModelSpec {
 // other tags are deleted.
 struct CheckpointTierOptions {
   int64_t host_checkpoint_bytes = 0;
+  // The host tier inclusive: every snapshot also copied into it, so that
+  // evicting from checkpoint memory copies nothing and a restore from the
+  // host tier is one copy in (CheckpointStore::Options::host_write_through).
+  bool host_write_through = true;
   std::string disk_checkpoint_dir;
   int64_t disk_checkpoint_bytes = 0;
   // A Redis tier below the disk tier (host:port, empty = none), shared by

@@ -130,6 +130,12 @@ bool CheckpointStore::CopyOutLocked(int32_t e, CheckpointBlob* blob) {
 bool CheckpointStore::DemoteLocked(int32_t e, const void* refill) {
   if (lower_.empty()) return false;
   const Entry& entry = entries_[e];
+  PrefixKey held;
+  if (entry.host_copy && lower_[0]->LongestHeld(absl::MakeConstSpan(&entry.key, 1), &held)) {
+    // Inclusive host tier: it already holds these bytes.
+    ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
+    return false;
+  }
   if (!options_.transcoder && lower_[0] != options_.remote) {
     // The slot's bytes straight from the arena into the tier's memory (the
     // host tier: pinned, one DMA copy, overlapped with the refill's). The
@@ -150,6 +156,16 @@ bool CheckpointStore::DemoteLocked(int32_t e, const void* refill) {
   ++counters_.tiers[static_cast<int>(StoreTier::kDevice)].demotions;
   SpillLocked(0, std::move(blob));
   return false;
+}
+
+void CheckpointStore::WriteToHostLocked(int32_t e) {
+  Entry& entry = entries_[e];
+  std::vector<CheckpointBlob> evicted;
+  entry.host_copy = lower_[0]
+                        ->PutFromBackend(entry.key, *backend_, view_.slot(e), view_.slot_bytes(),
+                                         entry.aux, &evicted, /*refill=*/nullptr)
+                        .ok();
+  PassDownLocked(0, std::move(evicted));
 }
 
 void CheckpointStore::WriteThroughLocked(int32_t e) {
@@ -307,18 +323,26 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
           absl::string_view(static_cast<const char*>(packed), static_cast<size_t>(bytes)), e);
     };
     absl::Status promoted;
+    bool kept = false;  // `from` still holds the checkpoint (inclusive host tier)
     if (use_fetched) {
       blob = *std::move(*fetched);
       fetched->reset();
       promoted = promote(blob.packed.data(), static_cast<int64_t>(blob.packed.size()));
       if (promoted.ok()) blob.packed.clear();
+    } else if (HostInclusive() && from == options_.host.get()) {
+      std::vector<CheckpointBlob> evicted;
+      promoted = from->CopyInto(lower_key, promote, &blob, &kept, &evicted);
+      PassDownLocked(0, std::move(evicted));
     } else {
       promoted = from->TakeInto(lower_key, promote, &blob);
     }
+    // Bytes of the wrong size are corrupt: a kept copy is dropped too.
+    if (wrong_size && kept) (void)from->Take(lower_key);
     // Not held after all, or corrupt (deleted by the tier, or dropped here).
     if (!promoting || wrong_size) continue;
     if (promoted.ok()) {
       Entry& entry = entries_[e];
+      entry.host_copy = kept;
       entry.state = EntryState::kReady;
       entry.key = lower_key;
       entry.refs = 1;
@@ -339,8 +363,8 @@ int32_t CheckpointStore::FindOrPromoteLocked(absl::Span<const PrefixKey> candida
     // Every arena entry is pinned (or the copy failed): the checkpoint stays
     // where it was and the longest arena hit, if any, is served.
     if (e >= 0) free_list_.push_back(e);
-    if (from == options_.remote.get()) {
-      // The remote tier kept its copy: nothing to put back.
+    if (from == options_.remote.get() || kept) {
+      // The tier kept its copy: nothing to put back.
     } else {
       std::vector<CheckpointBlob> spilled;
       if (from->Put(std::move(blob), &spilled).ok()) {
@@ -463,6 +487,7 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
   index_[key] = e;
   ++counters_.snapshots;
   counters_.bytes_snapshotted += view_.slot_bytes();
+  if (HostInclusive()) WriteToHostLocked(e);
   if (through.has_value()) {
     entry.remote_written = writer_->Enqueue(*std::move(through));
   } else if (writer_ != nullptr && options_.transcoder) {

@@ -200,6 +200,15 @@ class CheckpointStore {
     // transcoder's cold format (its cold_slot_bytes() per checkpoint); its
     // slot model must be this store's layout.
     std::shared_ptr<CheckpointTranscoder> transcoder;
+    // With `host` and no transcoder: the host tier is inclusive. Every Put
+    // also copies the new checkpoint into it (under the lock, one copy out
+    // into pinned memory), and a promotion from it keeps its copy
+    // (CheckpointTier::CopyInto). An arena entry whose key the host tier
+    // still holds is then evicted without a copy, so a promotion into a full
+    // arena is one copy in, and the copy out moves to the snapshot (where a
+    // full arena's eviction already put it). The host tier's budget then
+    // also holds copies of arena entries.
+    bool host_write_through = false;
   };
 
   struct PutResult {
@@ -301,6 +310,9 @@ class CheckpointStore {
     std::vector<std::string> aux;
     int64_t aux_bytes = 0;
     bool remote_written = false;  // a copy was queued for / read from the remote tier
+    // The host tier was given these bytes under this key (host_write_through);
+    // eviction copies nothing while it still holds the key.
+    bool host_copy = false;
     std::list<int32_t>::iterator lru_pos;  // valid while indexed
   };
   struct Lease {
@@ -344,6 +356,13 @@ class CheckpointStore {
   // Copies ready entry `e` into `blob` (the checkpoint format); false when
   // the copy or the transcode failed.
   bool CopyOutLocked(int32_t e, CheckpointBlob* blob) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the host tier is inclusive (Options::host_write_through).
+  bool HostInclusive() const { return options_.host_write_through && options_.host &&
+                                      !options_.transcoder; }
+  // Copies ready entry `e` into the host tier (inclusive mode) and sets its
+  // host_copy mark; what the host tier evicts goes down. A failed copy
+  // leaves the mark unset (eviction then demotes as usual).
+  void WriteToHostLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues a copy of ready entry `e` on writer_ when it has room (the
   // transcoder's write-through; Put copies the slot's bytes itself otherwise).
   void WriteThroughLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -31,4 +31,11 @@ absl::Status CheckpointTier::TakeInto(const PrefixKey& key, const Promote& promo
   return promoted;
 }
 
+absl::Status CheckpointTier::CopyInto(const PrefixKey& key, const Promote& promote,
+                                      CheckpointBlob* blob, bool* kept,
+                                      std::vector<CheckpointBlob>* /*evicted*/) {
+  *kept = false;
+  return TakeInto(key, promote, blob);
+}
+
 }  // namespace statecache

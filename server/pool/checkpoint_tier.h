@@ -163,6 +163,15 @@ class CheckpointTier {
   // filled), which the tier no longer holds, so the caller can put it back.
   virtual absl::Status TakeInto(const PrefixKey& key, const Promote& promote,
                                 CheckpointBlob* blob);
+
+  // Promotion that may keep the tier's copy (an inclusive upper tier, see
+  // CheckpointStore::Options::host_write_through): as TakeInto, and on OK
+  // *kept tells whether the tier still holds the entry (then most recently
+  // used; what it evicts to make room for it again goes to `evicted`). The
+  // default takes the entry (TakeInto, *kept false); the host tier keeps it.
+  virtual absl::Status CopyInto(const PrefixKey& key, const Promote& promote,
+                                CheckpointBlob* blob, bool* kept,
+                                std::vector<CheckpointBlob>* evicted);
 };
 
 }  // namespace statecache

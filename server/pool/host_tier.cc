@@ -96,6 +96,13 @@ absl::StatusOr<uint8_t*> HostTier::Reserve(const PrefixKey& key, int64_t need,
   return GetBlock(packed_bytes);
 }
 
+void HostTier::EvictOverBudget(std::vector<CheckpointBlob>* evicted) {
+  while (bytes_ > options_.capacity_bytes && lru_.size() > 1) {
+    ++evictions_;
+    evicted->push_back(ToBlob(Remove(std::prev(lru_.end()))));
+  }
+}
+
 absl::Status HostTier::Put(CheckpointBlob blob, std::vector<CheckpointBlob>* evicted) {
   Held held;
   held.packed_bytes = static_cast<int64_t>(blob.packed.size());
@@ -157,6 +164,32 @@ absl::Status HostTier::TakeInto(const PrefixKey& key, const Promote& promote,
   blob->packed.clear();
   blob->aux = std::move(held.aux);
   return absl::OkStatus();
+}
+
+absl::Status HostTier::CopyInto(const PrefixKey& key, const Promote& promote,
+                                CheckpointBlob* blob, bool* kept,
+                                std::vector<CheckpointBlob>* evicted) {
+  *kept = false;
+  auto it = index_.find(key);
+  if (it == index_.end()) {
+    return absl::NotFoundError(absl::StrCat("host tier: no checkpoint ", key.DebugString()));
+  }
+  Held held = Remove(it->second);  // out of reach of promote's evictions
+  absl::Status promoted = promote(held.packed, held.packed_bytes);
+  blob->key = held.key;
+  blob->packed.clear();
+  blob->aux = held.aux;
+  // Back as the most recently used entry (a demotion during promote may have
+  // put the tier at its budget without it).
+  auto old = index_.find(held.key);
+  if (old != index_.end()) {  // promote demoted a copy of the same key: ours is the one read
+    Held replaced = Remove(old->second);
+    ReleaseBlock(replaced.packed, replaced.packed_bytes);
+  }
+  Insert(std::move(held));
+  EvictOverBudget(evicted);
+  *kept = true;
+  return promoted;
 }
 
 TierUse HostTier::use() const {

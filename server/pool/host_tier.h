@@ -60,6 +60,11 @@ class HostTier : public CheckpointTier {
   // Hands `promote` the block itself; the block is reused once it returns.
   absl::Status TakeInto(const PrefixKey& key, const Promote& promote,
                         CheckpointBlob* blob) override;
+  // Hands `promote` the block and keeps the entry (*kept true), whether
+  // promote succeeded or not; during the call the entry is out of the index,
+  // so promote's re-entry (a demotion into this tier) cannot evict it.
+  absl::Status CopyInto(const PrefixKey& key, const Promote& promote, CheckpointBlob* blob,
+                        bool* kept, std::vector<CheckpointBlob>* evicted) override;
 
   // Keys held, most recently used first (tests).
   std::vector<PrefixKey> KeysByRecency() const;
@@ -90,6 +95,8 @@ class HostTier : public CheckpointTier {
   void Insert(Held held);
   // Removes `it` from the LRU list and the index (its block stays taken).
   Held Remove(std::list<Held>::iterator it);
+  // Evicts least recently used entries into `evicted` while over the budget.
+  void EvictOverBudget(std::vector<CheckpointBlob>* evicted);
   // The blob of `held` (packed copied out of its block), releasing the block.
   CheckpointBlob ToBlob(Held held);
 

@@ -16,6 +16,7 @@
 #include "server/pool/checkpoint_store.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/slot_pool.h"
+#include "server/pool/testing/fake_backend.h"
 #include "server/pool/testing/test_keys.h"
 
 namespace statecache {
@@ -181,6 +182,121 @@ TEST(HostTierMemoryTest, DemoteAndPromoteReuseChunksThroughTheStore) {
   EXPECT_LE(pinned.calls, 2);
   EXPECT_EQ(host->chunk_allocations(), pinned.calls);
   EXPECT_LE(host->reserved_bytes(), 4 * ((slot_bytes + 255) / 256 * 256));
+}
+
+// The inclusive host tier (CheckpointStore::Options::host_write_through):
+// every Put copies out once, an eviction whose key the host tier holds copies
+// nothing, and a promotion into a full arena is one copy in that keeps the
+// host copy.
+class InclusiveHostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pool_ = SlotPool::Create(&backend_, layout_, 2).value();
+    slots_ = pool_->Allocate(2).value();
+    auto access = pool_->Acquire(slots_, "slots").value();
+    a_ = access.indices()[0];
+    b_ = access.indices()[1];
+    slot_bytes_ = pool_->slot_bytes();
+  }
+  void TearDown() override {
+    ASSERT_NE(store_, nullptr);
+    EXPECT_TRUE(store_->CheckInvariants().ok()) << store_->CheckInvariants();
+  }
+  void MakeStore(int capacity, int host_blobs) {
+    host_ = std::make_shared<HostTier>(host_blobs * (slot_bytes_ + 2));
+    CheckpointStore::Options o;
+    o.capacity = capacity;
+    o.host = host_;
+    o.host_write_through = true;
+    store_ = CheckpointStore::Create(&backend_, layout_, o).value();
+  }
+  void Put(int n) {
+    const std::string bytes = PatternBytes(n, slot_bytes_);
+    std::memcpy(pool_->view().slot(a_), bytes.data(), bytes.size());
+    ASSERT_TRUE(store_->Put(Key(n), pool_->view(), a_, {"a" + std::to_string(n)}).ok());
+  }
+  // Lookup + Restore of n into slot b: the tier, after checking bytes and aux.
+  StoreTier Restores(int n) {
+    std::memset(pool_->view().slot(b_), 0, slot_bytes_);
+    auto hit = store_->Lookup({Key(n)}, absl::ZeroDuration());
+    EXPECT_TRUE(hit.ok() && hit->hit) << n;
+    if (!hit.ok() || !hit->hit) return StoreTier::kDevice;
+    auto restored = store_->Restore(hit->key, hit->lease_id, pool_->view(), b_);
+    EXPECT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool_->view().slot(b_)), slot_bytes_),
+              PatternBytes(n, slot_bytes_))
+        << "restored slot of prefix " << n;
+    if (restored.ok()) {
+      EXPECT_THAT(restored->aux, ElementsAre("a" + std::to_string(n)));
+    }
+    return hit->tier;
+  }
+
+  testing::FakeBackend backend_;
+  StateLayout layout_ =
+      StateLayout::Identity(ModelGeometry{Arch::kGdn, /*layers=*/2, /*h_qk=*/1, /*h_v=*/2,
+                                          /*d_k=*/32, /*d_v=*/32},
+                            ParseFormatSpec("int8").value())
+          .value();
+  std::unique_ptr<SlotPool> pool_;
+  std::vector<SlotHandle> slots_;
+  int32_t a_ = -1, b_ = -1;
+  int64_t slot_bytes_ = 0;
+  std::shared_ptr<HostTier> host_;
+  std::unique_ptr<CheckpointStore> store_;
+};
+
+TEST_F(InclusiveHostTest, EvictionCopiesNothingAndPromotionKeepsTheHostCopy) {
+  MakeStore(/*capacity=*/1, /*host_blobs=*/3);
+  Put(1);
+  EXPECT_EQ(backend_.bytes_out(), slot_bytes_);  // the snapshot's copy into the host tier
+  EXPECT_THAT(host_->KeysByRecency(), ElementsAre(Key(1)));
+  Put(2);  // evicts 1, which the host tier holds: no copy for it
+  EXPECT_EQ(backend_.bytes_out(), 2 * slot_bytes_);
+  EXPECT_FALSE(store_->Contains(Key(1)));
+  EXPECT_THAT(host_->KeysByRecency(), ElementsAre(Key(2), Key(1)));
+
+  const int64_t in_before = backend_.bytes_in(), out_before = backend_.bytes_out();
+  EXPECT_EQ(Restores(1), StoreTier::kHost);  // into the full arena: 2 evicted, no copy out
+  EXPECT_EQ(backend_.bytes_out() - out_before, 0);
+  EXPECT_EQ(backend_.bytes_in() - in_before, slot_bytes_);  // one copy in
+  EXPECT_TRUE(store_->Contains(Key(1)));
+  EXPECT_THAT(host_->KeysByRecency(), ElementsAre(Key(1), Key(2)));  // 1 kept, most recent
+  EXPECT_EQ(Restores(2), StoreTier::kHost);
+  EXPECT_EQ(Restores(1), StoreTier::kHost);
+  EXPECT_EQ(Restores(1), StoreTier::kDevice);
+  EXPECT_EQ(backend_.bytes_out() - out_before, 0);
+  const CheckpointStats s = store_->stats();
+  EXPECT_EQ(s.tiers[static_cast<int>(StoreTier::kHost)].promotions, 3);
+  EXPECT_EQ(s.tiers[static_cast<int>(StoreTier::kDevice)].demotions, 4);
+  EXPECT_EQ(s.tiers[static_cast<int>(StoreTier::kHost)].entries, 2);
+}
+
+// A host copy the host tier dropped (its LRU, over budget) while the entry
+// stayed in the arena: the entry's eviction copies it out as without the
+// option; a snapshot replacing a key replaces its host copy too.
+TEST_F(InclusiveHostTest, EvictionCopiesWhenTheHostTierDroppedItsCopy) {
+  MakeStore(/*capacity=*/2, /*host_blobs=*/2);
+  Put(1);
+  Put(2);
+  EXPECT_EQ(backend_.bytes_out(), 2 * slot_bytes_);
+  EXPECT_EQ(Restores(1), StoreTier::kDevice);  // 1 most recent in the arena, not in the host
+  Put(3);  // evicts 2 (held by the host tier: no copy); 3's copy drops the host's 1
+  EXPECT_EQ(backend_.bytes_out(), 3 * slot_bytes_);
+  EXPECT_THAT(host_->KeysByRecency(), ElementsAre(Key(3), Key(2)));
+  EXPECT_TRUE(store_->Contains(Key(1)));
+  Put(4);  // evicts 1, which the host no longer holds: copied out, then 4's copy
+  EXPECT_EQ(backend_.bytes_out(), 5 * slot_bytes_);
+  EXPECT_THAT(host_->KeysByRecency(), ElementsAre(Key(4), Key(1)));
+  EXPECT_EQ(Restores(1), StoreTier::kHost);
+  EXPECT_EQ(Restores(4), StoreTier::kDevice);
+
+  const std::string newer = PatternBytes(77, slot_bytes_);
+  std::memcpy(pool_->view().slot(a_), newer.data(), newer.size());
+  ASSERT_TRUE(store_->Put(Key(4), pool_->view(), a_, {"a4"}).ok());
+  absl::StatusOr<CheckpointBlob> held = host_->Take(Key(4));
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(held->packed, newer);
 }
 
 }  // namespace

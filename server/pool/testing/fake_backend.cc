@@ -57,12 +57,20 @@ absl::StatusOr<std::unique_ptr<BackendBuffer>> FakeBackend::Allocate(int64_t byt
 }
 
 absl::Status FakeBackend::CopyIn(void* dst, const void* src, int64_t bytes) {
+  bytes_in_ += bytes;
   std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status FakeBackend::CopyOut(void* dst, const void* src, int64_t bytes) {
+  bytes_out_ += bytes;
   std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status FakeBackend::CopyWithin(void* dst, const void* src, int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError("bytes: negative");
+  if (bytes > 0) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 

@@ -34,6 +34,8 @@ class FakeBackend : public Backend {
   absl::StatusOr<int64_t> AvailableBytes() const override { return limit_ - live_.load(); }
   absl::Status CopyIn(void* dst, const void* src, int64_t bytes) override;
   absl::Status CopyOut(void* dst, const void* src, int64_t bytes) override;
+  // In place (not counted in bytes_in / bytes_out).
+  absl::Status CopyWithin(void* dst, const void* src, int64_t bytes) override;
   absl::StatusOr<std::unique_ptr<PreparedModel>> Prepare(const StateLayout& layout) override;
   absl::Status DecodeUpdate(const PreparedModel&, const PoolView&, int,
                             const DecodeInputs&) override;
@@ -51,12 +53,17 @@ class FakeBackend : public Backend {
   int64_t live_bytes() const { return live_.load(); }
   // Number of CopySlots calls so far.
   int64_t copy_calls() const { return copy_calls_.load(); }
+  // Bytes moved by CopyIn / CopyOut so far (host <-> backend).
+  int64_t bytes_in() const { return bytes_in_.load(); }
+  int64_t bytes_out() const { return bytes_out_.load(); }
 
  private:
   friend class FakeBuffer;
   const int64_t limit_;
   std::atomic<int64_t> live_{0};
   std::atomic<int64_t> copy_calls_{0};
+  std::atomic<int64_t> bytes_in_{0};
+  std::atomic<int64_t> bytes_out_{0};
   SyncStreamOps stream_ops_{*this};
 };
 
