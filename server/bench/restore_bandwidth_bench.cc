@@ -14,9 +14,14 @@
 //       host -> device arena, one copy from pinned memory) + ops::Restore
 //       (arena -> slot). Two arena states:
 //         free: the arena has a free entry (the promotion is one copy);
-//         full: the arena is full, so the promotion first demotes its
-//               least recently used entry (device -> host, then host ->
-//               device: the steady state of an LRU cache).
+//         full: the arena is full, so the promotion first evicts its
+//               least recently used entry (the steady state of an LRU
+//               cache): with an exclusive host tier it is copied out
+//               (device -> host, overlapped with the copy in,
+//               Backend::CopyOutThenIn); with the inclusive host tier
+//               (CheckpointStore::Options::host_write_through, the server's
+//               default) the host tier holds it already, so nothing is
+//               copied out (line key host_write_through=0|1).
 //       Bytes/s = slot_bytes / (lookup + restore time), median over
 //       --rounds x --checkpoints restores; ratio = to the best PEAK
 //       batched_gbps (ratio_same_size: to the single copy of slot_bytes).
@@ -173,11 +178,13 @@ struct Bench {
   int64_t slot_bytes = 0;
   std::vector<std::string> patterns;  // by key number 1..n+1
   bool mismatch = false;
+  bool inclusive = false;  // host_write_through of the stores made
 
   std::unique_ptr<CheckpointStore> Store(int64_t capacity) {
     CheckpointStore::Options o;
     o.capacity = capacity;
     o.host = host;
+    o.host_write_through = inclusive;
     return Check(CheckpointStore::Create(backend, m->layout, o), "checkpoint store");
   }
 
@@ -250,7 +257,13 @@ void RunFormat(Backend* backend, const std::string& format, double peak_gbps, Ra
   std::memcpy(pinned->data(), b.patterns[0].data(), b.slot_bytes);
   const Peak same = MeasurePeak(backend, raw, pinned->data(), device->data(), b.slot_bytes);
 
-  for (const char* arena : {"free", "full"}) {
+  struct Setup {
+    const char* arena;
+    bool inclusive;
+  };
+  for (const Setup setup : {Setup{"free", false}, Setup{"full", false}, Setup{"full", true}}) {
+    const char* arena = setup.arena;
+    b.inclusive = setup.inclusive;
     std::vector<double> lookup, restore, total;
     for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
       b.FillHostTier(n);
@@ -268,10 +281,11 @@ void RunFormat(Backend* backend, const std::string& format, double peak_gbps, Ra
     }
     const double gbps = b.slot_bytes / Median(total) / 1e9;
     std::printf(
-        "RESTORE format=%s arena=%s slot_bytes=%lld restores=%zu lookup_ms=%.3f "
-        "restore_ms=%.3f total_ms=%.3f gbps=%.2f ratio=%.3f ratio_same_size=%.3f "
+        "RESTORE format=%s arena=%s host_write_through=%d slot_bytes=%lld restores=%zu "
+        "lookup_ms=%.3f restore_ms=%.3f total_ms=%.3f gbps=%.2f ratio=%.3f ratio_same_size=%.3f "
         "host_chunks=%lld page_locked=%d result=%s\n",
-        format.c_str(), arena, static_cast<long long>(b.slot_bytes), total.size(),
+        format.c_str(), arena, b.inclusive ? 1 : 0, static_cast<long long>(b.slot_bytes),
+        total.size(),
         Median(lookup) * 1e3, Median(restore) * 1e3, Median(total) * 1e3, gbps, gbps / peak_gbps,
         gbps / same.single_gbps, static_cast<long long>(b.host->chunk_allocations()),
         backend->pinned_memory()->page_locked() ? 1 : 0, b.mismatch ? "MISMATCH" : "OK");
