@@ -30,7 +30,10 @@
 // holds the newest copy); a hit in a lower tier takes the checkpoint out of it
 // and promotes it into the arena (CheckpointTier::TakeInto: one
 // Backend::CopyIn from pinned memory) before leasing, so leases
-// and Restore always read the arena. A corrupt disk file is a miss (the tier
+// and Restore always read the arena. With Options::host_write_through the
+// host tier is inclusive instead: Put copies into it, a promotion keeps its
+// copy (CheckpointTier::CopyInto) and an entry it still holds is evicted
+// without a copy. A corrupt disk file is a miss (the tier
 // deletes it) and the search goes on. Host and disk tier copies run under
 // the store's lock; the remote tier is called outside it: Lookup / Restore /
 // Peek first find the longest local hit under the lock, then ask the remote

@@ -7,7 +7,8 @@
 // the next one; what the last one evicts is dropped. A lookup hit in a lower
 // tier takes the checkpoint out of it (Take; the shared remote tier keeps its
 // copy) and promotes it back into the
-// arena. Each tier is LRU with its own byte budget.
+// arena; an inclusive host tier keeps its copy (CopyInto). Each tier is LRU
+// with its own byte budget.
 //
 // A tier holds CheckpointBlobs: the packed slot bytes plus the worker's aux
 // bytes. Compatibility tags (model, format, layout fingerprint, geometry,
