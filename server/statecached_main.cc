@@ -117,12 +117,13 @@ ABSL_FLAG(double, memory_fraction, 0.5,
 ABSL_FLAG(int64_t, host_checkpoint_bytes, 0,
           "Host-memory checkpoint tier per model, in bytes: checkpoints evicted from "
           "checkpoint memory move here (LRU) and are promoted back on a hit. 0 = off.");
-ABSL_FLAG(bool, host_checkpoint_write_through, true,
+ABSL_FLAG(bool, host_checkpoint_write_through, false,
           "With a host tier: every snapshot is also copied into it (one device-to-host copy "
           "per snapshot), so evicting a checkpoint from checkpoint memory copies nothing and "
           "a restore from the host tier is a single host-to-device copy even when checkpoint "
           "memory is full. The host tier's budget then also holds copies of checkpoints in "
-          "checkpoint memory. false = checkpoints are copied to the host tier when evicted.");
+          "checkpoint memory: worth it when --host_checkpoint_bytes is several times the "
+          "checkpoint memory. false = a checkpoint moves to the host tier when evicted.");
 ABSL_FLAG(std::string, disk_checkpoint_dir, "",
           "Directory of the disk checkpoint tier (one subdirectory per model): what the "
           "host tier (or checkpoint memory) evicts is written here, CRC-checked, and "

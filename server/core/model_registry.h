@@ -91,7 +91,9 @@ struct CheckpointTierOptions {
   // The host tier inclusive: every snapshot also copied into it, so that
   // evicting from checkpoint memory copies nothing and a restore from the
   // host tier is one copy in (CheckpointStore::Options::host_write_through).
-  bool host_write_through = true;
+  // Off by default: the host budget then also holds copies of what checkpoint
+  // memory holds, which costs capacity unless it is several times larger.
+  bool host_write_through = false;
   std::string disk_checkpoint_dir;
   int64_t disk_checkpoint_bytes = 0;
   // A Redis tier below the disk tier (host:port, empty = none), shared by
