@@ -168,16 +168,6 @@ void CheckpointStore::WriteToHostLocked(int32_t e) {
   PassDownLocked(0, std::move(evicted));
 }
 
-void CheckpointStore::WriteThroughLocked(int32_t e) {
-  Entry& entry = entries_[e];
-  const int64_t packed =
-      options_.transcoder ? options_.transcoder->cold_slot_bytes() : view_.slot_bytes();
-  if (!writer_->Admit(packed + entry.aux_bytes)) return;  // full: dropped before copying
-  CheckpointBlob blob;
-  if (!CopyOutLocked(e, &blob)) return;
-  entry.remote_written = writer_->Enqueue(std::move(blob));
-}
-
 absl::Status CheckpointStore::PromoteBytesLocked(absl::string_view packed, int32_t e) {
   if (!options_.transcoder) {
     return backend_->CopyIn(view_.slot(e), packed.data(), view_.slot_bytes());
@@ -450,19 +440,27 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
     entry.copies = 1;
   }
   absl::Status copied = Copy(src, src_slot, view_, e);
-  // The write-through copy of the slot's bytes, from the caller's slot (held
-  // exclusively for the call) and outside the lock; with a transcoder it is
-  // encoded under the lock (WriteThroughLocked: the transcoder's scratch
-  // memory is not thread-safe).
+  // The write-through copy, from the caller's slot (held exclusively for the
+  // call) and outside the lock: its bytes, or their cold-format encoding.
   std::optional<CheckpointBlob> through;
-  if (copied.ok() && writer_ != nullptr && !options_.transcoder) {
+  if (copied.ok() && writer_ != nullptr) {
     int64_t aux_bytes = 0;
     for (const std::string& a : aux) aux_bytes += static_cast<int64_t>(a.size());
-    if (writer_->Admit(view_.slot_bytes() + aux_bytes)) {  // full: dropped before copying
+    const int64_t packed =
+        options_.transcoder ? options_.transcoder->cold_slot_bytes() : view_.slot_bytes();
+    if (writer_->Admit(packed + aux_bytes)) {  // full: dropped before copying
       CheckpointBlob blob;
       blob.key = key;
-      blob.packed.resize(static_cast<size_t>(view_.slot_bytes()));
-      if (backend_->CopyOut(&blob.packed[0], src.slot(src_slot), view_.slot_bytes()).ok()) {
+      absl::Status out;
+      if (options_.transcoder) {
+        absl::StatusOr<std::string> cold = options_.transcoder->ToCold(src, src_slot);
+        out = cold.status();
+        if (out.ok()) blob.packed = *std::move(cold);
+      } else {
+        blob.packed.resize(static_cast<size_t>(packed));
+        out = backend_->CopyOut(&blob.packed[0], src.slot(src_slot), packed);
+      }
+      if (out.ok()) {
         blob.aux = aux;
         through = std::move(blob);
       }
@@ -489,9 +487,8 @@ absl::StatusOr<CheckpointStore::PutResult> CheckpointStore::Put(const PrefixKey&
   counters_.bytes_snapshotted += view_.slot_bytes();
   if (HostInclusive()) WriteToHostLocked(e);
   if (through.has_value()) {
+    if (options_.transcoder) ++counters_.transcodes_to_cold;
     entry.remote_written = writer_->Enqueue(*std::move(through));
-  } else if (writer_ != nullptr && options_.transcoder) {
-    WriteThroughLocked(e);
   }
   return result;
 }

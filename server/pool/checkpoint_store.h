@@ -366,9 +366,6 @@ class CheckpointStore {
   // host_copy mark; what the host tier evicts goes down. A failed copy
   // leaves the mark unset (eviction then demotes as usual).
   void WriteToHostLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues a copy of ready entry `e` on writer_ when it has room (the
-  // transcoder's write-through; Put copies the slot's bytes itself otherwise).
-  void WriteThroughLocked(int32_t e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Outside the lock, before PinForCopyLocked: what FetchRemote takes for
   // `key` (nullopt without a remote tier or when `lease_id` is held).
   std::optional<CheckpointBlob> FetchRemoteForPin(const PrefixKey& key, uint64_t lease_id)

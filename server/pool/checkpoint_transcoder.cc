@@ -48,6 +48,7 @@ CheckpointTranscoder::CheckpointTranscoder(Backend* backend, const PreparedModel
       cold_view_(cold_view) {}
 
 absl::StatusOr<std::string> CheckpointTranscoder::ToCold(const PoolView& src, int32_t slot) {
+  absl::MutexLock lock(&mu_);
   const int32_t idx[2] = {slot, 0};  // [0]: the source slot, [1]: the scratch slot
   RETURN_IF_ERROR(backend_->CopyIn(index_->data(), idx, sizeof(idx)));
   const int32_t* staged = StagedData<int32_t>(*index_);
@@ -61,6 +62,7 @@ absl::StatusOr<std::string> CheckpointTranscoder::ToCold(const PoolView& src, in
 
 absl::Status CheckpointTranscoder::FromCold(absl::string_view cold, const PoolView& dst,
                                             int32_t slot) {
+  absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(cold.size()) != cold_view_.slot_bytes()) {
     return absl::DataLossError(absl::StrCat("checkpoint: ", cold.size(),
                                             " bytes, the checkpoint format ",

@@ -18,7 +18,9 @@
 // slot of scratch, allocated by Create and held for the transcoder's life
 // (not charged to the state or checkpoint budgets).
 //
-// Not thread-safe: the CheckpointStore calls it under its own lock.
+// Thread-safe: one conversion at a time (the scratch is shared); the
+// CheckpointStore calls it under its own lock (demotion, promotion) and,
+// for a snapshot's write-through, outside it.
 //
 //   ASSIGN_OR_RETURN(auto t, CheckpointTranscoder::Create(backend, slot_prepared, cold_layout));
 //   ASSIGN_OR_RETURN(std::string cold, t->ToCold(view, slot));   // cold_layout.slot_bytes()
@@ -33,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend/backend.h"
 #include "kernels/backend/pool_view.h"
 #include "kernels/layout/state_layout.h"
@@ -73,6 +76,7 @@ class CheckpointTranscoder {
   const std::unique_ptr<BackendBuffer> cold_slot_;  // one cold-format slot
   const std::unique_ptr<BackendBuffer> index_;      // int32 slot index scratch
   const PoolView cold_view_;                        // one slot over cold_slot_
+  absl::Mutex mu_;                                  // held by each conversion (scratch)
 };
 
 }  // namespace statecache

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -20,6 +21,7 @@
 #include "server/pool/host_tier.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/slot_pool.h"
+#include "server/pool/testing/gated_remote.h"
 
 namespace statecache {
 namespace {
@@ -184,6 +186,36 @@ INSTANTIATE_TEST_SUITE_P(ColdFormats, TranscoderTest,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// Write-through with a cold format: the remote tier receives the snapshot's
+// cold encoding (encoded from the caller's slot outside the store's lock),
+// byte for byte what the transcoder makes of the stored checkpoint.
+TEST_F(TranscoderTest, WriteThroughSendsTheColdEncoding) {
+  const StateLayout cold = Layout("int8-hadamard", perm_);
+  std::shared_ptr<CheckpointTranscoder> transcoder =
+      CheckpointTranscoder::Create(backend_.get(), prepared_.get(), cold).value();
+  const PoolView& view = pool_->view();
+  const std::vector<float> fp32 = RandomStates(5);
+  ASSERT_TRUE(backend_->PackStates(*prepared_, view, &slot_[0], 1, fp32.data()).ok());
+  auto remote = std::make_shared<GatedRemote>();
+  CheckpointStore::Options o;
+  o.capacity = 2;
+  o.remote = remote;
+  o.remote_write_through = true;
+  o.transcoder = transcoder;
+  auto store = CheckpointStore::Create(backend_.get(), *slot_layout_, o).value();
+  const PrefixKey key = KeyOfTokens(std::vector<int32_t>{4, 5});
+  ASSERT_TRUE(store->Put(key, view, slot_[0], {"aux"}).ok());
+  CheckpointBlob sent;
+  for (int i = 0; i < 500 && !remote->Held(key, &sent); ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(remote->Held(key, &sent)) << "the write-through never reached the remote tier";
+  const std::string want = transcoder->ToCold(view, slot_[0]).value();
+  EXPECT_EQ(sent.packed.size(), static_cast<size_t>(cold.slot_bytes()));
+  EXPECT_TRUE(sent.packed == want) << "the written-through bytes differ from the cold encoding";
+  EXPECT_THAT(sent.aux, ::testing::ElementsAre("aux"));
+  EXPECT_EQ(store->stats().transcodes_to_cold, 1);
+  EXPECT_TRUE(store->Contains(key));
+}
 
 TEST_F(TranscoderTest, WrongSizeAndGeometryAreRefused) {
   const StateLayout cold = Layout("int4-hadamard", perm_);
