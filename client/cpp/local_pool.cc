@@ -1,0 +1,52 @@
+#include "client/cpp/local_pool.h"
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/common/status_macros.h"
+#include "kernels/create_backend/create_backend.h"
+#include "kernels/layout/layout_file.h"
+
+namespace statecache {
+
+absl::StatusOr<StateLayout> LocalPool::Layout(const LocalPoolOptions& options) {
+  RETURN_IF_ERROR(options.geometry.Validate());
+  if (IsStepQuantFormat(options.format.format)) {
+    return absl::UnimplementedError(
+        absl::StrCat("format: ", FormatSpecName(options.format),
+                     " pools over caller memory are not supported (per-head sizes)"));
+  }
+  if (options.layout_path.empty()) return StateLayout::Identity(options.geometry, options.format);
+  ASSIGN_OR_RETURN(LayoutFile file,
+                   ReadLayoutFile(options.layout_path, &options.geometry, &options.format));
+  return std::move(file.layout);
+}
+
+absl::StatusOr<std::unique_ptr<LocalPool>> LocalPool::Create(const LocalPoolOptions& options,
+                                                             void* base, int64_t bytes) {
+  ASSIGN_OR_RETURN(StateLayout layout, Layout(options));
+  if (base == nullptr || reinterpret_cast<uintptr_t>(base) % kAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "base: the pool's memory must be ", kAlignment, "-byte aligned and not null"));
+  }
+  const int64_t slot_bytes = layout.slot_bytes();
+  if (bytes < slot_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " hold no slot of ",
+                                                   slot_bytes, " bytes (",
+                                                   FormatSpecName(options.format), ")"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options.backend));
+  ASSIGN_OR_RETURN(std::unique_ptr<PreparedModel> prepared, backend->Prepare(layout));
+  const ModelGeometry& g = layout.geometry();
+  PoolView view;
+  view.base = static_cast<uint8_t*>(base);
+  view.num_slots = bytes / slot_bytes;
+  view.layers = g.layers;
+  view.heads = g.h_v;
+  view.head_bytes = layout.head_layout().head_bytes;
+  return std::unique_ptr<LocalPool>(
+      new LocalPool(std::move(backend), std::move(layout), std::move(prepared), view));
+}
+
+}  // namespace statecache
