@@ -60,7 +60,7 @@ int sc_attach(const char* target, const char* bearer_token, const char* model_id
 }
 
 void sc_attached_geometry(const ScAttached* a, int32_t* geometry, float* scale) {
-  const statecache::ModelGeometry& g = a->attached->layout().geometry();
+  const statecache::ModelGeometry& g = statecache::native::LayoutOf(a).geometry();
   geometry[0] = g.arch == statecache::Arch::kKda ? 1 : 0;
   geometry[1] = g.layers;
   geometry[2] = g.h_qk;
@@ -76,6 +76,9 @@ int sc_decode_update(ScAttached* a, int layer, const uint64_t* slot_ids,
                      const void* k, const void* v, const float* g, const float* beta, float* o,
                      uintptr_t stream, char* err, int err_len) {
   if (a == nullptr) return Fail(absl::InvalidArgumentError("handle: null"), err, err_len);
+  if (absl::Status s = statecache::native::CheckAttachedHandle(a, "decode_update"); !s.ok()) {
+    return Fail(s, err, err_len);
+  }
   if (n < 1 || slot_ids == nullptr || slot_generations == nullptr) {
     return Fail(absl::InvalidArgumentError("slots: no slot handles given"), err, err_len);
   }
@@ -96,12 +99,16 @@ int sc_decode_update(ScAttached* a, int layer, const uint64_t* slot_ids,
 
 int sc_detach(ScAttached* a, char* err, int err_len) {
   if (a == nullptr) return Fail(absl::InvalidArgumentError("handle: null"), err, err_len);
+  if (absl::Status s = statecache::native::CheckAttachedHandle(a, "detach"); !s.ok()) {
+    return Fail(s, err, err_len);
+  }
   absl::Status s = a->attached->Detach();
   return s.ok() ? 0 : Fail(s, err, err_len);
 }
 
 void sc_close(ScAttached* a) {
   if (a == nullptr) return;
+  a->local.reset();
   a->attached.reset();  // detaches (best effort)
   a->session.reset();   // closes the session
   a->client.reset();

@@ -59,8 +59,28 @@ int sc_decode_update(ScAttached* a, int layer, const uint64_t* slot_ids,
  * sc_decode_update calls fail with FAILED_PRECONDITION. */
 int sc_detach(ScAttached* a, char* err, int err_len);
 
-/* Detaches (best effort), closes the session and frees `a` (NULL: no-op). */
+/* Detaches (best effort), closes the session and frees `a` (NULL: no-op;
+ * also frees a local pool). */
 void sc_close(ScAttached* a);
+
+/* ---- Local pools (client/cpp/local_pool.h) ------------------------------
+ * The engine ops below on memory the caller owns (an engine's cache
+ * tensor), with no server: `geometry` = {arch (0 GDN, 1 KDA), layers, h_qk,
+ * h_v, d_k, d_v}, `scale` the readout scale (0: 1/sqrt(d_k)), `format` a
+ * format spec ("damp:16", "fp32", ...), `layout_path` a layout file or NULL /
+ * "" for the identity layout. sc_local_slot_bytes gives one slot's bytes (to
+ * size the memory); sc_local_pool makes a handle over `bytes` at `base`
+ * (backend "cpu", "cuda" or "auto"; host memory on the CPU, device memory on
+ * CUDA; 16-byte aligned) holding bytes / slot_bytes slots, indexed by the
+ * caller. The handle serves the engine ops, sc_pool_slots, sc_record_* and
+ * sc_attached_geometry; the attached-mode calls (sc_slot_indices,
+ * sc_decode_update, sc_detach) return FAILED_PRECONDITION; sc_renew is a
+ * no-op. Free it with sc_close (the memory stays the caller's). */
+int sc_local_slot_bytes(const int32_t* geometry, float scale, const char* format,
+                        const char* layout_path, int64_t* slot_bytes, char* err, int err_len);
+int sc_local_pool(const char* backend, const int32_t* geometry, float scale, const char* format,
+                  const char* layout_path, void* base, int64_t bytes, ScAttached** out,
+                  char* err, int err_len);
 
 /* ---- Engine ops (issue 25; kernels/backend/stream_ops.h) ----------------
  * Stream-ordered calls on the mapped pool: slot indices are int32 pool

@@ -11,13 +11,17 @@
 
 #include "absl/status/status.h"
 #include "client/cpp/dataplane_client.h"
+#include "client/cpp/local_pool.h"
 #include "client/cpp/statecache_client.h"
 #include "kernels/backend/backend.h"
 
+// Either an attached session (client, session, attached) or a local pool
+// over caller memory (local).
 struct ScAttached {
   std::unique_ptr<statecache::StateCacheClient> client;
   std::unique_ptr<statecache::DataPlaneSession> session;
   std::unique_ptr<statecache::AttachedSession> attached;
+  std::unique_ptr<statecache::LocalPool> local;
   std::vector<statecache::SlotHandle> slots;  // reused per call
   bool cuda = false;
 };
@@ -35,6 +39,30 @@ inline int Fail(const absl::Status& s, char* err, int err_len) {
     err[n] = '\0';
   }
   return static_cast<int>(s.code());
+}
+
+// What the engine ops use, from either kind of handle.
+inline Backend& BackendOf(ScAttached* a) {
+  return a->local ? a->local->backend() : a->attached->backend();
+}
+inline const PreparedModel& PreparedOf(const ScAttached* a) {
+  return a->local ? a->local->prepared() : a->attached->prepared();
+}
+inline const PoolView& EnginePoolOf(const ScAttached* a) {
+  return a->local ? a->local->pool() : a->attached->engine_pool();
+}
+inline const StateLayout& LayoutOf(const ScAttached* a) {
+  return a->local ? a->local->layout() : a->attached->layout();
+}
+// OK for a local pool; an attached session's lease check otherwise.
+inline absl::Status CheckUsable(const ScAttached* a) {
+  return a->local ? absl::OkStatus() : a->attached->CheckAttached();
+}
+// FAILED_PRECONDITION naming `call` for a local pool (attached-mode calls).
+inline absl::Status CheckAttachedHandle(const ScAttached* a, const char* call) {
+  if (!a->local) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      std::string(call) + ": a local pool has no attached slots (index the pool directly)");
 }
 
 // A DecodeInputs / PrefillInputs's token tensors from the ABI's pointers.

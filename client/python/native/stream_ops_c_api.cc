@@ -14,16 +14,20 @@ namespace {
 
 using statecache::OpRecord;
 using statecache::StreamOps;
+using statecache::native::BackendOf;
+using statecache::native::CheckAttachedHandle;
+using statecache::native::EnginePoolOf;
 using statecache::native::Fail;
+using statecache::native::PreparedOf;
 
 void* Stream(uintptr_t s) { return reinterpret_cast<void*>(s); }
 
 // The session's ops after the host-side lease check, or an error code.
 int Ops(ScAttached* a, StreamOps** ops, char* err, int err_len) {
   if (a == nullptr) return Fail(absl::InvalidArgumentError("handle: null"), err, err_len);
-  const absl::Status s = a->attached->CheckAttached();
+  const absl::Status s = statecache::native::CheckUsable(a);
   if (!s.ok()) return Fail(s, err, err_len);
-  *ops = &a->attached->backend().stream_ops();
+  *ops = &statecache::native::BackendOf(a).stream_ops();
   return 0;
 }
 
@@ -37,6 +41,9 @@ int sc_slot_indices(const ScAttached* a, const uint64_t* slot_ids,
                     const uint32_t* slot_generations, int n, int32_t* out, char* err,
                     int err_len) {
   if (a == nullptr) return Fail(absl::InvalidArgumentError("handle: null"), err, err_len);
+  if (absl::Status s = CheckAttachedHandle(a, "slot_indices"); !s.ok()) {
+    return Fail(s, err, err_len);
+  }
   if (n < 0 || (n > 0 && (slot_ids == nullptr || slot_generations == nullptr || out == nullptr))) {
     return Fail(absl::InvalidArgumentError("slots: no slot handles given"), err, err_len);
   }
@@ -51,16 +58,17 @@ int sc_slot_indices(const ScAttached* a, const uint64_t* slot_ids,
   return 0;
 }
 
-int64_t sc_pool_slots(const ScAttached* a) { return a->attached->pool().num_slots; }
+int64_t sc_pool_slots(const ScAttached* a) { return EnginePoolOf(a).num_slots; }
 
 int64_t sc_record_bytes(const ScAttached* a) {
-  return a->attached->backend().stream_ops().RecordBytes(a->attached->pool().num_slots);
+  return BackendOf(const_cast<ScAttached*>(a)).stream_ops().RecordBytes(
+      EnginePoolOf(a).num_slots);
 }
 
 int sc_record_init(ScAttached* a, void* record, int64_t record_bytes, uintptr_t stream,
                    char* err, int err_len) {
   if (a == nullptr) return Fail(absl::InvalidArgumentError("handle: null"), err, err_len);
-  return Done(a->attached->backend().stream_ops().InitRecord(OpRecord{record, record_bytes},
+  return Done(BackendOf(a).stream_ops().InitRecord(OpRecord{record, record_bytes},
                                                             Stream(stream)),
               err, err_len);
 }
@@ -68,18 +76,19 @@ int sc_record_init(ScAttached* a, void* record, int64_t record_bytes, uintptr_t 
 int sc_record_check(ScAttached* a, void* record, int64_t record_bytes, uintptr_t stream,
                     int reset, char* err, int err_len) {
   if (a == nullptr) return Fail(absl::InvalidArgumentError("handle: null"), err, err_len);
-  return Done(a->attached->backend().stream_ops().CheckRecord(OpRecord{record, record_bytes},
+  return Done(BackendOf(a).stream_ops().CheckRecord(OpRecord{record, record_bytes},
                                                              Stream(stream), reset != 0),
               err, err_len);
 }
 
 int sc_renew(ScAttached* a, char* err, int err_len) {
   if (a == nullptr) return Fail(absl::InvalidArgumentError("handle: null"), err, err_len);
+  if (a->local) return 0;  // nothing to renew
   return Done(a->attached->Renew(), err, err_len);
 }
 
 void sc_renew_in_background(ScAttached* a) {
-  if (a != nullptr) a->attached->RenewInBackground();
+  if (a != nullptr && !a->local) a->attached->RenewInBackground();
 }
 
 int sc_op_decode(ScAttached* a, int layer, const int32_t* slots, int n, int dtype, const void* q,
@@ -91,7 +100,7 @@ int sc_op_decode(ScAttached* a, int layer, const int32_t* slots, int n, int dtyp
   in.batch = n;
   in.slots = slots;
   statecache::native::SetTokenInputs(dtype, q, k, v, g, beta, o, &in);
-  return Done(ops->EnqueueDecode(a->attached->prepared(), a->attached->engine_pool(), layer, in,
+  return Done(ops->EnqueueDecode(PreparedOf(a), EnginePoolOf(a), layer, in,
                                  OpRecord{record, record_bytes}, Stream(stream)),
               err, err_len);
 }
@@ -107,7 +116,7 @@ int sc_op_prefill(ScAttached* a, int layer, const int32_t* slots, int n, int tok
   in.tokens = tokens;
   in.slots = slots;
   statecache::native::SetTokenInputs(dtype, q, k, v, g, beta, o, &in);
-  return Done(ops->EnqueuePrefill(a->attached->prepared(), a->attached->engine_pool(), layer, in,
+  return Done(ops->EnqueuePrefill(PreparedOf(a), EnginePoolOf(a), layer, in,
                                   OpRecord{record, record_bytes}, Stream(stream)),
               err, err_len);
 }
@@ -116,7 +125,7 @@ int sc_op_pack(ScAttached* a, const int32_t* slots, int n, const float* states, 
                int64_t record_bytes, uintptr_t stream, char* err, int err_len) {
   StreamOps* ops = nullptr;
   if (int rc = Ops(a, &ops, err, err_len)) return rc;
-  return Done(ops->EnqueuePack(a->attached->prepared(), a->attached->engine_pool(), slots, n,
+  return Done(ops->EnqueuePack(PreparedOf(a), EnginePoolOf(a), slots, n,
                                states, OpRecord{record, record_bytes}, Stream(stream)),
               err, err_len);
 }
@@ -125,7 +134,7 @@ int sc_op_unpack(ScAttached* a, const int32_t* slots, int n, float* states, void
                  int64_t record_bytes, uintptr_t stream, char* err, int err_len) {
   StreamOps* ops = nullptr;
   if (int rc = Ops(a, &ops, err, err_len)) return rc;
-  return Done(ops->EnqueueUnpack(a->attached->prepared(), a->attached->engine_pool(), slots, n,
+  return Done(ops->EnqueueUnpack(PreparedOf(a), EnginePoolOf(a), slots, n,
                                  states, OpRecord{record, record_bytes}, Stream(stream)),
               err, err_len);
 }
@@ -134,7 +143,7 @@ int sc_op_copy(ScAttached* a, const int32_t* src_slots, const int32_t* dst_slots
                void* record, int64_t record_bytes, uintptr_t stream, char* err, int err_len) {
   StreamOps* ops = nullptr;
   if (int rc = Ops(a, &ops, err, err_len)) return rc;
-  return Done(ops->EnqueueCopySlots(a->attached->engine_pool(), src_slots, dst_slots, n,
+  return Done(ops->EnqueueCopySlots(EnginePoolOf(a), src_slots, dst_slots, n,
                                     OpRecord{record, record_bytes}, Stream(stream)),
               err, err_len);
 }

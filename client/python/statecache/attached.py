@@ -101,6 +101,13 @@ def _load(path: str) -> ctypes.CDLL:
     lib.sc_detach.restype = ctypes.c_int
     lib.sc_close.argtypes = [p]
     lib.sc_close.restype = None
+    i32p, cp = ctypes.POINTER(ctypes.c_int32), ctypes.c_char_p
+    lib.sc_local_slot_bytes.argtypes = [i32p, ctypes.c_float, cp, cp,
+                                        ctypes.POINTER(ctypes.c_int64), cp, ctypes.c_int]
+    lib.sc_local_slot_bytes.restype = ctypes.c_int
+    lib.sc_local_pool.argtypes = [cp, i32p, ctypes.c_float, cp, cp, p, ctypes.c_int64,
+                                  ctypes.POINTER(p), cp, ctypes.c_int]
+    lib.sc_local_pool.restype = ctypes.c_int
     _loaded[path] = lib
     return lib
 
@@ -220,3 +227,82 @@ class AttachedSession:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def _geometry_array(geometry: Geometry):
+    arch = str(geometry.arch).lower()
+    if arch not in ("gdn", "kda"):
+        raise InvalidArgument(f"geometry.arch: {geometry.arch!r} is not 'gdn' or 'kda'")
+    return (ctypes.c_int32 * 6)(1 if arch == "kda" else 0, int(geometry.layers),
+                                int(geometry.h_qk), int(geometry.h_v), int(geometry.d_k),
+                                int(geometry.d_v))
+
+
+def local_slot_bytes(geometry: Geometry, format: str, *, layout_path: Optional[str] = None,
+                     library: Optional[str] = None) -> int:
+    """Bytes of one slot (every layer's states of one sequence) of `format`
+    for `geometry` (and a calibrated layout file): the unit a LocalSession's
+    memory is sized in. InvalidArgument naming the field for a bad geometry,
+    format or layout file."""
+    lib = _load(find_library(library))
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    out = ctypes.c_int64()
+    rc = lib.sc_local_slot_bytes(_geometry_array(geometry), float(geometry.scale),
+                                 str(format).encode(), (layout_path or "").encode(),
+                                 ctypes.byref(out), err, _ERR_LEN)
+    if rc != 0:
+        raise error_from_code(rc, err.value.decode(errors="replace"), "local_slot_bytes")
+    return int(out.value)
+
+
+class LocalSession:
+    """The engine ops' pool over memory the caller owns, with no server
+    (client/cpp/local_pool.h): `memory` is a contiguous torch tensor (CPU:
+    the CPU backend; CUDA: the CUDA backend, on the tensor's device, which
+    must be the current one), `memory.nbytes // local_slot_bytes(...)`
+    slots; slot s is bytes [s * slot_bytes, (s + 1) * slot_bytes) in the
+    server's slot layout. The session keeps a reference to `memory`; the
+    caller keeps it unchanged in size and place while the session is open.
+    statecache.torch.EnginePool.local wraps it for the ops."""
+
+    def __init__(self, memory, geometry: Geometry, format: str, *,
+                 layout_path: Optional[str] = None, library: Optional[str] = None):
+        import torch  # local pools serve torch engines
+        if not isinstance(memory, torch.Tensor):
+            raise InvalidArgument(f"memory: want a torch.Tensor, got {type(memory).__name__}")
+        if not memory.is_contiguous():
+            raise InvalidArgument("memory: not contiguous")
+        if memory.device.type not in ("cpu", "cuda"):
+            raise InvalidArgument(f"memory: on {memory.device}; want a cpu or cuda tensor")
+        if memory.is_cuda and memory.device.index != torch.cuda.current_device():
+            raise InvalidArgument(f"memory: on {memory.device}, but the current CUDA device is "
+                                  f"cuda:{torch.cuda.current_device()}")
+        self._lib = _load(find_library(library))
+        self._handle = ctypes.c_void_p()
+        self._err = ctypes.create_string_buffer(_ERR_LEN)
+        self.backend = "cuda" if memory.is_cuda else "cpu"
+        self.device = memory.device
+        rc = self._lib.sc_local_pool(self.backend.encode(), _geometry_array(geometry),
+                                     float(geometry.scale), str(format).encode(),
+                                     (layout_path or "").encode(), ctypes.c_void_p(
+                                         memory.data_ptr()),
+                                     memory.numel() * memory.element_size(),
+                                     ctypes.byref(self._handle), self._err, _ERR_LEN)
+        if rc != 0:
+            self._handle = None
+            raise error_from_code(rc, self._err.value.decode(errors="replace"), "LocalSession")
+        self.memory = memory
+        self.geometry = geometry
+
+    def close(self) -> None:
+        """Frees the handle (the memory stays the caller's)."""
+        if self._handle is not None and self._handle.value:
+            self._lib.sc_close(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+

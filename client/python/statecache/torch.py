@@ -28,6 +28,10 @@ argument mistakes (dtype, shape, device, contiguity) raise InvalidArgument
 naming the argument at once. On the CPU backend the ops run synchronously with
 the same record semantics.
 
+An engine that owns its state memory uses EnginePool.local(tensor, geometry,
+format) instead: the same ops over that tensor, no server (README, "Engine-
+owned memory").
+
 Ops (torch.ops.statecache.*; the pool argument is EnginePool.id):
   decode_(pool, layer, slots, q, k, v, g, beta, o, record)        o: fp32, written
   prefill_(pool, layer, slots, q, k, v, g, beta, o?, record)      T tokens per slot
@@ -44,7 +48,8 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from statecache.attached import _DTYPES, _ERR_LEN, _handles, AttachedSession
+from statecache.attached import (_DTYPES, _ERR_LEN, _handles, AttachedSession, LocalSession,
+                                  local_slot_bytes)
 from statecache.errors import InvalidArgument, error_from_code
 from statecache.types import Geometry, SlotHandle
 
@@ -98,15 +103,42 @@ class EnginePool:
     def __init__(self, target: str, model_id: str, slots: Sequence[SlotHandle], *,
                  token: Optional[str] = None, lease_ms: int = 0, renew: bool = True,
                  library: Optional[str] = None):
-        self.session = AttachedSession(target, model_id, slots, token=token, lease_ms=lease_ms,
-                                       library=library)
+        self._open(AttachedSession(target, model_id, slots, token=token, lease_ms=lease_ms,
+                                   library=library), renew)
+
+    @classmethod
+    def local(cls, memory: torch.Tensor, geometry: Geometry, format: str = "damp:16", *,
+              layout_path: Optional[str] = None, library: Optional[str] = None) -> "EnginePool":
+        """The ops over `memory`, a contiguous tensor the engine owns (its
+        own cache allocation, e.g. vLLM's state pages), with no server: slot
+        s is bytes [s * slot_bytes(...), ...) of it, indexed by the engine
+        (there are no slot handles: slot_indices raises FailedPrecondition).
+        `format` and `layout_path` (a calibrated layout file, e.g. from
+        `statecachectl calibrate`) fix the packed layout. InvalidArgument
+        naming the field for a bad geometry, format, layout file or memory
+        (misaligned, smaller than one slot, not on the current device)."""
+        pool = cls.__new__(cls)
+        pool._open(LocalSession(memory, geometry, format, layout_path=layout_path,
+                                library=library), renew=False)
+        return pool
+
+    @staticmethod
+    def slot_bytes(geometry: Geometry, format: str = "damp:16", *,
+                   layout_path: Optional[str] = None, library: Optional[str] = None) -> int:
+        """Bytes of one slot of `format` for `geometry`: what EnginePool.local
+        needs per sequence."""
+        return local_slot_bytes(geometry, format, layout_path=layout_path, library=library)
+
+    def _open(self, session, renew: bool) -> None:
+        self.session = session
         self._lib = self.session._lib
         _setup(self._lib)
         self._err = ctypes.create_string_buffer(_ERR_LEN)
         self.geometry: Geometry = self.session.geometry
         self.cuda = self.session.backend == "cuda"
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else \
-            torch.device("cpu")
+        self.device = getattr(self.session, "device", None) or (
+            torch.device("cuda", torch.cuda.current_device()) if self.cuda
+            else torch.device("cpu"))
         self.num_slots = int(self._lib.sc_pool_slots(self._handle))
         self.record_bytes = int(self._lib.sc_record_bytes(self._handle))
         if renew:
