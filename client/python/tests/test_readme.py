@@ -15,7 +15,8 @@ from conftest import PKG_ROOT, Server
 
 README = os.path.join(PKG_ROOT, "README.md")
 NOT_RUN = ["needs a CUDA torch worker (tests/dataplane/torch_attached_check.py)",
-           "needs a CUDA torch worker (tests/dataplane/torch_ops_check.py)"]
+           "needs a CUDA torch worker (tests/dataplane/torch_ops_check.py)",
+           "needs a CUDA torch engine (CPU form: tests/torch_local_check.py)"]
 RUN_BY = ["tests/transformers_check.py"]
 
 
