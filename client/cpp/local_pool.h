@@ -54,8 +54,9 @@ class LocalPool {
   static absl::StatusOr<StateLayout> Layout(const LocalPoolOptions& options);
 
   // A pool over `bytes` of backend memory at `base` (host memory on the CPU
-  // backend, device memory on CUDA): bytes / slot_bytes slots, the rest
-  // unused. Errors as Layout, plus kInvalidArgument naming "base" (null or
+  // backend, device memory of device 0 on CUDA: the CUDA backend makes
+  // device 0 current for the calling thread): bytes / slot_bytes slots, the
+  // rest unused. Errors as Layout, plus kInvalidArgument naming "base" (null or
   // misaligned) or "bytes" (less than one slot), kUnavailable for "cuda"
   // without a GPU.
   static absl::StatusOr<std::unique_ptr<LocalPool>> Create(const LocalPoolOptions& options,

@@ -258,8 +258,8 @@ def local_slot_bytes(geometry: Geometry, format: str, *, layout_path: Optional[s
 class LocalSession:
     """The engine ops' pool over memory the caller owns, with no server
     (client/cpp/local_pool.h): `memory` is a contiguous torch tensor (CPU:
-    the CPU backend; CUDA: the CUDA backend, on the tensor's device, which
-    must be the current one), `memory.nbytes // local_slot_bytes(...)`
+    the CPU backend; CUDA: the CUDA backend, which runs on cuda:0, so the
+    tensor must be there and cuda:0 current), `memory.nbytes // local_slot_bytes(...)`
     slots; slot s is bytes [s * slot_bytes, (s + 1) * slot_bytes) in the
     server's slot layout. The session keeps a reference to `memory`; the
     caller keeps it unchanged in size and place while the session is open.
@@ -274,9 +274,12 @@ class LocalSession:
             raise InvalidArgument("memory: not contiguous")
         if memory.device.type not in ("cpu", "cuda"):
             raise InvalidArgument(f"memory: on {memory.device}; want a cpu or cuda tensor")
-        if memory.is_cuda and memory.device.index != torch.cuda.current_device():
-            raise InvalidArgument(f"memory: on {memory.device}, but the current CUDA device is "
-                                  f"cuda:{torch.cuda.current_device()}")
+        if memory.is_cuda and memory.device.index != 0:
+            raise InvalidArgument(f"memory: on {memory.device}; a local pool runs on cuda:0 "
+                                  "(the CUDA backend's device)")
+        if memory.is_cuda and torch.cuda.current_device() != 0:
+            raise InvalidArgument(f"memory: the current CUDA device is "
+                                  f"cuda:{torch.cuda.current_device()}; make cuda:0 current")
         self._lib = _load(find_library(library))
         self._handle = ctypes.c_void_p()
         self._err = ctypes.create_string_buffer(_ERR_LEN)
