@@ -12,6 +12,12 @@ bool EnvFlagOn(const char* name) {
   return e == nullptr || e[0] != '0';
 }
 
+// A flag that is off unless set to a value not starting with '0'.
+bool EnvFlagSet(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && e[0] != '\0' && e[0] != '0';
+}
+
 }  // namespace
 
 LaunchOptions LaunchOptionsFromEnvironment() {
@@ -26,6 +32,7 @@ LaunchOptions LaunchOptionsFromEnvironment() {
   if (variant == "h2") o.stepquant_variant = StepQuantVariant::kH2;
   if (variant == "c2") o.stepquant_variant = StepQuantVariant::kC2;
   if (variant == "c3") o.stepquant_variant = StepQuantVariant::kC3;
+  o.queue_blocking_sync = EnvFlagSet("STATECACHE_QUEUE_BLOCKING_SYNC");
   return o;
 }
 

@@ -42,10 +42,17 @@ struct LaunchOptions {
   // Environment: STATECACHE_STEPQUANT_VARIANT=h2|c2|c3 (anything else,
   // "tile" or unset: kTile).
   StepQuantVariant stepquant_variant = StepQuantVariant::kTile;
+  // A decode queue's completion thread (SubmitUpdates streams) waits for
+  // each submission on a blocking-sync event - asleep until the GPU signals -
+  // instead of spinning on a core; its replies then come some microseconds
+  // later, which a worker waiting on the done word on the device does not
+  // see. Environment: STATECACHE_QUEUE_BLOCKING_SYNC=1 -> true.
+  bool queue_blocking_sync = false;
 };
 
 // The options the environment variables above select (unset: the defaults;
-// a flag is on unless its value starts with '0'). Reads the environment;
+// a flag whose default is on is on unless its value starts with '0', one
+// whose default is off is on when set to a value that does not). Reads the environment;
 // call it once, at a process edge.
 LaunchOptions LaunchOptionsFromEnvironment();
 

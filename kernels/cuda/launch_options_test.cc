@@ -9,7 +9,7 @@ namespace {
 
 constexpr const char* kVars[] = {"STATECACHE_CUDA_PDL", "STATECACHE_CUDA_PIPELINE",
                                  "STATECACHE_CUDA_STAGES", "STATECACHE_STEPQUANT_FAST",
-                                 "STATECACHE_STEPQUANT_VARIANT"};
+                                 "STATECACHE_STEPQUANT_VARIANT", "STATECACHE_QUEUE_BLOCKING_SYNC"};
 
 class LaunchOptionsTest : public ::testing::Test {
  protected:
@@ -32,6 +32,19 @@ TEST_F(LaunchOptionsTest, UnsetEnvironmentGivesTheDefaults) {
   EXPECT_EQ(o.forced_stages, d.forced_stages);
   EXPECT_EQ(o.stepquant_fast, d.stepquant_fast);
   EXPECT_EQ(o.stepquant_variant, d.stepquant_variant);
+  EXPECT_FALSE(o.queue_blocking_sync);
+  EXPECT_EQ(o.queue_blocking_sync, d.queue_blocking_sync);
+}
+
+TEST_F(LaunchOptionsTest, OffByDefaultFlagsAreOnOnlyWhenSetToOneThatIsNotZero) {
+  for (const char* value : {"1", "yes"}) {
+    setenv("STATECACHE_QUEUE_BLOCKING_SYNC", value, 1);
+    EXPECT_TRUE(LaunchOptionsFromEnvironment().queue_blocking_sync) << value;
+  }
+  for (const char* value : {"0", ""}) {
+    setenv("STATECACHE_QUEUE_BLOCKING_SYNC", value, 1);
+    EXPECT_FALSE(LaunchOptionsFromEnvironment().queue_blocking_sync) << value;
+  }
 }
 
 TEST_F(LaunchOptionsTest, FlagsAreOnUnlessTheyStartWithZero) {

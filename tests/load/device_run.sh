@@ -20,7 +20,8 @@
 #       slots (MULTI / VERIFY / MULTI_SUMMARY lines): B = 256 with one wait
 #       per step, B = 256 with a host wait per layer (--layer_waits), B = 16.
 #       Skipped with SKIP_MULTI=1; MULTI_WORKERS / MULTI_STEPS change its size,
-#       MULTI_RUNS picks runs by name (default "b256 b256_layer_waits b16").
+#       MULTI_RUNS picks runs by name (default "b256 b256_layer_waits b16";
+#       also b256_blocking / b16_blocking: STATECACHE_QUEUE_BLOCKING_SYNC=1).
 # Logs and summary.txt go to $OUT (or /tmp/sc_out). Expected ~5 minutes;
 # worst case (timeouts) ~9 minutes. Only (e): ONLY_MULTI=1. MIXED picks the
 # runs of (c) by name (default: "default coalesce coalesce_wait100us
@@ -40,11 +41,16 @@ nproc | sed 's/^/cores=/' | tee -a "$OUT/staged.txt"
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 multi() {  # (e): pipelined steps at B = 256, then per-layer host waits, then B = 16
   local run args
-  for run in "b256 --batch=256" "b256_layer_waits --batch=256 --layer_waits" "b16 --batch=16"; do
+  for run in "b256 --batch=256" "b256_layer_waits --batch=256 --layer_waits" "b16 --batch=16" \
+             "b256_blocking --batch=256" "b16_blocking --batch=16"; do
     args=${run#* }
     run=${run%% *}
     [[ " ${MULTI_RUNS:-b256 b256_layer_waits b16} " == *" $run "* ]] || continue
-    timeout 200 $U/multi_worker_bench --backend=cuda --server=spawn --statecached=$U/statecached \
+    # *_blocking: the spawned statecached's queues sleep on blocking-sync
+    # events instead of spinning (LaunchOptions::queue_blocking_sync).
+    local blocking=0
+    [[ $run == *_blocking ]] && blocking=1
+    STATECACHE_QUEUE_BLOCKING_SYNC=$blocking timeout 200 $U/multi_worker_bench --backend=cuda --server=spawn --statecached=$U/statecached \
       $args --workers=${MULTI_WORKERS:-8} --steps=${MULTI_STEPS:-20} --warmup=3 \
       --verify_slots=2 > "$OUT/multi_worker_bench_$run.log" 2> "$OUT/multi_worker_bench_$run.err"
     summary "multi_worker_bench $run exit=$?"

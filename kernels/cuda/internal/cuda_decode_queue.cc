@@ -48,7 +48,11 @@ class CudaDecodeQueue : public DecodeQueue {
     q->abort_word_ = abort_word;
     RETURN_IF_ERROR(CudaStatus(MemsetAsync(abort_word, 0, 256, q->stream_), "zero abort word"));
     for (int i = 0; i < kRing; ++i) {
-      RETURN_IF_ERROR(CudaStatus(EventCreate(&q->events_[i]), "create queue event"));
+      // Blocking-sync events have no timing (the completion thread only
+      // waits on them); the default keeps the spinning timing events.
+      RETURN_IF_ERROR(CudaStatus(EventCreate(&q->events_[i], !options.queue_blocking_sync,
+                                             options.queue_blocking_sync),
+                                 "create queue event"));
     }
     q->thread_ = std::thread([p = q.get()] { p->CompletionLoop(); });
     return q;

@@ -79,10 +79,11 @@ int HostAllocPinned(void** ptr, int64_t bytes) {
   return cudaMallocHost(ptr, static_cast<size_t>(bytes));
 }
 int HostFreePinned(void* ptr) { return cudaFreeHost(ptr); }
-int EventCreate(void** event, bool timing) {
+int EventCreate(void** event, bool timing, bool blocking_sync) {
   cudaEvent_t e = nullptr;
-  const cudaError_t r = cudaEventCreateWithFlags(&e, timing ? cudaEventDefault
-                                                            : cudaEventDisableTiming);
+  const unsigned flags = (timing ? cudaEventDefault : cudaEventDisableTiming) |
+                         (blocking_sync ? cudaEventBlockingSync : 0u);
+  const cudaError_t r = cudaEventCreateWithFlags(&e, flags);
   *event = e;
   return r;
 }

@@ -48,8 +48,10 @@ int DeviceSynchronize();
 // Host memory that CopyDeviceToHostAsync can target without staging.
 int HostAllocPinned(void** ptr, int64_t bytes);
 int HostFreePinned(void* ptr);
-// Events (timing in the benchmark; timing = false: ordering only, cheaper).
-int EventCreate(void** event, bool timing = true);
+// Events (timing in the benchmark; timing = false: ordering only, cheaper;
+// blocking_sync: EventSynchronize sleeps until the GPU signals instead of
+// spinning).
+int EventCreate(void** event, bool timing = true, bool blocking_sync = false);
 int EventDestroy(void* event);
 int EventRecord(void* event, void* stream);
 int EventSynchronize(void* event);
