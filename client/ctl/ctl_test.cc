@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/ctl/ctl_command.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/server.h"
 
 namespace statecache {
@@ -21,12 +22,7 @@ class CtlTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SetLoggingEnabled(false);
-    StateCacheServer::Options options;
-    options.sockets.listen = "127.0.0.1:0";
-    options.memory.backend = "cpu";
-    options.memory.state_memory_bytes = 1 << 20;
-    options.memory.checkpoint_memory_bytes = 1 << 19;
-    options.metrics.port = -1;
+    StateCacheServer::Options options = LoopbackOptions(1 << 20, 1 << 19);
     server_ = StateCacheServer::Create(std::move(options)).value();
   }
 
@@ -34,7 +30,7 @@ class CtlTest : public ::testing::Test {
   std::pair<absl::Status, std::string> Run(const Command& command,
                                            const std::vector<std::string>& args) {
     std::FILE* out = std::tmpfile();
-    CtlContext ctx(absl::StrCat("127.0.0.1:", server_->port()), absl::Seconds(5), out);
+    CtlContext ctx(LoopbackTarget(*server_), absl::Seconds(5), out);
     absl::Status status = command.run(ctx, args);
     std::fflush(out);
     std::rewind(out);
@@ -65,7 +61,7 @@ TEST_F(CtlTest, StatusAndModels) {
   r.format = "damp:8";
   r.slots = 4;
   r.checkpoints = 2;
-  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port())).value();
+  auto client = StateCacheClient::Connect(LoopbackTarget(*server_)).value();
   ASSERT_TRUE(client->RegisterModel(r).ok());
   ASSERT_TRUE(client->AllocateSlots("tiny", 3).ok());
 
@@ -94,7 +90,7 @@ TEST_F(CtlTest, UnpackWritesSlotAndCheckpointStates) {
   r.format = "fp32";
   r.slots = 1;
   r.checkpoints = 1;
-  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port())).value();
+  auto client = StateCacheClient::Connect(LoopbackTarget(*server_)).value();
   ASSERT_TRUE(client->RegisterModel(r).ok());
   const SlotHandle slot = client->AllocateSlots("f", 1).value()[0];
   std::vector<float> states(32 * 32);

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "client/cpp/statecache_client.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/server.h"
 
 namespace statecache {
@@ -26,14 +27,9 @@ double Median(std::vector<double> v) {
 TEST(UpdateBench, LoopbackVsInProcess) {
   SetLoggingEnabled(false);
   const ModelGeometry geo{Arch::kGdn, /*layers=*/2, /*h_qk=*/16, /*h_v=*/32, 128, 128};
-  StateCacheServer::Options options;
-  options.sockets.listen = "127.0.0.1:0";
-  options.memory.backend = "cpu";
-  options.memory.state_memory_bytes = 64 << 20;
-  options.memory.checkpoint_memory_bytes = 1 << 20;
-  options.metrics.port = -1;
+  StateCacheServer::Options options = LoopbackOptions(64 << 20, 1 << 20);
   auto server = StateCacheServer::Create(std::move(options)).value();
-  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server->port())).value();
+  auto client = StateCacheClient::Connect(LoopbackTarget(*server)).value();
   ModelRegistration r;
   r.model_id = "qwen-layer";
   r.geometry = geo;

@@ -25,6 +25,7 @@
 #include "kernels/shm/shm_region.h"
 #include "kernels/testing/token_batch.h"
 #include "server/dataplane/testing/reference_pool.h"
+#include "server/loopback.h"
 #include "server/server.h"
 
 namespace statecache {
@@ -56,13 +57,9 @@ DecodeInputs InputsOf(const Step& s, float* o) {
 class DataPlaneTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    StateCacheServer::Options o;
+    StateCacheServer::Options o = LoopbackOptions(64 << 20, 16 << 20);
     socket_ = absl::StrCat("/tmp/sc_dp_test_", getpid(), ".sock");
     o.sockets.listen = absl::StrCat("unix:", socket_);
-    o.memory.backend = "cpu";
-    o.memory.state_memory_bytes = 64 << 20;
-    o.memory.checkpoint_memory_bytes = 16 << 20;
-    o.metrics.port = -1;
     o.dataplane.shared_pools = true;
     auto server = StateCacheServer::Create(std::move(o));
     ASSERT_TRUE(server.ok()) << server.status();
@@ -466,14 +463,9 @@ TEST_F(DataPlaneTest, PrefillWithReferencesMatchesInline) {
 }
 
 TEST_F(DataPlaneTest, AttachNeedsSharedPoolsOnCpu) {
-  StateCacheServer::Options o;
-  o.sockets.listen = "127.0.0.1:0";
-  o.memory.backend = "cpu";
-  o.memory.state_memory_bytes = 16 << 20;
-  o.memory.checkpoint_memory_bytes = 1 << 20;
-  o.metrics.port = -1;
+  StateCacheServer::Options o = LoopbackOptions(16 << 20, 1 << 20);
   auto plain = *StateCacheServer::Create(std::move(o));
-  auto client = *StateCacheClient::Connect(absl::StrCat("127.0.0.1:", plain->port()));
+  auto client = *StateCacheClient::Connect(LoopbackTarget(*plain));
   ModelRegistration r;
   r.model_id = kModel;
   r.geometry = Geo();

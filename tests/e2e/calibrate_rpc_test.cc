@@ -18,6 +18,7 @@
 #include "kernels/trajectory/trajectory_file.h"
 #include "server/core/log.h"
 #include "server/core/proto_convert.h"
+#include "server/loopback.h"
 #include "server/server.h"
 
 namespace statecache {
@@ -58,17 +59,12 @@ class CalibrateRpcTest : public ::testing::Test {
   static void SetUpTestSuite() { SetLoggingEnabled(false); }
 
   void Start(int64_t max_calibration_bytes = int64_t{1} << 30) {
-    StateCacheServer::Options options;
-    options.sockets.listen = "127.0.0.1:0";
-    options.memory.backend = "cpu";
-    options.memory.state_memory_bytes = 4 << 20;
-    options.memory.checkpoint_memory_bytes = 2 << 20;
-    options.metrics.port = -1;
+    StateCacheServer::Options options = LoopbackOptions(4 << 20, 2 << 20);
     options.limits.max_calibration_bytes = max_calibration_bytes;
     auto server = StateCacheServer::Create(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port()));
+    auto client = StateCacheClient::Connect(LoopbackTarget(*server_));
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
     ASSERT_TRUE(client_->WaitForReady(absl::Seconds(5)).ok());

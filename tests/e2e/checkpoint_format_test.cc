@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/server.h"
 
 namespace statecache {
@@ -29,18 +30,13 @@ class CheckpointFormatRpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SetLoggingEnabled(false);
-    StateCacheServer::Options so;
-    so.sockets.listen = "127.0.0.1:0";
-    so.memory.backend = "cpu";
-    so.memory.state_memory_bytes = 16 << 20;
-    so.memory.checkpoint_memory_bytes = 16 << 20;
+    StateCacheServer::Options so = LoopbackOptions(16 << 20, 16 << 20);
     so.memory.tiers.host_checkpoint_bytes = 4 << 20;
     so.memory.tiers.checkpoint_format = "int8-hadamard";
-    so.metrics.port = -1;
     auto s = StateCacheServer::Create(std::move(so));
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
-    client_ = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port())).value();
+    client_ = StateCacheClient::Connect(LoopbackTarget(*server_)).value();
   }
 
   ModelRegistration Registration(const std::string& id, const std::string& checkpoint_format) {

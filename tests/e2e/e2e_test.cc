@@ -27,6 +27,7 @@
 #include "kernels/formats/numeric.h"
 #include "kernels/formats/state_bound.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/pool/prefix_key.h"
 #include "server/server.h"
 
@@ -176,12 +177,7 @@ class E2eTest : public ::testing::Test {
   static void SetUpTestSuite() { SetLoggingEnabled(false); }
 
   void SetUp() override {
-    StateCacheServer::Options options;
-    options.sockets.listen = "127.0.0.1:0";
-    options.memory.backend = "cpu";
-    options.memory.state_memory_bytes = 4 << 20;
-    options.memory.checkpoint_memory_bytes = 2 << 20;
-    options.metrics.port = -1;
+    StateCacheServer::Options options = LoopbackOptions(4 << 20, 2 << 20);
     auto server = StateCacheServer::Create(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -190,7 +186,7 @@ class E2eTest : public ::testing::Test {
   }
 
   std::unique_ptr<StateCacheClient> Connect() {
-    auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port()));
+    auto client = StateCacheClient::Connect(LoopbackTarget(*server_));
     EXPECT_TRUE(client.ok());
     EXPECT_TRUE((*client)->WaitForReady(absl::Seconds(5)).ok());
     return std::move(*client);
@@ -867,16 +863,11 @@ TEST_F(E2eTest, ShutdownDrainsAndRefusesNewCalls) {
 TEST(E2eLeaseTest, ExpiredLeaseStopsCountingForStatsMetricsAndDropModel) {
   SetLoggingEnabled(false);
   std::atomic<int64_t> now_ms{1'000'000};
-  StateCacheServer::Options options;
-  options.sockets.listen = "127.0.0.1:0";
-  options.memory.backend = "cpu";
-  options.memory.state_memory_bytes = 1 << 20;
-  options.memory.checkpoint_memory_bytes = 1 << 20;
-  options.metrics.port = -1;
+  StateCacheServer::Options options = LoopbackOptions(1 << 20, 1 << 20);
   options.clock = [&now_ms] { return absl::FromUnixMillis(now_ms.load()); };
   auto server = StateCacheServer::Create(std::move(options));
   ASSERT_TRUE(server.ok()) << server.status();
-  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", (*server)->port())).value();
+  auto client = StateCacheClient::Connect(LoopbackTarget(**server)).value();
   ModelRegistration r;
   r.model_id = "x";
   r.geometry = TinyGdn();
@@ -1016,12 +1007,8 @@ TEST(E2eUnixSocketTest, ServesOnAUnixDomainSocket) {
   SetLoggingEnabled(false);
   // TEST_TMPDIR paths exceed the 107-byte limit of socket paths.
   const std::string path = absl::StrCat("/tmp/statecached-e2e-", getpid(), ".sock");
-  StateCacheServer::Options options;
+  StateCacheServer::Options options = LoopbackOptions(1 << 20, 1 << 20);
   options.sockets.listen = "unix:" + path;
-  options.memory.backend = "cpu";
-  options.memory.state_memory_bytes = 1 << 20;
-  options.memory.checkpoint_memory_bytes = 1 << 20;
-  options.metrics.port = -1;
   auto server = StateCacheServer::Create(std::move(options));
   ASSERT_TRUE(server.ok()) << server.status();
   auto client = StateCacheClient::Connect("unix:" + path).value();
@@ -1035,16 +1022,12 @@ TEST(E2eUnixSocketTest, ServesOnAUnixDomainSocket) {
 
 TEST(E2eMetricsTest, PrometheusEndpointServesTheSeries) {
   SetLoggingEnabled(false);
-  StateCacheServer::Options options;
-  options.sockets.listen = "127.0.0.1:0";
-  options.memory.backend = "cpu";
-  options.memory.state_memory_bytes = 1 << 20;
-  options.memory.checkpoint_memory_bytes = 1 << 20;
-  options.metrics.port = 0;
+  StateCacheServer::Options options = LoopbackOptions(1 << 20, 1 << 20);
+  options.metrics.port = 0;  // an ephemeral metrics port
   auto server = StateCacheServer::Create(std::move(options));
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_GT((*server)->metrics_port(), 0);
-  auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", (*server)->port())).value();
+  auto client = StateCacheClient::Connect(LoopbackTarget(**server)).value();
   ModelRegistration r;
   r.model_id = "m";
   r.geometry = TinyGdn();

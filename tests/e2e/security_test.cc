@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "server/auth/tenants.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/pool/prefix_key.h"
 #include "server/server.h"
 
@@ -53,12 +54,7 @@ ModelRegistration Tiny(const std::string& id, int64_t slots = 4, int64_t checkpo
 
 StateCacheServer::Options BaseOptions() {
   SetLoggingEnabled(false);
-  StateCacheServer::Options so;
-  so.sockets.listen = "127.0.0.1:0";
-  so.memory.backend = "cpu";
-  so.memory.state_memory_bytes = 16 << 20;
-  so.memory.checkpoint_memory_bytes = 16 << 20;
-  so.metrics.port = -1;
+  StateCacheServer::Options so = LoopbackOptions(16 << 20, 16 << 20);
   return so;
 }
 

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/pool/prefix_key.h"
 #include "server/server.h"
 
@@ -49,18 +50,13 @@ class UnpackCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SetLoggingEnabled(false);
-    StateCacheServer::Options so;
-    so.sockets.listen = "127.0.0.1:0";
-    so.memory.backend = "cpu";
-    so.memory.state_memory_bytes = 16 << 20;
-    so.memory.checkpoint_memory_bytes = 16 << 20;
+    StateCacheServer::Options so = LoopbackOptions(16 << 20, 16 << 20);
     so.memory.tiers.host_checkpoint_bytes = 4 * kStateBytes;  // per model
     so.limits.max_unpack_bytes = kStateBytes;           // kGeo fits exactly
-    so.metrics.port = -1;
     auto server = StateCacheServer::Create(std::move(so));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    auto client = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", server_->port()));
+    auto client = StateCacheClient::Connect(LoopbackTarget(*server_));
     ASSERT_TRUE(client.ok());
     client_ = std::move(*client);
     ASSERT_TRUE(client_->WaitForReady(absl::Seconds(5)).ok());

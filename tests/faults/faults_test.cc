@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/server.h"
 #include "tests/load/workload.h"
 
@@ -30,20 +31,17 @@ ModelGeometry Geometry() {
   return ModelGeometry{Arch::kGdn, /*layers=*/2, /*h_qk=*/1, /*h_v=*/2, /*d_k=*/32, /*d_v=*/32};
 }
 
-std::unique_ptr<StateCacheServer> Start(StateCacheServer::Options so = {}) {
+StateCacheServer::Options Loopback() { return LoopbackOptions(16 << 20, 16 << 20); }
+
+std::unique_ptr<StateCacheServer> Start(StateCacheServer::Options so = Loopback()) {
   SetLoggingEnabled(false);
-  so.sockets.listen = "127.0.0.1:0";
-  so.memory.backend = "cpu";
-  so.memory.state_memory_bytes = 16 << 20;
-  so.memory.checkpoint_memory_bytes = 16 << 20;
-  so.metrics.port = -1;
   auto s = StateCacheServer::Create(std::move(so));
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }
 
 std::unique_ptr<StateCacheClient> Connect(const StateCacheServer& s) {
-  auto c = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", s.port()));
+  auto c = StateCacheClient::Connect(LoopbackTarget(s));
   EXPECT_TRUE(c.ok());
   return std::move(*c);
 }
@@ -141,7 +139,7 @@ TEST(FaultsTest, CancelMidStreamLeavesTheSlotAtAPrefixOfTheSentUpdates) {
 }
 
 TEST(FaultsTest, SlotsOfADeadClientComeBackAfterTheIdleTimeout) {
-  StateCacheServer::Options so;
+  StateCacheServer::Options so = Loopback();
   so.slot_idle_timeout = absl::Milliseconds(400);
   auto server = Start(std::move(so));
   auto survivor = Connect(*server);
@@ -257,7 +255,7 @@ TEST(FaultsTest, RestartReloadsModelsAndLayoutsButNotStates) {
   v1::ModelInfo before;
   SlotHandle old_slot;
   {
-    StateCacheServer::Options so;
+    StateCacheServer::Options so = Loopback();
     so.persistence.data_dir = data_dir;
     auto server = Start(std::move(so));
     ASSERT_NE(server, nullptr);
@@ -274,7 +272,7 @@ TEST(FaultsTest, RestartReloadsModelsAndLayoutsButNotStates) {
     server->Shutdown(absl::Seconds(1));
   }
   {
-    StateCacheServer::Options so;
+    StateCacheServer::Options so = Loopback();
     so.persistence.data_dir = data_dir;
     auto server = Start(std::move(so));
     ASSERT_NE(server, nullptr);
@@ -298,7 +296,7 @@ TEST(FaultsTest, RestartReloadsModelsAndLayoutsButNotStates) {
     server->Shutdown(absl::Seconds(1));
   }
   {
-    StateCacheServer::Options so;
+    StateCacheServer::Options so = Loopback();
     so.persistence.data_dir = data_dir;
     auto server = Start(std::move(so));
     ASSERT_NE(server, nullptr);

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "kernels/layout/state_layout.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/server.h"
 #include "tests/load/workload.h"
 
@@ -54,23 +55,18 @@ std::string TempDir(const char* name) {
 std::unique_ptr<StateCacheServer> Start(const std::string& data_dir, const std::string& disk_dir,
                                         int host_checkpoints = 1) {
   SetLoggingEnabled(false);
-  StateCacheServer::Options so;
-  so.sockets.listen = "127.0.0.1:0";
-  so.memory.backend = "cpu";
-  so.memory.state_memory_bytes = 16 << 20;
-  so.memory.checkpoint_memory_bytes = 16 << 20;
+  StateCacheServer::Options so = LoopbackOptions(16 << 20, 16 << 20);
   so.memory.tiers.host_checkpoint_bytes = host_checkpoints * (SlotBytes() + kAuxBytes);
   so.memory.tiers.disk_checkpoint_dir = disk_dir;
   so.memory.tiers.disk_checkpoint_bytes = 2 * (SlotBytes() + kAuxBytes);
   so.persistence.data_dir = data_dir;
-  so.metrics.port = -1;
   auto s = StateCacheServer::Create(std::move(so));
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }
 
 std::unique_ptr<StateCacheClient> Connect(const StateCacheServer& s) {
-  auto c = StateCacheClient::Connect(absl::StrCat("127.0.0.1:", s.port()));
+  auto c = StateCacheClient::Connect(LoopbackTarget(s));
   EXPECT_TRUE(c.ok());
   return std::move(*c);
 }
@@ -318,12 +314,7 @@ TEST(TiersTest, RestartKeepsTheDiskTierNotTheHostOrDeviceTiers) {
 TEST(TiersTest, TierFlagsAreValidated) {
   SetLoggingEnabled(false);
   auto options = [](int64_t host_bytes, std::string disk_dir, int64_t disk_bytes) {
-    StateCacheServer::Options so;
-    so.sockets.listen = "127.0.0.1:0";
-    so.memory.backend = "cpu";
-    so.memory.state_memory_bytes = 1 << 20;
-    so.memory.checkpoint_memory_bytes = 1 << 20;
-    so.metrics.port = -1;
+    StateCacheServer::Options so = LoopbackOptions(1 << 20, 1 << 20);
     so.memory.tiers.host_checkpoint_bytes = host_bytes;
     so.memory.tiers.disk_checkpoint_dir = std::move(disk_dir);
     so.memory.tiers.disk_checkpoint_bytes = disk_bytes;

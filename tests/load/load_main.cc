@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "server/loopback.h"
 #include "server/server.h"
 #include "tests/load/load_runner.h"
 #include "tests/load/mixed_load.h"
@@ -94,23 +95,18 @@ int Main() {
   std::unique_ptr<StateCacheServer> server;
   o.target = absl::GetFlag(FLAGS_target);
   if (o.target.empty()) {
-    StateCacheServer::Options so;
-    so.sockets.listen = "127.0.0.1:0";
-    so.memory.backend = absl::GetFlag(FLAGS_backend);
+    StateCacheServer::Options so = LoopbackOptions(int64_t{1} << 30, int64_t{1} << 30, absl::GetFlag(FLAGS_backend));
     so.compute.coalesce_updates = absl::GetFlag(FLAGS_coalesce_updates);
     so.compute.coalescer.max_delay = absl::Microseconds(absl::GetFlag(FLAGS_coalesce_max_delay_us));
     so.compute.coalescer.max_batch = absl::GetFlag(FLAGS_coalesce_max_batch);
     so.sockets.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
-    so.memory.state_memory_bytes = int64_t{1} << 30;
-    so.memory.checkpoint_memory_bytes = int64_t{1} << 30;
-    so.metrics.port = -1;
     absl::StatusOr<std::unique_ptr<StateCacheServer>> s = StateCacheServer::Create(std::move(so));
     if (!s.ok()) {
       std::fprintf(stderr, "statecache_load: %s\n", s.status().ToString().c_str());
       return 1;
     }
     server = std::move(*s);
-    o.target = absl::StrCat("127.0.0.1:", server->port());
+    o.target = LoopbackTarget(*server);
     StateCacheServer* srv = server.get();
     o.check_invariants = [srv]() -> absl::Status {
       for (const auto& m : srv->registry().List()) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/core/log.h"
+#include "server/loopback.h"
 #include "server/server.h"
 #include "tests/load/load_runner.h"
 #include "tests/load/mixed_load.h"
@@ -15,13 +16,8 @@ namespace {
 
 std::unique_ptr<StateCacheServer> StartServer(bool coalesce = false) {
   SetLoggingEnabled(false);
-  StateCacheServer::Options so;
+  StateCacheServer::Options so = LoopbackOptions(64 << 20, 64 << 20);
   so.compute.coalesce_updates = coalesce;
-  so.sockets.listen = "127.0.0.1:0";
-  so.memory.backend = "cpu";
-  so.memory.state_memory_bytes = 64 << 20;
-  so.memory.checkpoint_memory_bytes = 64 << 20;
-  so.metrics.port = -1;
   auto s = StateCacheServer::Create(std::move(so));
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
@@ -29,7 +25,7 @@ std::unique_ptr<StateCacheServer> StartServer(bool coalesce = false) {
 
 LoadOptions Options(StateCacheServer* server) {
   LoadOptions o;
-  o.target = absl::StrCat("127.0.0.1:", server->port());
+  o.target = LoopbackTarget(*server);
   o.clients = 6;
   o.conversations_per_client = 2;
   o.spec.turns = 3;
@@ -84,7 +80,7 @@ void RunMixed(bool coalesce) {
   auto server = StartServer(coalesce);
   ASSERT_NE(server, nullptr);
   MixedLoadOptions o;
-  o.target = absl::StrCat("127.0.0.1:", server->port());
+  o.target = LoopbackTarget(*server);
   o.unary_clients = 6;
   o.stream_clients = 2;
   o.steps = 4;

@@ -46,6 +46,7 @@
 #include "proto/statecache/v1/statecache.grpc.pb.h"
 #include "server/core/log.h"
 #include "server/core/update_phases.h"
+#include "server/loopback.h"
 #include "server/server.h"
 #include "tests/load/mixed_load.h"
 #include "tests/load/workload.h"
@@ -175,12 +176,7 @@ int Main() {
   int64_t max_batch = 1;
   for (int64_t s : sizes) max_batch = std::max(max_batch, (s + per_slot - 1) / per_slot);
 
-  StateCacheServer::Options so;
-  so.sockets.listen = "127.0.0.1:0";
-  so.memory.backend = absl::GetFlag(FLAGS_backend);
-  so.memory.state_memory_bytes = int64_t{2} << 30;
-  so.memory.checkpoint_memory_bytes = int64_t{64} << 20;
-  so.metrics.port = -1;
+  StateCacheServer::Options so = LoopbackOptions(int64_t{2} << 30, int64_t{64} << 20, absl::GetFlag(FLAGS_backend));
   so.compute.coalesce_updates = absl::GetFlag(FLAGS_coalesce_updates);
   auto phases = std::make_shared<UpdatePhases>();
   so.compute.update_phases = phases;
@@ -202,7 +198,7 @@ int Main() {
     return 1;
   }
 
-  const std::string target = absl::StrCat("127.0.0.1:", (*server)->port());
+  const std::string target = LoopbackTarget(**server);
   absl::StatusOr<std::unique_ptr<StateCacheClient>> admin = StateCacheClient::Connect(target);
   spec.slots = max_batch;
   absl::Status st = admin.ok() ? RegisterWorkloadModel(**admin, spec) : admin.status();
