@@ -164,14 +164,8 @@ TEST(FaultsTest, SlotsOfADeadClientComeBackAfterTheIdleTimeout) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   bool back = false;
   while (absl::Now() < deadline && !back) {
-    OpInputs in = MakeOpInputs(spec, 1, 0, 0, 0, 1);
-    UpdateCall call;
-    call.slots = {(*kept)[0]};
-    call.q = HostTensor::Fp32(in.q);
-    call.k = HostTensor::Fp32(in.k);
-    call.v = HostTensor::Fp32(in.v);
-    call.g = in.g;
-    call.beta = in.beta;
+    const OpInputs in = MakeOpInputs(spec, 1, 0, 0, 0, 1);
+    const UpdateCall call = DecodeCallOf(in, /*layer=*/0, (*kept)[0]);
     ASSERT_TRUE(survivor->Update(kModel, call).ok()) << "a slot in use must never expire";
     absl::SleepFor(absl::Milliseconds(100));
     auto stats = survivor->GetStats(kModel);

@@ -48,15 +48,8 @@ std::vector<std::string> AuxOf(int n) { return {absl::StrCat("conv", n), absl::S
 absl::Status Step(StateCacheClient& client, SlotHandle slot, int i) {
   const WorkloadSpec spec = Spec();
   for (int layer = 0; layer < spec.geometry.layers; ++layer) {
-    OpInputs in = MakeOpInputs(spec, /*conversation=*/3, /*turn=*/0, i, layer, 1);
-    UpdateCall call;
-    call.layer = layer;
-    call.slots = {slot};
-    call.q = HostTensor::Fp32(in.q);
-    call.k = HostTensor::Fp32(in.k);
-    call.v = HostTensor::Fp32(in.v);
-    call.g = in.g;
-    call.beta = in.beta;
+    const OpInputs in = MakeOpInputs(spec, /*conversation=*/3, /*turn=*/0, i, layer, 1);
+    const UpdateCall call = DecodeCallOf(in, layer, slot);
     absl::Status s = client.Update(kModel, call).status();
     if (!s.ok()) return s;
   }

@@ -27,15 +27,8 @@ ClientResult RunClient(StateCacheClient& client, UpdateStream* stream, const Wor
   ClientResult r;
   for (int step = 0; step < steps && r.status.ok(); ++step) {
     for (int layer = 0; layer < spec.geometry.layers; ++layer) {
-      OpInputs in = MakeOpInputs(spec, c, 0, step, layer, 1);
-      UpdateCall call;
-      call.layer = layer;
-      call.slots = {slot};
-      call.q = HostTensor::Fp32(in.q);
-      call.k = HostTensor::Fp32(in.k);
-      call.v = HostTensor::Fp32(in.v);
-      call.g = in.g;
-      call.beta = in.beta;
+      const OpInputs in = MakeOpInputs(spec, c, 0, step, layer, 1);
+      const UpdateCall call = DecodeCallOf(in, layer, slot);
       const absl::Time start = absl::Now();
       absl::StatusOr<std::vector<float>> o =
           stream != nullptr ? stream->Update(spec.model_id, call) : client.Update(spec.model_id, call);

@@ -29,6 +29,18 @@ double WorkloadStats::PercentileUs(double p) const {
   return v[i];
 }
 
+UpdateCall DecodeCallOf(const OpInputs& in, int layer, SlotHandle slot) {
+  UpdateCall call;
+  call.layer = layer;
+  call.slots = {slot};
+  call.q = HostTensor::Fp32(in.q);
+  call.k = HostTensor::Fp32(in.k);
+  call.v = HostTensor::Fp32(in.v);
+  call.g = in.g;
+  call.beta = in.beta;
+  return call;
+}
+
 uint64_t DigestFloats(uint64_t h, const std::vector<float>& values) {
   for (float f : values) {
     uint32_t bits;
@@ -110,15 +122,8 @@ class Conversation {
     }
     for (int step = 1; step <= spec_.decode_steps; ++step) {
       for (int layer = 0; layer < g.layers; ++layer) {
-        OpInputs in = MakeOpInputs(spec_, conv_, turn, step, layer, 1);
-        UpdateCall call;
-        call.layer = layer;
-        call.slots = {slot};
-        call.q = HostTensor::Fp32(in.q);
-        call.k = HostTensor::Fp32(in.k);
-        call.v = HostTensor::Fp32(in.v);
-        call.g = in.g;
-        call.beta = in.beta;
+        const OpInputs in = MakeOpInputs(spec_, conv_, turn, step, layer, 1);
+        const UpdateCall call = DecodeCallOf(in, layer, slot);
         absl::StatusOr<std::vector<float>> o = Timed(stats_, [&] {
           return stream_ ? stream_->Update(spec_.model_id, call)
                          : client_.Update(spec_.model_id, call);

@@ -80,6 +80,9 @@ struct OpInputs {
 };
 OpInputs MakeOpInputs(const WorkloadSpec& spec, int64_t conversation, int turn, int op, int layer,
                       int tokens);
+// The Update of decode inputs `in` (tokens = 1) of `layer` for `slot`. The
+// call's g and beta view `in`, which must outlive it.
+UpdateCall DecodeCallOf(const OpInputs& in, int layer, SlotHandle slot);
 
 // FNV-1a 64 over the bit patterns of `values`, continuing from `h`.
 uint64_t DigestFloats(uint64_t h, const std::vector<float>& values);
