@@ -50,9 +50,9 @@ struct LaunchOptions {
   bool queue_blocking_sync = false;
 };
 
-// The options the environment variables above select (unset: the defaults;
-// a flag whose default is on is on unless its value starts with '0', one
-// whose default is off is on when set to a value that does not). Reads the environment;
+// The options the environment variables above select (unset or empty: the
+// defaults; a flag set to anything else is on unless its value starts with
+// '0'). Reads the environment;
 // call it once, at a process edge.
 LaunchOptions LaunchOptionsFromEnvironment();
 
