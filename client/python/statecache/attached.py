@@ -144,7 +144,37 @@ def _tensor(x, field: str, shape, dtypes, cuda: bool):
     return ptr, _DTYPES[name]
 
 
-class AttachedSession:
+class _NativeHandle:
+    """A handle of the native library (sc_attach / sc_local_pool), freed by
+    sc_close; the error of a failed call raised as its StateCacheError."""
+
+    _handle = None
+
+    def _check(self, rc: int, method: str):
+        if rc != 0:
+            raise error_from_code(rc, self._err.value.decode(errors="replace"), method)
+
+    def close(self) -> None:
+        """Frees the handle: an attached session detaches (best effort) and
+        closes; a local pool's memory stays the caller's."""
+        if self._handle is not None and self._handle.value:
+            self._lib.sc_close(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class AttachedSession(_NativeHandle):
     """Attaches `slots` of `model_id` (a data-plane session of its own) and
     maps the model's pool. `token`: bearer token of servers with tenants;
     `lease_ms`: session lease (0 = server default; renewed inside
@@ -171,10 +201,6 @@ class AttachedSession:
         self.geometry = Geometry("kda" if geo[0] == 1 else "gdn", geo[1], geo[2], geo[3],
                                  geo[4], geo[5], scale.value)
         self.backend = "cuda" if geo[6] == 1 else "cpu"
-
-    def _check(self, rc: int, method: str):
-        if rc != 0:
-            raise error_from_code(rc, self._err.value.decode(errors="replace"), method)
 
     def decode_update(self, layer: int, q, k, v, g, beta, o, *,
                       slots: Optional[Sequence[SlotHandle]] = None, stream=None) -> None:
@@ -210,24 +236,6 @@ class AttachedSession:
         if self._handle is not None and self._handle.value:
             self._check(self._lib.sc_detach(self._handle, self._err, _ERR_LEN), "DetachSlots")
 
-    def close(self) -> None:
-        """Detaches (best effort) and closes the session."""
-        if self._handle is not None and self._handle.value:
-            self._lib.sc_close(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
 
 def _geometry_array(geometry: Geometry):
     arch = str(geometry.arch).lower()
@@ -255,7 +263,7 @@ def local_slot_bytes(geometry: Geometry, format: str, *, layout_path: Optional[s
     return int(out.value)
 
 
-class LocalSession:
+class LocalSession(_NativeHandle):
     """The engine ops' pool over memory the caller owns, with no server
     (client/cpp/local_pool.h): `memory` is a contiguous torch tensor (CPU:
     the CPU backend; CUDA: the CUDA backend, which runs on cuda:0, so the
@@ -293,19 +301,7 @@ class LocalSession:
                                      ctypes.byref(self._handle), self._err, _ERR_LEN)
         if rc != 0:
             self._handle = None
-            raise error_from_code(rc, self._err.value.decode(errors="replace"), "LocalSession")
+        self._check(rc, "LocalSession")
         self.memory = memory
         self.geometry = geometry
-
-    def close(self) -> None:
-        """Frees the handle (the memory stays the caller's)."""
-        if self._handle is not None and self._handle.value:
-            self._lib.sc_close(self._handle)
-            self._handle = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
