@@ -28,17 +28,11 @@ for bin in kernels/cuda/cuda_backend_test kernels/cuda_ipc/ipc_test \
            tests/dataplane/cuda_queue_test tests/dataplane/torch_check_ops \
            server/dataplane/bench/dataplane_bench server/statecached \
            kernels/cuda/stream_ops_cuda_test kernels/bench/decode_bench; do
-  cp -Lf "$bin_dir/$bin" "$S/"
-  # Symbols out (smaller bundle).
-  chmod u+w "$S/$(basename "$bin")" && strip --strip-unneeded "$S/$(basename "$bin")"
-  copy_deps "$bin_dir/$bin" "$S/lib"
+  stage_binary "$bin_dir/$bin" "$S" "$S/lib"
 done
 # The Python binding: the library (next to its dependencies) and the
 # package's sources (the gRPC stubs are not needed by attached mode).
-cp -Lf "$bin_dir/client/python/libstatecache_dataplane.so" "$S/lib/"
-chmod u+w "$S/lib/libstatecache_dataplane.so"
-strip --strip-unneeded "$S/lib/libstatecache_dataplane.so"
-copy_deps "$bin_dir/client/python/libstatecache_dataplane.so" "$S/lib"
+stage_binary "$bin_dir/client/python/libstatecache_dataplane.so" "$S/lib" "$S/lib"
 cp client/python/statecache/*.py "$S/python/statecache/"
 # What was staged (commit, uncommitted files in the build, time).
 { git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u; } > "$S/STAGED"

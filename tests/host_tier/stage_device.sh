@@ -17,13 +17,8 @@ rm -rf "$S" "$D"
 mkdir -p "$S/lib" "$D"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
 source tests/stage_deps.sh
-stage() {  # stage SRC NAME
-  cp -Lf "$1" "$S/$2"
-  chmod u+w "$S/$2" && strip --strip-unneeded "$S/$2"
-  copy_deps "$1" "$S/lib"
-}
 for bin in server/bench/restore_bandwidth_bench server/pool/host_tier_cuda_test; do
-  stage "$bin_dir/$bin" "$(basename "$bin")"
+  stage_binary "$bin_dir/$bin" "$S" "$S/lib"
 done
 { git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u; } \
   > "$S/STAGED" || true

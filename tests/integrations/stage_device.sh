@@ -22,14 +22,10 @@ mkdir -p "$S/lib" "$S/python" "$D"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
 source tests/stage_deps.sh
 for bin in server/statecached client/worker/worker; do
-  cp -Lf "$bin_dir/$bin" "$S/"
-  chmod u+w "$S/$(basename "$bin")" && strip --strip-unneeded "$S/$(basename "$bin")"
-  copy_deps "$bin_dir/$bin" "$S/lib"
+  stage_binary "$bin_dir/$bin" "$S" "$S/lib"
 done
 for so in libstatecache_dataplane.so libstatecache_prefix.so; do
-  cp -Lf "$bin_dir/client/python/$so" "$S/lib/"
-  chmod u+w "$S/lib/$so" && strip --strip-unneeded "$S/lib/$so"
-  copy_deps "$bin_dir/client/python/$so" "$S/lib"
+  stage_binary "$bin_dir/client/python/$so" "$S/lib" "$S/lib"
 done
 # The package and its stubs (generated here: the device needs no grpcio-tools).
 (cd client/python && tar -cf - --exclude=__pycache__ --exclude='statecache/v1' statecache) \

@@ -23,18 +23,13 @@ rm -rf "$S" "$D"
 mkdir -p "$S/lib" "$D"
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
 source tests/stage_deps.sh
-stage() {  # stage SRC NAME
-  cp -Lf "$1" "$S/$2"
-  chmod u+w "$S/$2" && strip --strip-unneeded "$S/$2"
-  copy_deps "$1" "$S/lib"
-}
 for bin in server/statecached tests/load/statecache_load tests/load/update_echo_bench \
            server/dataplane/bench/multi_worker_bench \
            kernels/cuda/cuda_concurrency_test kernels/cuda/cuda_backend_test; do
-  stage "$bin_dir/$bin" "$(basename "$bin")"
+  stage_binary "$bin_dir/$bin" "$S" "$S/lib"
 done
-if [ -n "${BASE_STATECACHED:-}" ]; then stage "$BASE_STATECACHED" statecached_base; fi
-if [ -n "${BASE_ECHO_BENCH:-}" ]; then stage "$BASE_ECHO_BENCH" update_echo_bench_base; fi
+if [ -n "${BASE_STATECACHED:-}" ]; then stage_binary "$BASE_STATECACHED" "$S" "$S/lib" statecached_base; fi
+if [ -n "${BASE_ECHO_BENCH:-}" ]; then stage_binary "$BASE_ECHO_BENCH" "$S" "$S/lib" update_echo_bench_base; fi
 cp tests/load/run_mixed.sh "$S/"
 { git log -1 --format='%H %s'; git status --short --untracked-files=no; date -u;
   [ -n "${BASE_STATECACHED:-}" ] && echo "baseline: $BASE_STATECACHED";
