@@ -24,7 +24,8 @@ absl::StatusOr<StateLayout> LocalPool::Layout(const LocalPoolOptions& options) {
 }
 
 absl::StatusOr<std::unique_ptr<LocalPool>> LocalPool::Create(const LocalPoolOptions& options,
-                                                             void* base, int64_t bytes) {
+                                                             void* base, int64_t bytes,
+                                                             int64_t slot_stride) {
   ASSIGN_OR_RETURN(StateLayout layout, Layout(options));
   if (base == nullptr || reinterpret_cast<uintptr_t>(base) % kAlignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -36,12 +37,19 @@ absl::StatusOr<std::unique_ptr<LocalPool>> LocalPool::Create(const LocalPoolOpti
                                                    slot_bytes, " bytes (",
                                                    FormatSpecName(options.format), ")"));
   }
+  const int64_t stride = slot_stride == 0 ? slot_bytes : slot_stride;
+  if (stride < slot_bytes || stride % kAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot_stride: ", slot_stride, " bytes; want 0 (packed) or a multiple of ", kAlignment,
+        " of at least the slot's ", slot_bytes, " bytes (", FormatSpecName(options.format), ")"));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(options.backend));
   ASSIGN_OR_RETURN(std::unique_ptr<PreparedModel> prepared, backend->Prepare(layout));
   const ModelGeometry& g = layout.geometry();
   PoolView view;
   view.base = static_cast<uint8_t*>(base);
-  view.num_slots = bytes / slot_bytes;
+  view.num_slots = (bytes - slot_bytes) / stride + 1;  // the last slot needs no tail
+  view.slot_stride = stride == slot_bytes ? 0 : stride;
   view.layers = g.layers;
   view.heads = g.h_v;
   view.head_bytes = layout.head_layout().head_bytes;

@@ -2,11 +2,14 @@
 // unpack, slot copy) on state memory the caller owns - an engine's own cache
 // tensor - with no server. The engine keeps allocating, freeing and indexing
 // its slots; statecache supplies the packed format, the layout's maps and
-// the kernels. Slot s of the pool is bytes [s * slot_bytes, (s + 1) *
-// slot_bytes) of the caller's memory, laid out as a server's slot
+// the kernels. Slot s of the pool is bytes [s * stride, s * stride +
+// slot_bytes) of the caller's memory (stride = slot_bytes, or the engine's
+// record size when the state is one part of a bigger per-sequence record,
+// as in vLLM's mamba pages), laid out as a server's slot
 // ([layers][h_v][head_bytes]), so a slot's bytes move between a local pool
 // and statecached unchanged (Import / Export, checkpoints) when both use the
-// same layout.
+// same layout. The bytes between a slot's end and the next stride are never
+// read or written.
 //
 // What is trusted: the memory stays valid and is not resized while the pool
 // is used; nothing else writes it during an op. Checked: the geometry, the
@@ -55,12 +58,15 @@ class LocalPool {
 
   // A pool over `bytes` of backend memory at `base` (host memory on the CPU
   // backend, device memory of device 0 on CUDA: the CUDA backend makes
-  // device 0 current for the calling thread): bytes / slot_bytes slots, the
-  // rest unused. Errors as Layout, plus kInvalidArgument naming "base" (null or
-  // misaligned) or "bytes" (less than one slot), kUnavailable for "cuda"
-  // without a GPU.
+  // device 0 current for the calling thread), slot s at base + s *
+  // slot_stride (0: slot_bytes, packed): as many slots as fit, the last one
+  // needing only slot_bytes; the rest unused. Errors as Layout, plus
+  // kInvalidArgument naming "base" (null or misaligned), "bytes" (less than
+  // one slot) or "slot_stride" (not 0, below slot_bytes or not a multiple of
+  // kAlignment), kUnavailable for "cuda" without a GPU.
   static absl::StatusOr<std::unique_ptr<LocalPool>> Create(const LocalPoolOptions& options,
-                                                           void* base, int64_t bytes);
+                                                           void* base, int64_t bytes,
+                                                           int64_t slot_stride = 0);
 
   LocalPool(const LocalPool&) = delete;
   LocalPool& operator=(const LocalPool&) = delete;

@@ -114,6 +114,27 @@ TEST(LocalPoolTest, OpsOnCallerMemoryEqualTheValidatedPathOnABackendPool) {
   EXPECT_EQ(0, std::memcmp(mem.data, before.data(), before.size()));
 }
 
+// Slots inside bigger records (an engine's pages): as many as fit, the last
+// one needing only slot_bytes.
+TEST(LocalPoolTest, StrideCountsTheSlotsThatFit) {
+  const LocalPoolOptions o = Options("damp:8");
+  const int64_t sb = LocalPool::Layout(o).value().slot_bytes();
+  const int64_t stride = sb + 256;
+  Memory mem(2 * stride + sb);
+  auto pool = LocalPool::Create(o, mem.data, mem.bytes, stride);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ((*pool)->pool().num_slots, 3);
+  EXPECT_EQ((*pool)->pool().stride(), stride);
+  EXPECT_EQ((*pool)->pool().slot(2), mem.data + 2 * stride);
+  auto short_tail = LocalPool::Create(o, mem.data, mem.bytes - 1, stride);
+  ASSERT_TRUE(short_tail.ok()) << short_tail.status();
+  EXPECT_EQ((*short_tail)->pool().num_slots, 2);
+  auto packed = LocalPool::Create(o, mem.data, mem.bytes, sb);  // stride == slot_bytes
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_EQ((*packed)->pool().slot_stride, 0);
+  EXPECT_EQ((*packed)->pool().num_slots, mem.bytes / sb);
+}
+
 TEST(LocalPoolTest, UsesTheLayoutFile) {
   LocalPoolOptions o = Options("damp:8");
   std::vector<int32_t> perm;
@@ -149,6 +170,10 @@ TEST(LocalPoolTest, BadOptionsAndMemoryNameTheField) {
          absl::StatusCode::kInvalidArgument, "base");
   expect(LocalPool::Create(o, mem.data, sb - 1).status(), absl::StatusCode::kInvalidArgument,
          "bytes");
+  expect(LocalPool::Create(o, mem.data, mem.bytes, sb - 16).status(),
+         absl::StatusCode::kInvalidArgument, "slot_stride");
+  expect(LocalPool::Create(o, mem.data, mem.bytes, sb + 8).status(),
+         absl::StatusCode::kInvalidArgument, "slot_stride");
   LocalPoolOptions bad = o;
   bad.geometry.d_v = 48;  // not a multiple of 32
   expect(LocalPool::Layout(bad).status(), absl::StatusCode::kInvalidArgument, "d_v");

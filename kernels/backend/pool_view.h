@@ -1,6 +1,7 @@
 // PoolView: the only pool type shared with kernels - a plain index over one
-// arena of fixed-size slots. Metadata (which slot is free, leases) lives in
-// the pool above; this struct only maps (slot, layer, head) to bytes.
+// arena of fixed-size slots (packed, or at a larger stride: slot_stride).
+// Metadata (which slot is free, leases) lives in the pool above; this struct
+// only maps (slot, layer, head) to bytes.
 //
 // Formats with per-head sizes (stepquant-*, StateLayout::head_offsets()):
 // head_bytes is the layout's mean head stride, so slot_bytes() and whole-slot
@@ -29,9 +30,15 @@ struct PoolView {
   // when they run: nonzero = the pool is fenced (an attached session that
   // was detached or whose lease expired) and the call writes nothing.
   const int32_t* fence = nullptr;
+  // Bytes from one slot's start to the next: 0 (the default) = slot_bytes(),
+  // a packed arena. A larger multiple of 16 indexes slots inside bigger
+  // records the caller owns (an engine's state pages: LocalPool); the bytes
+  // between slot_bytes() and the stride are never read or written.
+  int64_t slot_stride = 0;
 
   SC_HD int64_t slot_bytes() const { return int64_t{layers} * heads * head_bytes; }
-  SC_HD uint8_t* slot(int64_t s) const { return base + s * slot_bytes(); }
+  SC_HD int64_t stride() const { return slot_stride != 0 ? slot_stride : slot_bytes(); }
+  SC_HD uint8_t* slot(int64_t s) const { return base + s * stride(); }
   SC_HD uint8_t* head(int64_t s, int layer, int h) const {
     const int64_t i = int64_t{layer} * heads + h;
     return slot(s) + (head_offsets != nullptr ? head_offsets[i] : i * head_bytes);

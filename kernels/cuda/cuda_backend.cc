@@ -318,8 +318,8 @@ class CudaBackend : public Backend {
                                 ci::kErrDstSlotRange, ci::kErrDstSlotDuplicate, c->stream()),
         "validate dst slots"));
     RETURN_IF_ERROR(c->FinishValidation(src_slots, dst_slots, src.num_slots, dst.num_slots));
-    RETURN_IF_ERROR(CudaStatus(ci::LaunchCopySlots(src.base, src_slots, dst.base, dst_slots,
-                                                   src.slot_bytes(), n, c->stream()),
+    RETURN_IF_ERROR(CudaStatus(ci::LaunchCopySlots(ci::PoolOf(src), src_slots, ci::PoolOf(dst),
+                                                   dst_slots, src.slot_bytes(), n, c->stream()),
                                "copy slots"));
     return c->Synchronize("copy slots");
   }
@@ -349,7 +349,8 @@ class CudaBackend : public Backend {
         "validate slots"));
     RETURN_IF_ERROR(c->FinishValidation(slots, nullptr, pool.num_slots, 0));
     RETURN_IF_ERROR(CudaStatus(
-        ci::LaunchZeroSlots(pool.base, slots, pool.slot_bytes(), n, c->stream()), "zero slots"));
+        ci::LaunchZeroSlots(ci::PoolOf(pool), slots, pool.slot_bytes(), n, c->stream()),
+        "zero slots"));
     return c->Synchronize("zero slots");
   }
 
@@ -365,7 +366,7 @@ class CudaBackend : public Backend {
   }
   absl::Status EnqueueCopyUnchecked(const PoolView& src, const int32_t* src_slots,
                                     const PoolView& dst, const int32_t* dst_slots, int n) {
-    return CudaStatus(ci::LaunchCopySlots(src.base, src_slots, dst.base, dst_slots,
+    return CudaStatus(ci::LaunchCopySlots(ci::PoolOf(src), src_slots, ci::PoolOf(dst), dst_slots,
                                           src.slot_bytes(), n, stream_),
                       "copy slots");
   }

@@ -385,7 +385,7 @@ cuda_internal::StepKernelParams AlignedDecodeParams(uint8_t* buf) {
   p.heads = reinterpret_cast<const StepHeadLayout*>(buf);
   p.head_offsets = reinterpret_cast<const int64_t*>(buf);
   p.pool_base = buf;
-  p.slot_bytes = 4096;
+  p.slot_stride = 4096;
   p.q = p.k = p.v = buf;
   return p;
 }
@@ -404,7 +404,7 @@ TEST(StepFastDecodeTest, EligibilityFollowsShapeTokensAndAlignment) {
   t.v = buf + 4;
   EXPECT_FALSE(cuda_internal::StepFastDecodeEligible(t));
   t = p;
-  t.slot_bytes = 4104;
+  t.slot_stride = 4104;
   EXPECT_FALSE(cuda_internal::StepFastDecodeEligible(t));
   t = p;
   t.kda = true;

@@ -71,16 +71,17 @@ void sc_close(ScAttached* a);
  * "" for the identity layout. sc_local_slot_bytes gives one slot's bytes (to
  * size the memory); sc_local_pool makes a handle over `bytes` at `base`
  * (backend "cpu", "cuda" or "auto"; host memory on the CPU, device memory on
- * CUDA; 16-byte aligned) holding bytes / slot_bytes slots, indexed by the
- * caller. The handle serves the engine ops, sc_pool_slots, sc_record_* and
+ * CUDA; 16-byte aligned), slot s at base + s * slot_stride (0: slot_bytes;
+ * else a multiple of 16, at least slot_bytes: the state inside bigger
+ * per-sequence records), as many slots as fit, indexed by the caller. The handle serves the engine ops, sc_pool_slots, sc_record_* and
  * sc_attached_geometry; the attached-mode calls (sc_slot_indices,
  * sc_decode_update, sc_detach) return FAILED_PRECONDITION; sc_renew is a
  * no-op. Free it with sc_close (the memory stays the caller's). */
 int sc_local_slot_bytes(const int32_t* geometry, float scale, const char* format,
                         const char* layout_path, int64_t* slot_bytes, char* err, int err_len);
 int sc_local_pool(const char* backend, const int32_t* geometry, float scale, const char* format,
-                  const char* layout_path, void* base, int64_t bytes, ScAttached** out,
-                  char* err, int err_len);
+                  const char* layout_path, void* base, int64_t bytes, int64_t slot_stride,
+                  ScAttached** out, char* err, int err_len);
 
 /* ---- Engine ops (issue 25; kernels/backend/stream_ops.h) ----------------
  * Stream-ordered calls on the mapped pool: slot indices are int32 pool

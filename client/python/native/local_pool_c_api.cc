@@ -62,14 +62,14 @@ int sc_local_slot_bytes(const int32_t* geometry, float scale, const char* format
 }
 
 int sc_local_pool(const char* backend, const int32_t* geometry, float scale, const char* format,
-                  const char* layout_path, void* base, int64_t bytes, ScAttached** out,
-                  char* err, int err_len) {
+                  const char* layout_path, void* base, int64_t bytes, int64_t slot_stride,
+                  ScAttached** out, char* err, int err_len) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out: null"), err, err_len);
   *out = nullptr;
   absl::StatusOr<LocalPoolOptions> o = Options(backend, geometry, scale, format, layout_path);
   if (!o.ok()) return Fail(o.status(), err, err_len);
   absl::StatusOr<std::unique_ptr<statecache::LocalPool>> pool =
-      statecache::LocalPool::Create(*o, base, bytes);
+      statecache::LocalPool::Create(*o, base, bytes, slot_stride);
   if (!pool.ok()) return Fail(pool.status(), err, err_len);
   auto a = std::make_unique<ScAttached>();
   a->local = *std::move(pool);

@@ -106,7 +106,7 @@ def _load(path: str) -> ctypes.CDLL:
                                         ctypes.POINTER(ctypes.c_int64), cp, ctypes.c_int]
     lib.sc_local_slot_bytes.restype = ctypes.c_int
     lib.sc_local_pool.argtypes = [cp, i32p, ctypes.c_float, cp, cp, p, ctypes.c_int64,
-                                  ctypes.POINTER(p), cp, ctypes.c_int]
+                                  ctypes.c_int64, ctypes.POINTER(p), cp, ctypes.c_int]
     lib.sc_local_pool.restype = ctypes.c_int
     _loaded[path] = lib
     return lib
@@ -263,23 +263,57 @@ def local_slot_bytes(geometry: Geometry, format: str, *, layout_path: Optional[s
     return int(out.value)
 
 
+def _local_memory_extent(memory, geometry: Geometry, format: str, layout_path: Optional[str],
+                         library: Optional[str]):
+    """(bytes from memory's first byte to its last slot's end, slot stride in
+    bytes or 0 for packed) of a LocalSession's `memory`; InvalidArgument
+    naming "memory" for a layout it cannot index."""
+    esize = memory.element_size()
+    rows_view = memory.dim() == 2 and (memory.size(1) <= 1 or memory.stride(1) == 1)
+    if not rows_view:
+        if not memory.is_contiguous():
+            raise InvalidArgument(
+                f"memory: not contiguous (shape {tuple(memory.shape)}, strides "
+                f"{tuple(memory.stride())}); want a contiguous tensor or [slots, row] rows with "
+                "stride(1) == 1")
+        return memory.numel() * esize, 0
+    rows, row_bytes, stride = memory.size(0), memory.size(1) * esize, memory.stride(0) * esize
+    if rows == 0:
+        raise InvalidArgument("memory: no rows")
+    if rows == 1:
+        stride = row_bytes  # a lone row's stride(0) means nothing
+    if stride < row_bytes:
+        raise InvalidArgument(f"memory: rows of {row_bytes} bytes overlap (stride(0) is "
+                              f"{stride} bytes)")
+    slot_bytes = local_slot_bytes(geometry, format, layout_path=layout_path, library=library)
+    if row_bytes < slot_bytes:
+        raise InvalidArgument(f"memory: a row of {row_bytes} bytes holds no slot of {slot_bytes} "
+                              f"bytes ({format})")
+    return (rows - 1) * stride + slot_bytes, stride
+
+
 class LocalSession(_NativeHandle):
     """The engine ops' pool over memory the caller owns, with no server
-    (client/cpp/local_pool.h): `memory` is a contiguous torch tensor (CPU:
-    the CPU backend; CUDA: the CUDA backend, which runs on cuda:0, so the
-    tensor must be there and cuda:0 current), `memory.nbytes // local_slot_bytes(...)`
-    slots; slot s is bytes [s * slot_bytes, (s + 1) * slot_bytes) in the
-    server's slot layout. The session keeps a reference to `memory`; the
-    caller keeps it unchanged in size and place while the session is open.
-    statecache.torch.EnginePool.local wraps it for the ops."""
+    (client/cpp/local_pool.h). `memory` (CPU: the CPU backend; CUDA: the
+    CUDA backend, which runs on cuda:0, so the tensor must be there and
+    cuda:0 current) is either
+      - a 2-D tensor [n, row] whose rows are contiguous (stride(1) == 1) and
+        may lie apart (stride(0) > row: the state part of an engine's bigger
+        per-sequence records, e.g. vLLM's mamba pages): n slots, slot s at
+        row s; a row must hold a slot (row bytes >= slot_bytes) and its bytes
+        past slot_bytes are never touched; or
+      - any other contiguous tensor: `memory.nbytes // local_slot_bytes(...)`
+        slots, slot s at byte s * slot_bytes.
+    Slots are in the server's slot layout. The session keeps a reference to
+    `memory`; the caller keeps it unchanged in size and place while the
+    session is open. statecache.torch.EnginePool.local wraps it for the
+    ops."""
 
     def __init__(self, memory, geometry: Geometry, format: str, *,
                  layout_path: Optional[str] = None, library: Optional[str] = None):
         import torch  # local pools serve torch engines
         if not isinstance(memory, torch.Tensor):
             raise InvalidArgument(f"memory: want a torch.Tensor, got {type(memory).__name__}")
-        if not memory.is_contiguous():
-            raise InvalidArgument("memory: not contiguous")
         if memory.device.type not in ("cpu", "cuda"):
             raise InvalidArgument(f"memory: on {memory.device}; want a cpu or cuda tensor")
         if memory.is_cuda and memory.device.index != 0:
@@ -288,6 +322,7 @@ class LocalSession(_NativeHandle):
         if memory.is_cuda and torch.cuda.current_device() != 0:
             raise InvalidArgument(f"memory: the current CUDA device is "
                                   f"cuda:{torch.cuda.current_device()}; make cuda:0 current")
+        extent, stride = _local_memory_extent(memory, geometry, format, layout_path, library)
         self._lib = _load(find_library(library))
         self._handle = ctypes.c_void_p()
         self._err = ctypes.create_string_buffer(_ERR_LEN)
@@ -296,8 +331,7 @@ class LocalSession(_NativeHandle):
         rc = self._lib.sc_local_pool(self.backend.encode(), _geometry_array(geometry),
                                      float(geometry.scale), str(format).encode(),
                                      (layout_path or "").encode(), ctypes.c_void_p(
-                                         memory.data_ptr()),
-                                     memory.numel() * memory.element_size(),
+                                         memory.data_ptr()), extent, stride,
                                      ctypes.byref(self._handle), self._err, _ERR_LEN)
         if rc != 0:
             self._handle = None

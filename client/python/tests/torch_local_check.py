@@ -93,6 +93,45 @@ def test_padding_and_bad_data_write_nothing():
         pool.close()
 
 
+def test_rows_of_engine_pages_hold_the_slots():
+    """A [blocks, row] view inside bigger pages (vLLM's mamba pages): slot s
+    is row s, the ops give a packed pool's bytes, the rest of every page is
+    never touched."""
+    sb = sct.EnginePool.slot_bytes(GEO, "damp:16")
+    page, offset, n = sb + 96, 48, 3
+    pages = torch.full((n, page), 0x5A, dtype=torch.uint8)
+    rows = pages[:, offset:offset + sb + 16]   # a row longer than a slot, stride(0) = page
+    packed_mem = torch.zeros(n * sb, dtype=torch.uint8)
+    strided = sct.EnginePool.local(rows, GEO, "damp:16")
+    packed = sct.EnginePool.local(packed_mem, GEO, "damp:16")
+    try:
+        assert strided.num_slots == n
+        gen = torch.Generator().manual_seed(7)
+        states = 0.3 * torch.randn(n, GEO.layers, GEO.h_v, GEO.d_k, GEO.d_v, generator=gen)
+        idx = torch.tensor([2, 0, 1], dtype=torch.int32)
+        q, k, v, g, beta = token_inputs(2, seed=8)
+        outs = []
+        for pool in (strided, packed):
+            record = pool.new_record()
+            sct.pack(pool, idx, states, record=record)
+            outs.append(sct.decode(pool, 1, idx[:2], q, k, v, g, beta, record=record))
+            sct.copy_slots(pool, torch.tensor([2], dtype=torch.int32),
+                           torch.tensor([1], dtype=torch.int32), record=record)
+            pool.check(record)
+        assert torch.equal(outs[0], outs[1])
+        for s in range(n):
+            assert torch.equal(pages[s, offset:offset + sb], packed_mem[s * sb:(s + 1) * sb])
+            assert (pages[s, :offset] == 0x5A).all() and (pages[s, offset + sb:] == 0x5A).all()
+        with pytest.raises(InvalidArgument, match="holds no slot"):
+            sct.EnginePool.local(pages[:, :sb - 16], GEO, "damp:16")
+        with pytest.raises(InvalidArgument, match="slot_stride"):
+            sct.EnginePool.local(torch.zeros(n, sb + 8, dtype=torch.uint8)[:, :sb], GEO,
+                                 "damp:16")
+    finally:
+        strided.close()
+        packed.close()
+
+
 def test_argument_errors_name_the_argument(tmp_path):
     sb = sct.EnginePool.slot_bytes(GEO, "fp32")
     with pytest.raises(InvalidArgument, match="bytes"):

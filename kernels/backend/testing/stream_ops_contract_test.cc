@@ -230,6 +230,98 @@ TEST_P(StreamOpsContract, CopySlotsFansOutAndSkipsPadding) {
   for (int s : {0, 1, 2, 5}) EXPECT_EQ(slot(after, s), slot(before, s)) << "slot " << s;
 }
 
+// A pool whose slots lie inside bigger records (PoolView::slot_stride, an
+// engine's state pages): every op gives the packed pool's bytes and outputs,
+// and the bytes between slots are never touched.
+TEST_P(StreamOpsContract, StridedPoolEqualsAPackedPoolAndLeavesTheGapsAlone) {
+  for (Arch arch : {Arch::kGdn, Arch::kKda}) {
+    const StateLayout layout = Layout(arch);
+    const ModelGeometry g = layout.geometry();
+    TestPool a = MakeTestPool(B(), layout, kSlots);
+    const int64_t sb = a.view.slot_bytes();
+    const int64_t stride = sb + 640;  // keeps 128-byte rows when sb has them
+    const uint8_t kGap = 0x5a;
+    auto mem = Stage(B(), std::vector<uint8_t>(kSlots * stride, kGap));
+    PoolView b = a.view;
+    b.base = mem->data();
+    b.slot_stride = stride;
+    const PoolView* const both[] = {&a.view, &b};
+    StreamOps& ops = B().stream_ops();
+    Record r = MakeRecord(B(), kSlots);
+    auto all = Stage(B(), std::vector<int32_t>{0, 1, 2, 3, 4, 5});
+    auto st = Stage(B(), RandomStates(g, kSlots, 21));
+    const auto* all_p = reinterpret_cast<const int32_t*>(all->data());
+    for (const PoolView* v : both) {
+      ASSERT_TRUE(ops.EnqueuePack(*a.model, *v, all_p, kSlots, (const float*)st->data(), r.rec,
+                                  nullptr)
+                      .ok());
+    }
+    const std::vector<int32_t> slots = {4, -1, 0, 2};
+    for (int step = 0; step < 2; ++step) {
+      const TokenBatch t = RandomTokenBatch(g, 4, 30 + step);
+      StagedInputs sa = StageInputs(B(), t, slots, g);
+      StagedInputs sbi = StageInputs(B(), t, slots, g);
+      for (int layer = 0; layer < g.layers; ++layer) {
+        ASSERT_TRUE(ops.EnqueueDecode(*a.model, a.view, layer, sa.Decode(4), r.rec, nullptr).ok());
+        ASSERT_TRUE(ops.EnqueueDecode(*a.model, b, layer, sbi.Decode(4), r.rec, nullptr).ok());
+        ASSERT_TRUE(ops.CheckRecord(r.rec, nullptr, true).ok());
+        const size_t on = 4 * g.h_v * g.d_v;
+        ASSERT_EQ(Fetch<float>(B(), *sa.o, on), Fetch<float>(B(), *sbi.o, on))
+            << "o, layer " << layer;
+      }
+    }
+    const int tokens = 3;
+    const std::vector<int32_t> pslots = {1, 5, -1};
+    auto psl = Stage(B(), pslots);
+    const TokenBatch t = RandomTokenBatch(g, 3 * tokens, 40);
+    StagedInputs in = StageInputs(B(), t, pslots, g);
+    const size_t pon = 3 * tokens * g.h_v * g.d_v;
+    auto oa = Stage(B(), std::vector<float>(pon, 0.0f));
+    auto ob = Stage(B(), std::vector<float>(pon, 0.0f));
+    PrefillInputs p;
+    p.batch = 3;
+    p.tokens = tokens;
+    p.slots = reinterpret_cast<const int32_t*>(psl->data());
+    p.q = in.q->data();
+    p.k = in.k->data();
+    p.v = in.v->data();
+    p.g = (const float*)in.g->data();
+    p.beta = (const float*)in.beta->data();
+    p.o = (float*)oa->data();
+    ASSERT_TRUE(ops.EnqueuePrefill(*a.model, a.view, 1, p, r.rec, nullptr).ok());
+    p.o = (float*)ob->data();
+    ASSERT_TRUE(ops.EnqueuePrefill(*a.model, b, 1, p, r.rec, nullptr).ok());
+    auto src = Stage(B(), std::vector<int32_t>{0, -1});
+    auto dst = Stage(B(), std::vector<int32_t>{3, 2});
+    for (const PoolView* v : both) {
+      ASSERT_TRUE(ops.EnqueueCopySlots(*v, (const int32_t*)src->data(),
+                                       (const int32_t*)dst->data(), 2, r.rec, nullptr)
+                      .ok());
+    }
+    const size_t sn = 3 * static_cast<size_t>(g.HeadsPerSlot()) * g.d_k * g.d_v;
+    auto ua = Stage(B(), std::vector<float>(sn, 1.0f));
+    auto ub = Stage(B(), std::vector<float>(sn, 1.0f));
+    auto usl = Stage(B(), std::vector<int32_t>{3, 5, -1});
+    const auto* usl_p = reinterpret_cast<const int32_t*>(usl->data());
+    ASSERT_TRUE(ops.EnqueueUnpack(*a.model, a.view, usl_p, 3, (float*)ua->data(), r.rec, nullptr)
+                    .ok());
+    ASSERT_TRUE(ops.EnqueueUnpack(*a.model, b, usl_p, 3, (float*)ub->data(), r.rec, nullptr).ok());
+    ASSERT_TRUE(ops.CheckRecord(r.rec, nullptr, true).ok());
+    EXPECT_EQ(Fetch<float>(B(), *oa, pon), Fetch<float>(B(), *ob, pon));
+    EXPECT_EQ(Fetch<float>(B(), *ua, sn), Fetch<float>(B(), *ub, sn));
+
+    const std::vector<uint8_t> packed = a.Bytes();
+    const std::vector<uint8_t> strided = Fetch<uint8_t>(B(), *mem, kSlots * stride);
+    for (int s = 0; s < kSlots; ++s) {
+      const uint8_t* got = strided.data() + s * stride;
+      ASSERT_EQ(0, std::memcmp(got, packed.data() + s * sb, sb)) << "slot " << s;
+      for (int64_t i = sb; i < stride; ++i) {
+        ASSERT_EQ(got[i], kGap) << "gap byte " << i << " after slot " << s;
+      }
+    }
+  }
+}
+
 // One bad call: nothing written, the record names op, layer and field.
 struct BadCase {
   const char* what;

@@ -14,7 +14,7 @@ absl::StatusOr<const CudaPreparedModel*> AsCudaModel(const PreparedModel& model)
 }
 
 PoolParams PoolOf(const PoolView& pool) {
-  return PoolParams{pool.base, pool.slot_bytes(), pool.layers, pool.num_slots};
+  return PoolParams{pool.base, pool.stride(), pool.layers, pool.num_slots};
 }
 
 absl::Status EnqueueRecurrenceOn(const CudaPreparedModel& m, const PoolView& pool, int layer,

@@ -77,7 +77,7 @@ class CudaPreparedModel : public PreparedModel {
     p.head_offsets = static_cast<const int64_t*>(head_offsets_);
     p.key_perm = key_perm();
     p.pool_base = pool.base;
-    p.slot_bytes = pool.slot_bytes();
+    p.slot_stride = pool.stride();
     return p;
   }
 

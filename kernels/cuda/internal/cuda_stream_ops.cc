@@ -147,8 +147,8 @@ absl::Status CudaStreamOps::EnqueueCopySlots(const PoolView& pool, const int32_t
   OpValidationParams v = ValidationOf(record, StreamOp::kCopySlots, -1, pool, src_slots, n);
   v.dst_slots = dst_slots;
   RETURN_IF_ERROR(CudaStatus(LaunchValidateOp(v, stream), "validation kernel"));
-  return CudaStatus(LaunchCopySlots(pool.base, src_slots, pool.base, dst_slots, pool.slot_bytes(),
-                                    n, stream, Verdict(record)),
+  return CudaStatus(LaunchCopySlots(PoolOf(pool), src_slots, PoolOf(pool), dst_slots,
+                                    pool.slot_bytes(), n, stream, Verdict(record)),
                     "copy slots");
 }
 

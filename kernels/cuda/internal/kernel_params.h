@@ -31,10 +31,11 @@ struct LayerMaps {
   const float* value_scale = nullptr;    // [h_v][d_v] damp-sr only
 };
 
-// Pool: [num_slots][layers][h_v][head_bytes] device bytes.
+// Pool: num_slots slots of [layers][h_v][head_bytes] device bytes, slot s
+// at base + s * slot_stride (PoolView::stride()).
 struct PoolParams {
   uint8_t* base = nullptr;
-  int64_t slot_bytes = 0;
+  int64_t slot_stride = 0;
   int layers = 0;
   int64_t num_slots = 0;  // extent of the pool (0: unknown; no tensor-map copies)
 };

@@ -29,15 +29,17 @@ int LaunchRecurrence(const RecurrenceParams& p, const LaunchOptions& o, void* st
 int LaunchPack(const PackParams& p, void* stream);
 int LaunchUnpack(const PackParams& p, void* stream);
 
-// dst_base slot dst_slots[i] <- src_base slot src_slots[i], slot_bytes each
-// (a multiple of 16; bases 16-byte aligned); a pair with a negative entry is
-// skipped. abort_if_error: a StreamOps verdict block (op_record.h, kOpFields
-// words) or nullptr; when any entry is set nothing is copied.
-int LaunchCopySlots(const uint8_t* src_base, const int32_t* src_slots, uint8_t* dst_base,
+// dst slot dst_slots[i] <- src slot src_slots[i]: the first slot_bytes of
+// each (a multiple of 16; bases and strides 16-byte aligned); a pair with a
+// negative entry is skipped. abort_if_error: a StreamOps verdict block
+// (op_record.h, kOpFields words) or nullptr; when any entry is set nothing
+// is copied.
+int LaunchCopySlots(const PoolParams& src, const int32_t* src_slots, const PoolParams& dst,
                     const int32_t* dst_slots, int64_t slot_bytes, int n, void* stream,
                     const int32_t* abort_if_error = nullptr);
-// Zeroes slots[i] (skips -1).
-int LaunchZeroSlots(uint8_t* base, const int32_t* slots, int64_t slot_bytes, int n, void* stream);
+// Zeroes the first slot_bytes of slots[i] (skips -1).
+int LaunchZeroSlots(const PoolParams& pool, const int32_t* slots, int64_t slot_bytes, int n,
+                    void* stream);
 
 // Slot checks: errors[range_field] = first i with slots[i] outside
 // [0, num_slots) (and not -1 when allow_skip), errors[dup_field] = an index i

@@ -18,17 +18,18 @@ constexpr int64_t kCopyChunk = int64_t{kCopyThreads} * kCopyUnroll * 16;  // byt
 
 // grid: (chunks of a slot, n). Four independent 16-byte loads in flight per
 // thread, streaming stores.
-__global__ void __launch_bounds__(kCopyThreads) CopySlotsKernel(const uint8_t* src_base,
+__global__ void __launch_bounds__(kCopyThreads) CopySlotsKernel(PoolParams src_pool,
                                                               const int32_t* src_slots,
-                                                              uint8_t* dst_base,
+                                                              PoolParams dst_pool,
                                                               const int32_t* dst_slots,
                                                               int64_t slot_bytes,
                                                               const int32_t* abort_if_error) {
   if (ValidationBlockFailed(abort_if_error)) return;
   const int i = blockIdx.y;
   if (src_slots[i] < 0 || dst_slots[i] < 0) return;  // a pair with padding
-  const uint4* src = reinterpret_cast<const uint4*>(src_base + src_slots[i] * slot_bytes);
-  uint4* dst = reinterpret_cast<uint4*>(dst_base + dst_slots[i] * slot_bytes);
+  const uint4* src = reinterpret_cast<const uint4*>(src_pool.base +
+                                                    src_slots[i] * src_pool.slot_stride);
+  uint4* dst = reinterpret_cast<uint4*>(dst_pool.base + dst_slots[i] * dst_pool.slot_stride);
   const int64_t words = slot_bytes / 16;
   const int64_t base = int64_t{blockIdx.x} * (kCopyChunk / 16) + threadIdx.x;
   uint4 v[kCopyUnroll];
@@ -44,12 +45,12 @@ __global__ void __launch_bounds__(kCopyThreads) CopySlotsKernel(const uint8_t* s
   }
 }
 
-__global__ void __launch_bounds__(kCopyThreads) ZeroSlotsKernel(uint8_t* base,
+__global__ void __launch_bounds__(kCopyThreads) ZeroSlotsKernel(PoolParams pool,
                                                               const int32_t* slots,
                                                               int64_t slot_bytes) {
   const int32_t slot = slots[blockIdx.y];
   if (slot < 0) return;
-  uint4* dst = reinterpret_cast<uint4*>(base + slot * slot_bytes);
+  uint4* dst = reinterpret_cast<uint4*>(pool.base + slot * pool.slot_stride);
   const int64_t words = slot_bytes / 16;
   const int64_t base_w = int64_t{blockIdx.x} * (kCopyChunk / 16) + threadIdx.x;
 #pragma unroll
@@ -107,23 +108,23 @@ __global__ void ReadFlushKernel(const uint4* buf, int64_t words, float* sink) {
 
 }  // namespace
 
-int LaunchCopySlots(const uint8_t* src_base, const int32_t* src_slots, uint8_t* dst_base,
+int LaunchCopySlots(const PoolParams& src, const int32_t* src_slots, const PoolParams& dst,
                     const int32_t* dst_slots, int64_t slot_bytes, int n, void* stream,
                     const int32_t* abort_if_error) {
   if (n == 0 || slot_bytes == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>((slot_bytes + kCopyChunk - 1) / kCopyChunk),
                   static_cast<unsigned>(n));
   CopySlotsKernel<<<grid, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      src_base, src_slots, dst_base, dst_slots, slot_bytes, abort_if_error);
+      src, src_slots, dst, dst_slots, slot_bytes, abort_if_error);
   return cudaGetLastError();
 }
 
-int LaunchZeroSlots(uint8_t* base, const int32_t* slots, int64_t slot_bytes, int n,
+int LaunchZeroSlots(const PoolParams& pool, const int32_t* slots, int64_t slot_bytes, int n,
                     void* stream) {
   if (n == 0 || slot_bytes == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>((slot_bytes + kCopyChunk - 1) / kCopyChunk),
                   static_cast<unsigned>(n));
-  ZeroSlotsKernel<<<grid, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(base, slots,
+  ZeroSlotsKernel<<<grid, kCopyThreads, 0, static_cast<cudaStream_t>(stream)>>>(pool, slots,
                                                                                 slot_bytes);
   return cudaGetLastError();
 }

@@ -37,7 +37,7 @@ __device__ __forceinline__ PackItem MakePackItem(const PackParams& p) {
   it.scale = p.value_scale != nullptr ? p.value_scale + int64_t{lh} * geo.d_v : nullptr;
   it.state = p.states + int64_t{blockIdx.x} * geo.d_k * geo.d_v;
   it.head = it.slot < 0 ? nullptr
-                        : p.pool.base + it.slot * p.pool.slot_bytes +
+                        : p.pool.base + it.slot * p.pool.slot_stride +
                               int64_t{lh} * geo.layout.head_bytes;
   return it;
 }

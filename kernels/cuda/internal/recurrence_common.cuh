@@ -177,7 +177,7 @@ __device__ __forceinline__ int BatchOf(int head_item, int h_v) {
 
 __device__ __forceinline__ uint8_t* HeadPtr(const RecurrenceParams& p, const HeadGeometry& geo,
                                            int32_t slot, int h) {
-  return p.pool.base + slot * p.pool.slot_bytes +
+  return p.pool.base + slot * p.pool.slot_stride +
          (int64_t{p.layer} * geo.h_v + h) * geo.layout.head_bytes;
 }
 

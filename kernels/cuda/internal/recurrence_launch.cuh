@@ -35,7 +35,7 @@ bool PipelineEligible(const RecurrenceParams& p) {
       (geo.d_v * 4) % 16 != 0) {
     return false;
   }
-  if (!Aligned16(p.pool.base) || p.pool.slot_bytes % 16 != 0 || geo.layout.head_bytes % 16 != 0) {
+  if (!Aligned16(p.pool.base) || p.pool.slot_stride % 16 != 0 || geo.layout.head_bytes % 16 != 0) {
     return false;
   }
   for (const void* ptr : {static_cast<const void*>(p.q), p.k, p.v,
@@ -92,9 +92,9 @@ bool EncodePoolTensorMap(const PoolParams& pool, int64_t head_bytes, CUtensorMap
                          int* box_rows) {
   const TensorMapEncodeFn encode = TensorMapEncoder();
   const int64_t rows_per_head = head_bytes / 128;
-  const int64_t pool_rows = pool.num_slots * pool.slot_bytes / 128;
+  const int64_t pool_rows = pool.num_slots * pool.slot_stride / 128;
   if (encode == nullptr || pool.num_slots <= 0 || head_bytes % 128 != 0 ||
-      pool.slot_bytes % 128 != 0 || (reinterpret_cast<uintptr_t>(pool.base) & 127) != 0 ||
+      pool.slot_stride % 128 != 0 || (reinterpret_cast<uintptr_t>(pool.base) & 127) != 0 ||
       (rows_per_head > 256 && rows_per_head % 256 != 0) || pool_rows > (int64_t{1} << 31)) {
     return false;
   }
@@ -118,9 +118,9 @@ bool EncodePoolPartsTensorMap(const PoolParams& pool, int64_t row_bytes, int d_k
                               CUtensorMap* map) {
   const TensorMapEncodeFn encode = TensorMapEncoder();
   const int64_t s = row_bytes / 128;
-  const int64_t pool_bytes = pool.num_slots * pool.slot_bytes;
+  const int64_t pool_bytes = pool.num_slots * pool.slot_stride;
   if (encode == nullptr || pool.num_slots <= 0 || row_bytes % 128 != 0 || s % parts != 0 ||
-      pool.slot_bytes % row_bytes != 0 || (reinterpret_cast<uintptr_t>(pool.base) & 127) != 0 ||
+      pool.slot_stride % row_bytes != 0 || (reinterpret_cast<uintptr_t>(pool.base) & 127) != 0 ||
       d_k < 1 || d_k > 256 || pool_bytes / row_bytes > (int64_t{1} << 31)) {
     return false;
   }
@@ -144,7 +144,7 @@ bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, i
                        int parts, CUtensorMap* map, int* box_rows) {
   struct Cached {
     const uint8_t* base = nullptr;
-    int64_t num_slots = -1, slot_bytes = -1, head_bytes = -1;
+    int64_t num_slots = -1, slot_stride = -1, head_bytes = -1;
     int parts = 0;
     bool ok = false;
     int box_rows = 0;
@@ -153,7 +153,7 @@ bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, i
   thread_local Cached cache;
   const int64_t head_bytes = layout.head_bytes;
   if (cache.base != pool.base || cache.num_slots != pool.num_slots ||
-      cache.slot_bytes != pool.slot_bytes || cache.head_bytes != head_bytes ||
+      cache.slot_stride != pool.slot_stride || cache.head_bytes != head_bytes ||
       cache.parts != parts) {
     cache.box_rows = 0;
     cache.ok = parts == 1 ? EncodePoolTensorMap(pool, head_bytes, &cache.map, &cache.box_rows)
@@ -161,7 +161,7 @@ bool MakePoolTensorMap(const PoolParams& pool, const PackedHeadLayout& layout, i
                                                      &cache.map);
     cache.base = pool.base;
     cache.num_slots = pool.num_slots;
-    cache.slot_bytes = pool.slot_bytes;
+    cache.slot_stride = pool.slot_stride;
     cache.head_bytes = head_bytes;
     cache.parts = parts;
   }

@@ -123,7 +123,7 @@ __device__ void FastIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* b
   if (p.row_impact != nullptr) total += 4 * kFastDim;
   MbarrierExpectTx(bar, total);
   if (staged) {
-    const uint8_t* src = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
+    const uint8_t* src = p.pool_base + slot * p.slot_stride + p.head_offsets[hi];
     for (int off = 0; off < hb; off += kFastBulkChunk) {
       BulkCopy(stage + kFsHead + off, src + off,
                    hb - off < kFastBulkChunk ? hb - off : kFastBulkChunk, bar);
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kFastDim * kHalves, kMinBlocks)
       continue;
     }
     const bool staged = reinterpret_cast<const int32_t*>(stage + kFsHeader)[1] != 0;
-    uint8_t* head = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
+    uint8_t* head = p.pool_base + slot * p.slot_stride + p.head_offsets[hi];
     const uint8_t* src = staged ? stage + kFsHead : head;
     const StepHeadLayout& l = p.heads[hi];
     const int pivots = l.pivot_rows;
@@ -506,7 +506,7 @@ bool StepFastDecodeEligible(const StepKernelParams& p) {
   if (p.heads == nullptr || p.head_offsets == nullptr || p.h_qk < 1 || p.h_v % p.h_qk != 0) {
     return false;
   }
-  if (!aligned(p.pool_base) || p.slot_bytes % 16 != 0) return false;
+  if (!aligned(p.pool_base) || p.slot_stride % 16 != 0) return false;
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.key_perm),
                           static_cast<const void*>(p.row_impact)}) {
     if (!aligned(ptr)) return false;

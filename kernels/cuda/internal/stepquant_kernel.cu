@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) StepRecurrenceKernel(StepKernelParam
   const StepShared s = CarveShared(smem, d_k, d_v);
   const int64_t hi = int64_t{p.layer} * p.h_v + h;
   const StepHeadLayout l = p.heads[hi];
-  uint8_t* head = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
+  uint8_t* head = p.pool_base + slot * p.slot_stride + p.head_offsets[hi];
   const int32_t* perm = p.key_perm != nullptr ? p.key_perm + hi * d_k : nullptr;
   LoadRowTable(l, s);
   __syncthreads();
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kThreads) StepPackKernel(StepKernelParams p) {
   }
   const StepShared s = CarveShared(smem, d_k, d_v);
   const StepHeadLayout l = p.heads[hi];
-  uint8_t* head = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
+  uint8_t* head = p.pool_base + slot * p.slot_stride + p.head_offsets[hi];
   const int32_t* perm = p.key_perm != nullptr ? p.key_perm + int64_t{hi} * d_k : nullptr;
   LoadRowTable(l, s);
   __syncthreads();

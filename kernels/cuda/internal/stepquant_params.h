@@ -45,7 +45,7 @@ struct StepKernelParams {
   const int32_t* key_perm = nullptr;      // [layers * h_v * d_k] or nullptr (identity)
   // Pool.
   uint8_t* pool_base = nullptr;
-  int64_t slot_bytes = 0;
+  int64_t slot_stride = 0;  // bytes from one slot to the next (PoolView::stride())
   // Decode / prefill (one CTA per (batch item, value head) of `layer`).
   int layer = 0;
   int batch = 0;

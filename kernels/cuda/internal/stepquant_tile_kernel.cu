@@ -132,7 +132,7 @@ __device__ void TileIssue(const StepKernelParams& p, uint8_t* stage, uint64_t* b
   if (p.row_impact != nullptr) total += 4 * kTDim;
   MbarrierExpectTx(bar, total);
   BulkCopy(stage + kTsLayout, p.heads + hi, static_cast<int>(sizeof(StepHeadLayout)), bar);
-  const uint8_t* src = p.pool_base + slot * p.slot_bytes + p.head_offsets[hi];
+  const uint8_t* src = p.pool_base + slot * p.slot_stride + p.head_offsets[hi];
   constexpr int kChunk = 4096;
   for (int off = 0; off < hb; off += kChunk) {
     BulkCopy(stage + kTsHead + off, src + off, hb - off < kChunk ? hb - off : kChunk, bar);
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kTThreads, 2) StepTileDecodeKernel(const StepK
     const int64_t head_off = static_cast<int64_t>(
         static_cast<uint64_t>(static_cast<uint32_t>(info[kInHeadOffLo])) |
         (static_cast<uint64_t>(static_cast<uint32_t>(info[kInHeadOffHi])) << 32));
-    uint8_t* head = p.pool_base + slot * p.slot_bytes + head_off;
+    uint8_t* head = p.pool_base + slot * p.slot_stride + head_off;
 
     if (!has_int) {
       // Every row is a pivot: fp16 rows only (head_bytes = 256 * d_k).
