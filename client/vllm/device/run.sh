@@ -7,6 +7,7 @@
 #            check that vllm 0.26.0, statecache and the plugin's entry point import
 #   tiny     install, then the tiny Qwen3-Next three times (stock fp32 states,
 #            plugin fp32, plugin damp:16): greedy tokens compared
+# STORAGE=pages (default) | server picks the plugin's storage.
 #   bench    install, then Qwen3.6-35B-A3B geometry: TPOT at B = 1..256 and KV
 #            sizing, plugin damp:16 then stock fp32 (bench_plugin / bench_stock:
 #            one of the two; the comparison uses whatever runs are there)
@@ -92,8 +93,10 @@ engine() {
 
 tiny() {
   engine tiny_stock_fp32 240 tiny --mode stock
-  engine tiny_plugin_fp32 200 tiny --mode plugin --format fp32 --check_every 1
-  engine tiny_plugin_damp16 200 tiny --mode plugin --format damp:16 --check_every 1
+  engine tiny_plugin_fp32 200 tiny --mode plugin --format fp32 --check_every 1 \
+    --storage "${STORAGE:-pages}"
+  engine tiny_plugin_damp16 200 tiny --mode plugin --format damp:16 --check_every 1 \
+    --storage "${STORAGE:-pages}"
   python3 - "$ROOT" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
 import json, os, sys
 root = sys.argv[1]
@@ -118,7 +121,7 @@ EOF
 
 bench_plugin() {
   engine bench_plugin_damp16 540 bench --mode plugin --format damp:16 \
-    --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" ${BENCH_ARGS:-}
+    --storage "${STORAGE:-pages}" --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" ${BENCH_ARGS:-}
 }
 bench_stock() {
   engine bench_stock_fp32 540 bench --mode stock --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" \
@@ -149,7 +152,9 @@ lp = os.path.join(root, "bench_plugin_damp16.log")
 if os.path.exists(lp):
     m = re.findall(r"statecache: model \S+, format \S+, .*?, ([0-9.]+) MiB pool", open(lp).read())
     pool = float(m[-1]) * 2**20 if m else None
-if pool and cs and cp and p:
+if p and p.get("storage") == "pages":
+    print("BENCH storage pages: the states are vLLM's own pages (no pool beside them)")
+elif pool and cs and cp and p:
     kv = p["kv_cache_memory_bytes"]
     print(f"BENCH statecache pool {pool / 2**30:.2f} GiB beside vLLM's {kv / 2**30:.0f} GiB "
           f"(the duplicate stand-in, README): at equal total state memory the plugin holds "
@@ -163,11 +168,17 @@ EOF
 
 # The Python sources of statecache and the plugin come from this checkout
 # (it travels with every call), so a fix to them needs no re-staged part.
+# A carried .device/vllm_sc/sc.tar.xz (stage_sc.sh) replaces the staged
+# statecached and libstatecache_dataplane.so.
 overlay_sources() {
   local repo; repo="$(cd "$HERE/../../.." && pwd)"
   cp "$repo"/client/python/statecache/*.py "$ROOT/site/statecache/" &&
     cp "$repo"/client/vllm/statecache_vllm/*.py "$ROOT/site/statecache_vllm/" &&
-    log "overlay: statecache and statecache_vllm sources of $(git -C "$repo" log -1 --format=%h 2>/dev/null || echo 'the checkout')"
+    log "overlay: statecache and statecache_vllm sources of $(git -C "$repo" log -1 --format=%h 2>/dev/null || echo 'the checkout')" || return 1
+  if [ -f "$repo/.device/vllm_sc/sc.tar.xz" ]; then
+    tar -C "$ROOT" -xJf "$repo/.device/vllm_sc/sc.tar.xz" &&
+      log "overlay: native statecache of $(cut -c1-12 "$ROOT/sc/STAGED_SC")"
+  fi
 }
 
 env_setup

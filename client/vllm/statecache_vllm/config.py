@@ -11,6 +11,12 @@ Keys (all optional; unknown keys are an error naming the key):
   format          statecache format of the pool, "damp:16" (any format
                   statecached accepts except stepquant-*, whose heads have
                   per-(layer, head) sizes)
+  storage         "pages" (default): statecache's ops over the packed state
+                  area of vLLM's own KV-cache pages, no server - the state
+                  memory is what vLLM allocates and counts; "server": the
+                  states in a statecached pool (target / spawn below), vLLM's
+                  pages unused. The keys target .. lease_ms and drop_existing
+                  apply to "server" only
   target          gRPC target of a running statecached ("unix:/run/sc.sock",
                   "127.0.0.1:50051"); "{rank}" is replaced by the TP rank.
                   Empty: the plugin starts its own statecached (spawn)
@@ -21,7 +27,8 @@ Keys (all optional; unknown keys are an error naming the key):
                   "<model_id>.tp<T>.r<R>" (default "vllm-gdn")
   token           tenant token for a server with --tenants_file ("" = none)
   layout_file     calibrated layout file (statecachectl calibrate --out); its
-                  layers must be the pool's layers (see README: positions)
+                  layers must be the pool's layers (see README: positions);
+                  "server" storage only for now
   check_every     vLLM steps between checks of the device error record (>= 1)
   library         path of libstatecache_dataplane.so ("" = statecache's default lookup)
   lease_ms        attach lease (0 = the server's default)
@@ -41,6 +48,7 @@ _PER_HEAD_FORMATS = ("stepquant",)
 _UNIFORM = ("fp32", "fp16", "bf16", "int8", "int8-hadamard", "int4", "int4-hadamard",
             "fp8-e4m3", "nvfp4")
 _MIXED = ("damp", "damp-sr")
+STORAGES = ("pages", "server")
 DEFAULT_K_HI = 16
 
 
@@ -84,6 +92,7 @@ def parse_format(text: Any, key: str = "format") -> FormatSpec:
 @dataclass(frozen=True)
 class PluginConfig:
     format: FormatSpec = field(default_factory=lambda: FormatSpec("damp", DEFAULT_K_HI))
+    storage: str = "pages"
     target: str = ""
     statecached: str = "statecached"
     spawn_args: Tuple[str, ...] = ()
@@ -97,8 +106,9 @@ class PluginConfig:
 
     @property
     def spawn(self) -> bool:
-        """True when the plugin starts its own statecached (no target)."""
-        return not self.target
+        """True when the plugin starts its own statecached ("server" storage,
+        no target)."""
+        return self.storage == "server" and not self.target
 
     def rank_target(self, rank: int) -> str:
         return self.target.replace("{rank}", str(rank))
@@ -142,6 +152,7 @@ def parse(raw: Mapping[str, Any]) -> PluginConfig:
         raise ConfigError(f"spawn_args: {spawn_args!r} is not a list of strings")
     cfg = PluginConfig(
         format=parse_format(raw["format"]) if "format" in raw else d.format,
+        storage=_typed(raw, "storage", str, d.storage),
         target=_typed(raw, "target", str, d.target).strip(),
         statecached=_typed(raw, "statecached", str, d.statecached),
         spawn_args=tuple(spawn_args),
@@ -153,6 +164,11 @@ def parse(raw: Mapping[str, Any]) -> PluginConfig:
         lease_ms=_typed(raw, "lease_ms", int, d.lease_ms),
         drop_existing=_typed(raw, "drop_existing", bool, d.drop_existing),
     )
+    if cfg.storage not in STORAGES:
+        raise ConfigError(f"storage: {cfg.storage!r} is not one of {', '.join(STORAGES)}")
+    if cfg.storage == "pages" and cfg.layout_file:
+        raise ConfigError("layout_file: a calibrated layout needs storage 'server' (per-position "
+                          "pools over vLLM's pages take the identity layout for now)")
     if cfg.check_every < 1:
         raise ConfigError(f"check_every: {cfg.check_every} must be >= 1")
     if cfg.lease_ms < 0:

@@ -1,21 +1,33 @@
-"""One rank's statecache pool: the server (attached to, or started), the
-registered model, num_blocks - 1 attached slots, the block -> pool index
-tensor and the device error record (torch + statecache; no vLLM import).
+"""One rank's recurrent-state storage for the plugin, in one of two kinds
+(config key `storage`), both serving the same calls to the layers:
 
-    pm = PoolManager.open(cfg, geometry=geo, layers=3, num_blocks=1024,
-                          tp_size=1, rank=0, device=torch.device("cuda", 0),
-                          environ=os.environ)
-    slots = pm.lookup(block_ids)          # int32 pool indices, -1 = padding
-    ... statecache_vllm.step.decode(pm.pool, layer, slots, ...,
-                                    record=pm.record)
-    pm.check()                            # raises the first failed op
-    pm.close()
+- PagePools ("pages", the default): statecache's ops run over the packed
+  state area of vLLM's own KV-cache pages (statecache.torch.EnginePool.local,
+  no server): one local pool per GDN state tensor (position), slot = vLLM
+  block id, so the state memory is exactly what vLLM allocated and counted.
+- PoolManager ("server"): the states live in a statecached pool (attached,
+  or a spawned child): num_blocks - 1 attached slots and a block -> slot
+  table; vLLM's packed-size pages stay unused.
 
-Ownership: the model and its slots belong to the manager for its life;
-close() detaches, releases the slots and drops the model (so a later open()
-of the same id registers it afresh); a spawned statecached is a child
-process ended by close() (and by the kernel when this process dies: it gets
-SIGTERM through PR_SET_PDEATHSIG).
+    store = PagePools.open(cfg, geometry=geo, tensors=[t0, t1], device=dev)
+    store = PoolManager.open(cfg, geometry=geo, layers=2, num_blocks=1024,
+                             tp_size=1, rank=0, device=dev, environ=os.environ)
+    pool, layer, record, rows = store.bind(position)   # what a layer calls with
+    slots = store.lookup(block_ids)       # int32 pool indices, -1 = padding
+    ... statecache_vllm.step.decode(pool, layer, slots, ..., record=record)
+    store.check()                         # raises the first failed op
+    store.close()
+
+`rows` is the [slots, state bytes] view of vLLM's pages (PagePools), which
+the layer zeroes for sequences that start from nothing (a page may hold
+another group's bytes), or None (PoolManager: slots start at zero).
+
+Ownership (PoolManager): the model and its slots belong to the manager for
+its life; close() detaches, releases the slots and drops the model (so a
+later open() of the same id registers it afresh); a spawned statecached is a
+child process ended by close() (and by the kernel when this process dies: it
+gets SIGTERM through PR_SET_PDEATHSIG). PagePools own nothing but their
+handles: vLLM owns the memory.
 """
 from __future__ import annotations
 
@@ -218,24 +230,18 @@ class PoolManager:
         return cls(shape=shape, model_id=model_id, client=client, handles=handles, pool=pool,
                    table=table, record=record, server=server, check_every=cfg.check_every)
 
+    def bind(self, position: int):
+        """(pool, layer index in it, error record, rows or None) of the GDN
+        layers at `position`: the shared pool, layer = position."""
+        if not 0 <= position < self.shape.layers:
+            raise PoolError(f"position: {position} outside the pool's {self.shape.layers} layers")
+        return self.pool, position, self.record, None
+
     def lookup(self, block_ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Pool indices (int32) of vLLM block ids (any int dtype, on the pool's
-        device): the null block and negative ids give -1. A device gather
-        (graph-capturable); `out` (int32, same length) receives it in place."""
-        idx = block_ids.to(torch.int64).clamp(min=0)
-        if out is None:
-            return self.table.index_select(0, idx)
-        return torch.index_select(self.table, 0, idx, out=out)
+        return _lookup(self.table, block_ids, out)
 
     def step(self, capturing: bool) -> None:
-        """Called once per vLLM step (host): every check_every steps, waits
-        for the stream and raises the first failed op (InvalidArgument naming
-        op, layer, field). Never while a CUDA graph is being captured."""
-        if capturing:
-            return
-        self._steps += 1
-        if self._steps % self.check_every == 0:
-            self.check()
+        _step(self, capturing)
 
     def check(self) -> None:
         self.pool.check(self.record)
@@ -254,6 +260,118 @@ class PoolManager:
             self.client.close()
             if self.server is not None:
                 self.server.stop()
+
+
+class PagePools:
+    """The "pages" storage (see the module comment). Build with open()."""
+
+    def __init__(self, *, shape: PoolShape, pools: List["sct.EnginePool"],
+                 records: List[torch.Tensor], rows: List[torch.Tensor], table: torch.Tensor,
+                 check_every: int):
+        self.shape = shape
+        self.pools = pools
+        self.records = records   # one per pool (vLLM's compute stream)
+        self.rows = rows         # [num_blocks, state bytes] views of vLLM's pages
+        self.table = table       # int32 [num_blocks]: b -> b, the null block -> -1
+        self.server = None
+        self.check_every = check_every
+        self._steps = 0
+        self._closed = False
+
+    @classmethod
+    def open(cls, cfg: PluginConfig, *, geometry: RankGeometry, tensors: Sequence[torch.Tensor],
+             device: torch.device) -> "PagePools":
+        """One local pool of one layer per state tensor (position j =
+        tensors[j]: uint8 [num_blocks, state bytes], rows inside vLLM's pages).
+        PoolError naming the tensor on any failure (nothing is left open)."""
+        if not tensors:
+            raise PoolError("tensors: no GDN state tensor")
+        hb = head_bytes(cfg.format, geometry.d_k, geometry.d_v)
+        num_blocks = tensors[0].shape[0]
+        shape = PoolShape(geometry, len(tensors), num_blocks, hb)
+        geo = sc.Geometry("gdn", layers=1, h_qk=geometry.h_qk, h_v=geometry.h_v,
+                          d_k=geometry.d_k, d_v=geometry.d_v)
+        pools: List[sct.EnginePool] = []
+        records: List[torch.Tensor] = []
+        try:
+            for j, t in enumerate(tensors):
+                if t.device != device:
+                    raise PoolError(f"tensors[{j}]: on {t.device}, the layers run on {device}")
+                if t.shape[0] != num_blocks:
+                    raise PoolError(f"tensors[{j}]: {t.shape[0]} blocks, tensors[0] has "
+                                    f"{num_blocks}")
+                try:
+                    pool = sct.EnginePool.local(t, geo, cfg.format.text,
+                                                library=cfg.library or None)
+                except sc.StateCacheError as e:
+                    raise PoolError(f"tensors[{j}]: statecache cannot index vLLM's pages "
+                                    f"(shape {tuple(t.shape)}, strides {t.stride()}): "
+                                    f"{e}") from e
+                pools.append(pool)
+                if pool.num_slots != num_blocks:
+                    raise PoolError(f"tensors[{j}]: {pool.num_slots} slots for {num_blocks} "
+                                    "blocks")
+                if pool.device.type != device.type:
+                    raise PoolError(f"backend: statecache runs on {pool.device.type}, vLLM's "
+                                    f"layers on {device.type}")
+                records.append(pool.new_record())
+            table = torch.arange(num_blocks, dtype=torch.int32, device=device)
+            table[slotmap.NULL_BLOCK_ID] = slotmap.PAD
+        except Exception:
+            for pool in pools:
+                pool.close()
+            raise
+        return cls(shape=shape, pools=pools, records=records,
+                   rows=[t[:, :geometry.h_v * hb] for t in tensors], table=table,
+                   check_every=cfg.check_every)
+
+    def bind(self, position: int):
+        """(pool, 0, its error record, its rows) of the GDN layers at
+        `position`."""
+        if not 0 <= position < len(self.pools):
+            raise PoolError(f"position: {position} outside the {len(self.pools)} state tensors")
+        return self.pools[position], 0, self.records[position], self.rows[position]
+
+    def lookup(self, block_ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return _lookup(self.table, block_ids, out)
+
+    def step(self, capturing: bool) -> None:
+        _step(self, capturing)
+
+    def check(self) -> None:
+        for pool, record in zip(self.pools, self.records):
+            pool.check(record)
+
+    def close(self) -> None:
+        """Closes the pools (their fence stops later ops and graph replays);
+        vLLM's pages are untouched. Later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        for pool in self.pools:
+            pool.close()
+
+
+def _lookup(table: torch.Tensor, block_ids: torch.Tensor,
+            out: Optional[torch.Tensor]) -> torch.Tensor:
+    """Pool indices (int32) of vLLM block ids (any int dtype, on the table's
+    device): the null block and negative ids give -1. A device gather
+    (graph-capturable); `out` (int32, same length) receives it in place."""
+    idx = block_ids.to(torch.int64).clamp(min=0)
+    if out is None:
+        return table.index_select(0, idx)
+    return torch.index_select(table, 0, idx, out=out)
+
+
+def _step(store, capturing: bool) -> None:
+    """Called once per vLLM step (host): every check_every steps, waits for
+    the stream and raises the first failed op (InvalidArgument naming op,
+    layer, field). Never while a CUDA graph is being captured."""
+    if capturing:
+        return
+    store._steps += 1
+    if store._steps % store.check_every == 0:
+        store.check()
 
 
 def _release(client: "sc.Client", model_id: str, handles: Sequence["sc.SlotHandle"]) -> None:

@@ -4,18 +4,22 @@ recurrent states to the statecache pool (vllm 0.26.0).
 - StatecacheGDNAttention replaces QwenGatedDeltaNetAttention
   (PluggableLayer.register_oot). Its MambaSpec declares the temporal state as
   uint8[h_v * head_bytes] (layout.placeholder_shape), so vLLM's allocator
-  counts packed bytes per block; the conv state stays vLLM's. _forward_core
-  (run by vLLM's own custom op vllm::qwen_gdn_attention_core) runs vLLM's conv
-  kernels unchanged and the recurrence through statecache.torch: decode rows
-  with the fused decode op, prefill rows with the prefill op (step.py).
+  counts packed bytes per block; the conv state stays vLLM's. With the
+  "pages" storage those bytes are the state (statecache's ops index vLLM's
+  pages), with "server" they stand unused beside a statecached pool
+  (pool.py). _forward_core (run by vLLM's own custom op
+  vllm::qwen_gdn_attention_core) runs vLLM's conv kernels unchanged and the
+  recurrence through statecache.torch: decode rows with the fused decode op,
+  prefill rows with the prefill op (step.py); on "pages" a sequence that
+  starts from nothing has its state bytes zeroed first (decode_prep.py).
 - StatecacheGDNMetadataBuilder (one per KV-cache group) builds vLLM's
   GDNAttentionMetadata and adds, per step:
     sc_slots    int32 pool indices of the non-spec rows (a persistent buffer:
                 FULL CUDA graphs read it by address), from the block ids;
     sc_dec_fresh  bool per row: nothing computed yet (persistent buffer);
     sc_plan / sc_pos / sc_fresh   the prefill grid (step.PrefillPlan).
-  The first group's builder also opens the pool (first build after the KV
-  cache is bound) and checks the error record every check_every steps.
+  The first group's builder also opens the storage (first build after the
+  KV cache is bound) and checks the error records every check_every steps.
 CUDA graphs: the decode path is capturable (no host sync, persistent index
 buffer), so vLLM's default FULL_AND_PIECEWISE stays on.
 """
@@ -40,10 +44,10 @@ from vllm.forward_context import get_forward_context
 import statecache.torch as sct
 from statecache_vllm import edge, step
 from statecache_vllm import slots as slotmap
-from statecache_vllm.decode_prep import decode_prep
+from statecache_vllm.decode_prep import decode_prep, zero_fresh_rows
 from statecache_vllm.config import ConfigError, PluginConfig
 from statecache_vllm.layout import placeholder_shape, rank_geometry
-from statecache_vllm.pool import PoolError, PoolManager
+from statecache_vllm.pool import PagePools, PoolError, PoolManager
 
 # Under "vllm": vLLM configures that logger tree (INFO, its format); others stay silent.
 logger = init_logger("vllm.statecache_vllm")
@@ -72,8 +76,9 @@ class StatecacheGDNAttention(QwenGatedDeltaNetAttention):
                  reduce_results: bool = True) -> None:
         super().__init__(config, vllm_config, prefix, gqa_interleaved_layout, reduce_results)
         self._sc_cfg = edge.plugin_config(vllm_config)
-        self._sc_pm: Optional[PoolManager] = None
-        self._sc_index = -1
+        self._sc_pm = None      # the rank's PagePools or PoolManager
+        self._sc_index = -1     # the layer's position (state tensor)
+        self._sc_pool = self._sc_layer = self._sc_record = self._sc_rows = None
         if self._sc_cfg is not None:
             check_supported(self._sc_cfg, vllm_config)
             self._sc_geo = rank_geometry(self.num_k_heads, self.num_v_heads, self.head_k_dim,
@@ -131,38 +136,45 @@ class StatecacheGDNAttention(QwenGatedDeltaNetAttention):
         kd, vd = geo.h_qk * geo.d_k, geo.h_v * geo.d_v
         if nd > 0:
             xd = x[:nd]
+            slots, fresh = md.sc_slots[:nd], md.sc_dec_fresh[:nd]
             if xd.is_cuda:   # one launch instead of ~25 torch ops (decode_prep.py)
                 q, k, v, g, beta = decode_prep(xd, a[:nd], b[:nd], self.A_log, self.dt_bias,
-                                               md.sc_dec_fresh[:nd], h_qk=geo.h_qk, d_k=geo.d_k,
-                                               h_v=geo.h_v, d_v=geo.d_v)
-                o = step.decode_prepared(pm.pool, self._sc_index, md.sc_slots[:nd], q, k, v, g,
-                                         beta, record=pm.record)
+                                               fresh, h_qk=geo.h_qk, d_k=geo.d_k, h_v=geo.h_v,
+                                               d_v=geo.d_v, rows=self._sc_rows, slots=slots)
+                o = step.decode_prepared(self._sc_pool, self._sc_layer, slots, q, k, v, g, beta,
+                                         record=self._sc_record)
             else:
+                if self._sc_rows is not None:
+                    zero_fresh_rows(self._sc_rows, slots, fresh, geo.h_v)
                 q = xd[:, :kd].view(nd, geo.h_qk, geo.d_k)
                 k = xd[:, kd:2 * kd].view(nd, geo.h_qk, geo.d_k)
                 v = xd[:, 2 * kd:2 * kd + vd].view(nd, geo.h_v, geo.d_v)
                 g, beta = sct.gdn_gates(a[:nd], b[:nd], self.A_log, self.dt_bias)
-                o = step.decode(pm.pool, self._sc_index, md.sc_slots[:nd], q, k, v, g, beta,
-                                fresh=md.sc_dec_fresh[:nd], record=pm.record)
+                o = step.decode(self._sc_pool, self._sc_layer, slots, q, k, v, g, beta,
+                                fresh=fresh, record=self._sc_record)
             core_attn_out[:nd] = o.to(core_attn_out.dtype)
         if npf > 0:
             q, k, v, g, beta = fused_post_conv_prep(
                 conv_output=x[ndt:n_tok], a=a[ndt:n_tok], b=b[ndt:n_tok], A_log=self.A_log,
                 dt_bias=self.dt_bias, num_k_heads=geo.h_qk, head_k_dim=geo.d_k,
                 head_v_dim=geo.d_v, apply_l2norm=True, output_g_exp=False)
-            o = step.prefill(pm.pool, self._sc_index, md.sc_slots[nd:nd + npf], md.sc_plan,
-                             md.sc_pos, md.sc_fresh, q, k, v, g, beta, record=pm.record)
+            slots = md.sc_slots[nd:nd + npf]
+            if self._sc_rows is not None:
+                zero_fresh_rows(self._sc_rows, slots, md.sc_fresh, geo.h_v)
+            o = step.prefill(self._sc_pool, self._sc_layer, slots, md.sc_plan, md.sc_pos,
+                             md.sc_fresh, q, k, v, g, beta, record=self._sc_record)
             core_attn_out[ndt:n_tok] = o.to(core_attn_out.dtype)
 
 
 # ---- the pool of this process ------------------------------------------------
 
 class _Registry:
-    """This process's pool and the KV-cache groups of the plugin's builders.
+    """This process's state storage and the KV-cache groups of the plugin's
+    builders.
 
     vLLM may bind KV caches more than once (0.26 profiles CUDA graph memory on
-    a minimal KV cache first, then discards it and its graphs): the pool is
-    opened for a binding (num_blocks and the state tensors' addresses) and
+    a minimal KV cache first, then discards it and its graphs): the storage
+    is opened for a binding (num_blocks and the state tensors' addresses) and
     reopened, the old one closed, when the binding changes."""
 
     def __init__(self):
@@ -171,7 +183,7 @@ class _Registry:
         self.first_layer = ""
         self.groups: Dict[tuple, None] = {}
 
-    def open(self, vllm_config, device: torch.device) -> PoolManager:
+    def open(self, vllm_config, device: torch.device):
         ctx = vllm_config.compilation_config.static_forward_context
         layers = sorted(((name, l) for name, l in ctx.items()
                          if isinstance(l, StatecacheGDNAttention) and l._sc_cfg is not None),
@@ -205,21 +217,32 @@ class _Registry:
             self.pm = None
         index, n_pos = slotmap.position_layers(ptrs)
         slotmap.check_same_group_positions(list(self.groups), index)
-        pm = PoolManager.open(cfg, geometry=geo, layers=n_pos, num_blocks=num_blocks,
-                              tp_size=first.tp_size, rank=first.tp_rank, device=device,
-                              environ=edge.environ())
+        if cfg.storage == "pages":
+            tensors = [None] * n_pos
+            for name, l in layers:
+                tensors[index[name]] = l.kv_cache[1]
+            pm = PagePools.open(cfg, geometry=geo, tensors=tensors, device=device)
+            logger.info("statecache: format %s over vLLM's pages, %d blocks x %d positions x %d "
+                        "heads (%d state bytes per block and position, %.1f MiB), %d GDN "
+                        "layers", cfg.format.text, num_blocks, n_pos, geo.h_v,
+                        pm.shape.slot_bytes // n_pos, pm.shape.pool_bytes / 2**20, len(layers))
+        else:
+            pm = PoolManager.open(cfg, geometry=geo, layers=n_pos, num_blocks=num_blocks,
+                                  tp_size=first.tp_size, rank=first.tp_rank, device=device,
+                                  environ=edge.environ())
+            logger.info("statecache: model %s, format %s, %d slots x %d layers x %d heads "
+                        "(%d bytes per slot, %.1f MiB pool), %d GDN layers on %d positions",
+                        pm.model_id, cfg.format.text, pm.shape.slots, n_pos, geo.h_v,
+                        pm.shape.slot_bytes, pm.shape.pool_bytes / 2**20, len(layers), n_pos)
         for name, l in layers:
             l._sc_pm, l._sc_index = pm, index[name]
-        logger.info("statecache: model %s, format %s, %d slots x %d layers x %d heads "
-                    "(%d bytes per slot, %.1f MiB pool), %d GDN layers on %d positions",
-                    pm.model_id, cfg.format.text, pm.shape.slots, n_pos, geo.h_v,
-                    pm.shape.slot_bytes, pm.shape.pool_bytes / 2**20, len(layers), n_pos)
+            l._sc_pool, l._sc_layer, l._sc_record, l._sc_rows = pm.bind(index[name])
         atexit.register(_close_quietly, pm)
         self.pm, self.binding, self.first_layer = pm, binding, layers[0][0]
         return pm
 
 
-def _close_quietly(pm: PoolManager) -> None:
+def _close_quietly(pm) -> None:
     try:
         pm.close()
     except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to report to

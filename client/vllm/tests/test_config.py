@@ -11,16 +11,19 @@ def test_defaults():
     cfg = parse({})
     assert cfg == PluginConfig()
     assert cfg.format == FormatSpec("damp", 16) and cfg.format.text == "damp:16"
-    assert cfg.spawn and cfg.check_every == 16 and cfg.model_id == "vllm-gdn"
+    assert cfg.storage == "pages" and not cfg.spawn
+    assert cfg.check_every == 16 and cfg.model_id == "vllm-gdn"
+    assert parse({"storage": "server"}).spawn   # no target: the plugin starts statecached
 
 
 def test_every_key():
-    cfg = parse({"format": "int8-hadamard", "target": " unix:/run/sc{rank}.sock ",
+    cfg = parse({"format": "int8-hadamard", "storage": "server",
+                 "target": " unix:/run/sc{rank}.sock ",
                  "statecached": "/opt/sc/statecached", "spawn_args": ["--max_batch=8192"],
                  "model_id": "qwen36", "token": "t0k", "layout_file": "/l.bin",
                  "check_every": 4, "library": "/x/lib.so", "lease_ms": 60000,
                  "drop_existing": True})
-    assert cfg.format == FormatSpec("int8-hadamard", 0)
+    assert cfg.format == FormatSpec("int8-hadamard", 0) and cfg.storage == "server"
     assert not cfg.spawn and cfg.rank_target(3) == "unix:/run/sc3.sock"
     assert cfg.spawn_args == ("--max_batch=8192",)
     assert cfg.rank_model_id(2, 1) == "qwen36.tp2.r1"
@@ -50,7 +53,9 @@ def test_formats(text, want):
     ({"drop_existing": 1}, "drop_existing: 1 is not true or false"),
     ({"model_id": "a b"}, "model_id: 'a b' must be"),
     ({"spawn_args": "--x"}, "spawn_args: '--x' is not a list"),
-    ({"statecached": ""}, "statecached: empty"),
+    ({"statecached": "", "storage": "server"}, "statecached: empty"),
+    ({"storage": "disk"}, "storage: 'disk' is not one of pages, server"),
+    ({"layout_file": "/l.bin"}, "layout_file: a calibrated layout needs storage 'server'"),
     ({"fromat": "damp"}, "fromat: unknown setting"),
 ])
 def test_errors_name_the_key(raw, needle):
@@ -71,6 +76,6 @@ def test_sources():
     assert resolve({}, env).format.text == "fp32"
     # additional_config wins over the environment
     cfg = resolve({ADDITIONAL_CONFIG_KEY: {"format": "bf16"}}, env)
-    assert cfg.format.text == "bf16" and cfg.spawn
+    assert cfg.format.text == "bf16" and cfg.target == ""
     with pytest.raises(ConfigError, match=f"{ENV_VAR}: not JSON"):
         resolve(None, {ENV_VAR: "{format: damp}"})

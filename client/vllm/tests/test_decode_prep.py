@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import statecache.torch as sct
-from statecache_vllm.decode_prep import decode_prep
+from statecache_vllm.decode_prep import decode_prep, zero_fresh_rows
 from statecache_vllm.step import RESET_G
 
 H, HV, K, V = 2, 4, 32, 48
@@ -75,3 +75,43 @@ def test_shape_errors_name_the_argument():
         decode_prep(x, a, b[:, :3], A_log, dt_bias, fresh, h_qk=H, d_k=K, h_v=HV, d_v=V)
     with pytest.raises(ValueError, match=r"^fresh: shape \[2\]"):
         decode_prep(x, a, b, A_log, dt_bias, fresh[:2], h_qk=H, d_k=K, h_v=HV, d_v=V)
+
+
+def _pages(blocks, state_bytes, fill=0xFF):
+    """vLLM-like pages: [blocks, page] with the state at an offset; 0xFF bytes
+    decode to NaN in every FP format (the case RESET_G alone cannot clear)."""
+    pages = torch.full((blocks, state_bytes + 96), fill, dtype=torch.uint8)
+    return pages, pages[:, 32:32 + state_bytes]
+
+
+def test_fresh_rows_state_bytes_are_zeroed_and_nothing_else():
+    x, a, b, A_log, dt_bias, fresh = _inputs(7)   # rows 1 and 4 fresh
+    state_bytes = HV * 256
+    pages, rows = _pages(6, state_bytes)
+    slots = torch.tensor([0, 3, 1, 2, -1, 4, 5], dtype=torch.int32)
+    fresh[4] = True      # a fresh padding row writes nothing
+    before = pages.clone()
+    got = decode_prep(x, a, b, A_log, dt_bias, fresh, h_qk=H, d_k=K, h_v=HV, d_v=V,
+                      rows=rows, slots=slots)
+    want = decode_prep(x, a, b, A_log, dt_bias, fresh, h_qk=H, d_k=K, h_v=HV, d_v=V)
+    for x_, y_ in zip(got, want):
+        assert torch.equal(x_, y_)
+    assert not rows[3].any()                     # row 1's slot
+    changed = (pages != before).any(dim=1)
+    assert changed.tolist() == [False, False, False, True, False, False]
+    assert (pages[3, :32] == 0xFF).all() and (pages[3, 32 + state_bytes:] == 0xFF).all()
+
+
+def test_zero_fresh_rows_alone():
+    pages, rows = _pages(5, HV * 128)
+    before = pages.clone()
+    zero_fresh_rows(rows, torch.tensor([4, 0, -1, 2], dtype=torch.int32),
+                    torch.tensor([True, False, True, True]), HV)
+    assert not rows[4].any() and not rows[2].any()
+    assert torch.equal(pages[[0, 1, 3]], before[[0, 1, 3]])
+    assert (pages[:, :32] == 0xFF).all() and (pages[:, 32 + HV * 128:] == 0xFF).all()
+    with pytest.raises(ValueError, match="^rows: "):
+        zero_fresh_rows(rows.float(), torch.tensor([0], dtype=torch.int32),
+                        torch.tensor([True]), HV)
+    with pytest.raises(ValueError, match="^slots: "):
+        zero_fresh_rows(rows, torch.tensor([0, 1]), torch.tensor([True, True]), HV)

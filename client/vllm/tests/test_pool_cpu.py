@@ -10,14 +10,15 @@ from gdn_reference import l2n, token
 from statecache_vllm import step
 from statecache_vllm.config import parse, parse_format
 from statecache_vllm.layout import head_bytes, rank_geometry
-from statecache_vllm.pool import PoolError, PoolManager, SpawnedServer
+from statecache_vllm.pool import PagePools, PoolError, PoolManager, SpawnedServer
 
 GEO = rank_geometry(2, 4, 128, 128, 1)
 CPU = torch.device("cpu")
 
 
 def _open(paths, fmt="fp32", num_blocks=6, layers=2, **kw):
-    cfg = parse({"format": fmt, "statecached": paths["statecached"], "check_every": 2, **kw})
+    cfg = parse({"format": fmt, "storage": "server", "statecached": paths["statecached"],
+                 "check_every": 2, **kw})
     return PoolManager.open(cfg, geometry=GEO, layers=layers, num_blocks=num_blocks,
                             tp_size=1, rank=0, device=CPU, environ={})
 
@@ -182,7 +183,7 @@ def test_record_check_every_and_errors(paths):
 def test_more_blocks_than_one_allocate_call(paths):
     """num_blocks above statecached's 4096 slots per AllocateSlots call."""
     geo = rank_geometry(1, 1, 32, 32, 1)
-    cfg = parse({"format": "fp16", "statecached": paths["statecached"]})
+    cfg = parse({"format": "fp16", "storage": "server", "statecached": paths["statecached"]})
     pm = PoolManager.open(cfg, geometry=geo, layers=1, num_blocks=5000, tp_size=1, rank=0,
                           device=CPU, environ={})
     try:
@@ -205,12 +206,49 @@ def test_spawned_server_holds_a_slot_over_one_mib(paths):
 
 
 def test_open_errors_name_the_step(paths):
-    cfg = parse({"target": "unix:/nonexistent/sc.sock", "format": "fp32"})
+    cfg = parse({"storage": "server", "target": "unix:/nonexistent/sc.sock", "format": "fp32"})
     with pytest.raises(PoolError, match="statecache pool for vllm-gdn.tp1.r0 at "
                                         "unix:/nonexistent/sc.sock"):
         PoolManager.open(cfg, geometry=GEO, layers=1, num_blocks=3, tp_size=1, rank=0,
                          device=CPU, environ={})
-    bad = parse({"statecached": "/nonexistent/statecached"})
+    bad = parse({"storage": "server", "statecached": "/nonexistent/statecached"})
     with pytest.raises(PoolError, match="statecached: cannot start"):
         PoolManager.open(bad, geometry=GEO, layers=1, num_blocks=3, tp_size=1, rank=0,
                          device=CPU, environ={})
+
+
+def test_page_pools_index_vllm_pages(paths):
+    """"pages" storage: one local pool per state tensor over vLLM's page rows,
+    slot = block id, the null block padding; errors name the tensor."""
+    cfg = parse({"format": "damp:16", "library": paths["library"]})
+    state = GEO.h_v * head_bytes(cfg.format, GEO.d_k, GEO.d_v)
+    pages = [torch.zeros(5, state + 512, dtype=torch.uint8) for _ in range(2)]
+    store = PagePools.open(cfg, geometry=GEO, tensors=[p[:, 256:256 + state] for p in pages],
+                           device=CPU)
+    try:
+        assert store.server is None and len(store.pools) == 2
+        assert store.shape.slots == 5 and store.shape.slot_bytes == 2 * state
+        assert store.lookup(torch.tensor([0, 3, -1, 4])).tolist() == [-1, 3, -1, 4]
+        pool, layer, record, rows = store.bind(1)
+        assert pool is store.pools[1] and layer == 0 and record is store.records[1]
+        assert rows.data_ptr() == pages[1].data_ptr() + 256 and rows.shape == (5, state)
+        q, k, v, g, beta = _inputs(2, seed=3)
+        o = step.decode(pool, layer, torch.tensor([4, -1], dtype=torch.int32), q, k, v, g, beta,
+                        record=record)
+        store.check()
+        assert o[0].abs().sum() > 0 and not o[1].any()
+        assert pages[1][4, 256:256 + state].any() and not pages[1][:, :256].any()
+        assert not pages[1][:, 256 + state:].any() and not pages[0].any()
+        with pytest.raises(PoolError, match="position: 2 outside"):
+            store.bind(2)
+    finally:
+        store.close()
+        store.close()   # idempotent
+    with pytest.raises(PoolError, match=r"tensors\[1\]: 4 blocks"):
+        PagePools.open(cfg, geometry=GEO, tensors=[pages[0][:, :state], pages[1][:4, :state]],
+                       device=CPU)
+    with pytest.raises(PoolError, match=r"tensors\[0\]: statecache cannot index"):
+        PagePools.open(cfg, geometry=GEO, tensors=[pages[0][:, :state - 16]], device=CPU)
+    with pytest.raises(PoolError, match=r"tensors\[0\]: on cpu"):
+        PagePools.open(cfg, geometry=GEO, tensors=[pages[0][:, :state]],
+                       device=torch.device("cuda", 0))

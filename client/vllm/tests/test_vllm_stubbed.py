@@ -235,14 +235,20 @@ def _metadata(nd, qsl, blocks, computed, has_init):
                                  compute_num_computed_tokens=lambda: torch.tensor(computed))
 
 
-def test_two_groups_two_steps_against_reference(plugin, paths):
-    sc_cfg = {"format": "fp32", "statecached": paths["statecached"], "check_every": 1}
+@pytest.mark.parametrize("storage", ["pages", "server"])
+def test_two_groups_two_steps_against_reference(plugin, paths, storage):
+    sc_cfg = {"format": "fp32", "storage": storage, "statecached": paths["statecached"],
+              "check_every": 1}
     cfg = vllm_config(sc_cfg)
     names = [f"model.layers.{i}.linear_attn" for i in range(4)]
     layers = [plugin.gdn.StatecacheGDNAttention(HF, cfg, n) for n in names]
     ctx = cfg.compilation_config.static_forward_context
     num_blocks, packed = 8, layers[0].get_state_shape()[1][0]
-    raw = [torch.zeros(num_blocks, packed, dtype=torch.uint8) for _ in range(2)]
+    # vLLM's pages: the state at an offset inside a bigger page. 0xFF bytes are
+    # NaN as fp32, what another group's leftovers may look like: a fresh
+    # sequence must start from zero all the same.
+    pages = [torch.full((num_blocks, packed + 256), 0xFF, dtype=torch.uint8) for _ in range(2)]
+    raw = [p[:, 128:128 + packed] for p in pages]
     # groups (0, 1) and (2, 3): position j of each group shares raw[j], as in vLLM
     for i, (name, layer) in enumerate(zip(names, layers)):
         layer.kv_cache = [torch.zeros(num_blocks, 3, CONV_DIM), raw[i % 2]]
@@ -268,7 +274,12 @@ def test_two_groups_two_steps_against_reference(plugin, paths):
         mds = [b.build(0, _metadata(nd, qsl, [blocks[g][r] for r in reqs], computed, has_init))
                for g, b in enumerate(builders)]
         pm = plugin.gdn._REGISTRY.pm
-        assert pm.shape.layers == 2 and pm.shape.slots == num_blocks - 1
+        if storage == "pages":   # slot = block id, one pool per state tensor
+            assert pm.server is None and pm.shape.slots == num_blocks
+            assert pm.table.tolist() == [-1] + list(range(1, num_blocks))
+            assert [l._sc_pool for l in layers] == [pm.pools[0], pm.pools[1]] * 2
+        else:
+            assert pm.shape.layers == 2 and pm.shape.slots == num_blocks - 1
         assert [l._sc_index for l in layers] == [0, 1, 0, 1]
         for g in range(2):
             assert mds[g].sc_slots.tolist() == [pm.table[blocks[g][r]].item() for r in reqs]
@@ -293,6 +304,11 @@ def test_two_groups_two_steps_against_reference(plugin, paths):
                                                rtol=2e-2, atol=2e-3)
         for r, n in zip(reqs, lens):
             done[r] += n
+    if storage == "pages":   # the states live in vLLM's pages; nothing else there moved
+        for p in pages:
+            assert (p[:, :128] == 0xFF).all() and (p[:, 128 + packed:] == 0xFF).all()
+        state = raw[0][blocks[0][0]].view(torch.float32).view(H_V, D, D)
+        torch.testing.assert_close(state.double(), S[0, 0], rtol=1e-4, atol=1e-5)
     FORWARD.attn_metadata = None
 
 
@@ -322,7 +338,8 @@ def test_pool_refuses_a_stock_sized_state(plugin, paths):
 def test_pool_reopens_when_vllm_rebinds_the_kv_cache(plugin, paths):
     """vLLM 0.26 binds a minimal KV cache to profile CUDA graph memory, then the
     real one: the pool follows the binding."""
-    cfg = vllm_config({"format": "fp32", "statecached": paths["statecached"]})
+    cfg = vllm_config({"format": "fp32", "storage": "server",
+                       "statecached": paths["statecached"]})
     name = "model.layers.0.linear_attn"
     layer = plugin.gdn.StatecacheGDNAttention(HF, cfg, name)
     cfg.compilation_config.static_forward_context[name] = layer

@@ -1,0 +1,22 @@
+#!/bin/bash
+# Re-stages only statecache's native half of issue 28's GPU bundle
+# (statecached and libstatecache_dataplane.so, stripped) into
+# .device/vllm_sc/sc.tar.xz (git-ignored, a few MiB), for a checkout whose
+# C++ changed since the vLLM parts were staged (stage.sh): carry
+# ".device/vllm_sc" with any run.sh call and run.sh unpacks it over the
+# installed /tmp/sc_vllm/sc (its libraries of other packages stay).
+#   bash client/vllm/device/stage_sc.sh
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+D=.device/vllm_sc
+bazel build --jobs=2 //server:statecached //client/python:libstatecache_dataplane.so
+bin_dir="$(bazel info bazel-bin 2>/dev/null)"
+rm -rf "$D" && mkdir -p "$D/sc/lib"
+cp -Lf "$bin_dir/server/statecached" "$D/sc/"
+cp -Lf "$bin_dir/client/python/libstatecache_dataplane.so" "$D/sc/lib/"
+chmod u+w "$D/sc/statecached" "$D/sc/lib/libstatecache_dataplane.so"
+strip --strip-unneeded "$D/sc/statecached" "$D/sc/lib/libstatecache_dataplane.so"
+git log -1 --format='%H %s' > "$D/sc/STAGED_SC"
+tar -C "$D" -cf - sc | xz -T2 -6 > "$D/sc.tar.xz"
+rm -rf "$D/sc"
+echo "staged $(stat -c %s "$D/sc.tar.xz") bytes in $D/sc.tar.xz"
