@@ -1,7 +1,8 @@
 #!/bin/bash
 # Re-stages only statecache's native half of issue 28's GPU bundle
 # (statecached and libstatecache_dataplane.so, stripped) into
-# .device/vllm_sc/sc.tar.xz (git-ignored, a few MiB), for a checkout whose
+# .device/vllm_sc/sc.tar.xz (git-ignored, a few MiB; with the non-glibc
+# libraries both need), for a checkout whose
 # C++ changed since the vLLM parts were staged (stage.sh): carry
 # ".device/vllm_sc" with any run.sh call and run.sh unpacks it over the
 # installed /tmp/sc_vllm/sc (its libraries of other packages stay).
@@ -16,6 +17,9 @@ cp -Lf "$bin_dir/server/statecached" "$D/sc/"
 cp -Lf "$bin_dir/client/python/libstatecache_dataplane.so" "$D/sc/lib/"
 chmod u+w "$D/sc/statecached" "$D/sc/lib/libstatecache_dataplane.so"
 strip --strip-unneeded "$D/sc/statecached" "$D/sc/lib/libstatecache_dataplane.so"
+source tests/stage_deps.sh
+copy_deps "$bin_dir/server/statecached" "$D/sc/lib"
+copy_deps "$bin_dir/client/python/libstatecache_dataplane.so" "$D/sc/lib"
 git log -1 --format='%H %s' > "$D/sc/STAGED_SC"
 tar -C "$D" -cf - sc | xz -T2 -6 > "$D/sc.tar.xz"
 rm -rf "$D/sc"

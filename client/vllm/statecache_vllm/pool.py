@@ -266,11 +266,15 @@ class PagePools:
     """The "pages" storage (see the module comment). Build with open()."""
 
     def __init__(self, *, shape: PoolShape, pools: List["sct.EnginePool"],
-                 records: List[torch.Tensor], rows: List[torch.Tensor], table: torch.Tensor,
+                 record: torch.Tensor, rows: List[torch.Tensor], table: torch.Tensor,
                  check_every: int):
         self.shape = shape
         self.pools = pools
-        self.records = records   # one per pool (vLLM's compute stream)
+        # One error record for every pool (vLLM's compute stream): a check is
+        # one wait and one read however many positions there are. A failure
+        # names the op, the block and the field; every pool has one layer, so
+        # it names layer 0 whatever the position.
+        self.record = record
         self.rows = rows         # [num_blocks, state bytes] views of vLLM's pages
         self.table = table       # int32 [num_blocks]: b -> b, the null block -> -1
         self.server = None
@@ -292,7 +296,6 @@ class PagePools:
         geo = sc.Geometry("gdn", layers=1, h_qk=geometry.h_qk, h_v=geometry.h_v,
                           d_k=geometry.d_k, d_v=geometry.d_v)
         pools: List[sct.EnginePool] = []
-        records: List[torch.Tensor] = []
         try:
             for j, t in enumerate(tensors):
                 if t.device != device:
@@ -314,23 +317,23 @@ class PagePools:
                 if pool.device.type != device.type:
                     raise PoolError(f"backend: statecache runs on {pool.device.type}, vLLM's "
                                     f"layers on {device.type}")
-                records.append(pool.new_record())
+            record = pools[0].new_record()
             table = torch.arange(num_blocks, dtype=torch.int32, device=device)
             table[slotmap.NULL_BLOCK_ID] = slotmap.PAD
         except Exception:
             for pool in pools:
                 pool.close()
             raise
-        return cls(shape=shape, pools=pools, records=records,
+        return cls(shape=shape, pools=pools, record=record,
                    rows=[t[:, :geometry.h_v * hb] for t in tensors], table=table,
                    check_every=cfg.check_every)
 
     def bind(self, position: int):
-        """(pool, 0, its error record, its rows) of the GDN layers at
+        """(pool, 0, the shared error record, its rows) of the GDN layers at
         `position`."""
         if not 0 <= position < len(self.pools):
             raise PoolError(f"position: {position} outside the {len(self.pools)} state tensors")
-        return self.pools[position], 0, self.records[position], self.rows[position]
+        return self.pools[position], 0, self.record, self.rows[position]
 
     def lookup(self, block_ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         return _lookup(self.table, block_ids, out)
@@ -339,8 +342,7 @@ class PagePools:
         _step(self, capturing)
 
     def check(self) -> None:
-        for pool, record in zip(self.pools, self.records):
-            pool.check(record)
+        self.pools[0].check(self.record)
 
     def close(self) -> None:
         """Closes the pools (their fence stops later ops and graph replays);

@@ -230,7 +230,8 @@ def test_page_pools_index_vllm_pages(paths):
         assert store.shape.slots == 5 and store.shape.slot_bytes == 2 * state
         assert store.lookup(torch.tensor([0, 3, -1, 4])).tolist() == [-1, 3, -1, 4]
         pool, layer, record, rows = store.bind(1)
-        assert pool is store.pools[1] and layer == 0 and record is store.records[1]
+        assert pool is store.pools[1] and layer == 0 and record is store.record
+        assert store.bind(0)[2] is record   # one record: a check is one wait
         assert rows.data_ptr() == pages[1].data_ptr() + 256 and rows.shape == (5, state)
         q, k, v, g, beta = _inputs(2, seed=3)
         o = step.decode(pool, layer, torch.tensor([4, -1], dtype=torch.int32), q, k, v, g, beta,
@@ -239,6 +240,13 @@ def test_page_pools_index_vllm_pages(paths):
         assert o[0].abs().sum() > 0 and not o[1].any()
         assert pages[1][4, 256:256 + state].any() and not pages[1][:, :256].any()
         assert not pages[1][:, 256 + state:].any() and not pages[0].any()
+        bad_beta = beta.clone()
+        bad_beta[1, 2] = 9.0     # a failure in the second pool lands in the shared record
+        step.decode(pool, layer, torch.tensor([4, 2], dtype=torch.int32), q, k, v, g, bad_beta,
+                    record=record)
+        with pytest.raises(sc.InvalidArgument, match=r"beta\[6\]"):
+            store.check()
+        store.check()            # the check reset it
         with pytest.raises(PoolError, match="position: 2 outside"):
             store.bind(2)
     finally:
