@@ -1,11 +1,12 @@
 #!/bin/bash
 # Re-stages only statecache's native half of issue 28's GPU bundle
-# (statecached and libstatecache_dataplane.so, stripped) into
+# (statecached and libstatecache_dataplane.so, stripped; the generated gRPC
+# stubs of this checkout's proto) into
 # .device/vllm_sc/sc.tar.xz (git-ignored, a few MiB; with the non-glibc
 # libraries both need), for a checkout whose
 # C++ changed since the vLLM parts were staged (stage.sh): carry
 # ".device/vllm_sc" with any run.sh call and run.sh unpacks it over the
-# installed /tmp/sc_vllm/sc (its libraries of other packages stay).
+# installed /tmp/sc_vllm/sc and site/statecache/v1.
 #   bash client/vllm/device/stage_sc.sh
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -21,6 +22,11 @@ source tests/stage_deps.sh
 copy_deps "$bin_dir/server/statecached" "$D/sc/lib"
 copy_deps "$bin_dir/client/python/libstatecache_dataplane.so" "$D/sc/lib"
 git log -1 --format='%H %s' > "$D/sc/STAGED_SC"
-tar -C "$D" -cf - sc | xz -T2 -6 > "$D/sc.tar.xz"
-rm -rf "$D/sc"
+# The gRPC stubs of this checkout's proto (run.sh overlays the Python sources).
+top=$PWD
+(cd client/python && "${STATECACHE_TORCH_VENV:-$HOME/.cache/statecache-venv-torch}/bin/python" \
+   -m statecache._gen --out "$top/$D/stubs" --proto_root "$top/proto" >/dev/null)
+mkdir -p "$D/site/statecache" && mv "$D/stubs/statecache/v1" "$D/site/statecache/"
+tar -C "$D" -cf - sc site | xz -T2 -6 > "$D/sc.tar.xz"
+rm -rf "$D/sc" "$D/site" "$D/stubs"
 echo "staged $(stat -c %s "$D/sc.tar.xz") bytes in $D/sc.tar.xz"
