@@ -17,10 +17,35 @@ absl::StatusOr<StateLayout> LocalPool::Layout(const LocalPoolOptions& options) {
         absl::StrCat("format: ", FormatSpecName(options.format),
                      " pools over caller memory are not supported (per-head sizes)"));
   }
+  if (options.layout_layer >= 0 && options.layout_path.empty()) {
+    return absl::InvalidArgumentError("layout_layer: set without a layout file");
+  }
   if (options.layout_path.empty()) return StateLayout::Identity(options.geometry, options.format);
-  ASSIGN_OR_RETURN(LayoutFile file,
-                   ReadLayoutFile(options.layout_path, &options.geometry, &options.format));
-  return std::move(file.layout);
+  if (options.layout_layer < 0) {
+    ASSIGN_OR_RETURN(LayoutFile file,
+                     ReadLayoutFile(options.layout_path, &options.geometry, &options.format));
+    return std::move(file.layout);
+  }
+  if (options.geometry.layers != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout_layer: a pool of one file layer has 1 layer, geometry.layers is ",
+        options.geometry.layers));
+  }
+  ASSIGN_OR_RETURN(LayoutFile file, ReadLayoutFile(options.layout_path, nullptr, &options.format));
+  ModelGeometry want = file.layout.geometry();
+  want.layers = 1;
+  if (!(want == options.geometry)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("geometry: ", options.layout_path, " holds ",
+                     file.layout.geometry().DebugString(), ", the pool is ",
+                     options.geometry.DebugString(), " (layers aside)"));
+  }
+  if (options.layout_layer >= file.layout.geometry().layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout_layer: ", options.layout_layer, " is outside the file's ",
+                     file.layout.geometry().layers, " layers"));
+  }
+  return file.layout.Layer(options.layout_layer);
 }
 
 absl::StatusOr<std::unique_ptr<LocalPool>> LocalPool::Create(const LocalPoolOptions& options,

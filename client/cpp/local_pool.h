@@ -43,6 +43,10 @@ struct LocalPoolOptions {
   // A layout file (calibrated key permutation / value maps; its geometry
   // and format must equal the ones above), or "" for the identity layout.
   std::string layout_path;
+  // >= 0: the pool holds one layer (geometry.layers == 1) and takes layer
+  // `layout_layer` of the layout file, whose geometry may have more layers
+  // (an engine keeping each layer's states apart, one pool per layer).
+  int layout_layer = -1;
 };
 
 class LocalPool {
@@ -51,9 +55,9 @@ class LocalPool {
   static constexpr int64_t kAlignment = 16;
 
   // The layout of the options (slot_bytes() sizes the caller's memory).
-  // kInvalidArgument naming the field for a bad geometry, format or layout
-  // file; kUnimplemented for the STEPQuant formats (their per-head sizes
-  // need a head-offset table in backend memory).
+  // kInvalidArgument naming the field for a bad geometry, format, layout
+  // file or layout_layer; kUnimplemented for the STEPQuant formats (their
+  // per-head sizes need a head-offset table in backend memory).
   static absl::StatusOr<StateLayout> Layout(const LocalPoolOptions& options);
 
   // A pool over `bytes` of backend memory at `base` (host memory on the CPU

@@ -156,6 +156,54 @@ TEST(LocalPoolTest, UsesTheLayoutFile) {
   EXPECT_NE(wrong.message().find("geometry"), std::string::npos) << wrong;
 }
 
+// One pool per layer over a file of several layers (vLLM's pages: one pool
+// per state tensor) takes that layer's maps.
+TEST(LocalPoolTest, LayoutLayerTakesOneLayerOfTheFile) {
+  LocalPoolOptions o = Options("damp-sr:8");
+  std::vector<int32_t> perm, order;
+  std::vector<float> scale;
+  for (int h = 0; h < kGeo.HeadsPerSlot(); ++h) {
+    for (int r = 0; r < kGeo.d_k; ++r) perm.push_back((r * 5 + 3 * h + 1) % kGeo.d_k);
+    for (int c = 0; c < kGeo.d_v; ++c) {
+      order.push_back((c * 7 + h) % kGeo.d_v);
+      scale.push_back(0.5f + 0.01f * (h * kGeo.d_v + c));
+    }
+  }
+  const StateLayout two = StateLayout::Create(kGeo, o.format, perm, order, scale).value();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  o.layout_path = std::string(tmp != nullptr ? tmp : "/tmp") + "/local_pool_layers.safetensors";
+  ASSERT_TRUE(WriteLayoutFile(two, {}, {}, o.layout_path).ok());
+  o.geometry.layers = 1;
+  o.layout_layer = 1;
+  const StateLayout one = LocalPool::Layout(o).value();
+  EXPECT_EQ(one.geometry().layers, 1);
+  const int64_t kn = int64_t{kGeo.h_v} * kGeo.d_k, vn = int64_t{kGeo.h_v} * kGeo.d_v;
+  EXPECT_EQ(one.all_key_perms(), std::vector<int32_t>(perm.begin() + kn, perm.end()));
+  EXPECT_EQ(one.all_value_orders(), std::vector<int32_t>(order.begin() + vn, order.end()));
+  EXPECT_EQ(one.all_value_scales(), std::vector<float>(scale.begin() + vn, scale.end()));
+  EXPECT_EQ(one.slot_bytes() * 2, two.slot_bytes());
+
+  auto expect = [](const LocalPoolOptions& bad, const char* field) {
+    const absl::Status s = LocalPool::Layout(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+  };
+  LocalPoolOptions bad = o;
+  bad.layout_layer = 2;
+  expect(bad, "layout_layer: 2 is outside");
+  bad = o;
+  bad.geometry.layers = 2;
+  expect(bad, "layout_layer: a pool of one file layer");
+  bad = o;
+  bad.geometry.h_v = 4;
+  bad.geometry.h_qk = 2;
+  expect(bad, "geometry");
+  bad = o;
+  bad.layout_path.clear();
+  expect(bad, "layout_layer: set without");
+  EXPECT_EQ(two.Layer(-1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LocalPoolTest, BadOptionsAndMemoryNameTheField) {
   LocalPoolOptions o = Options("int8-hadamard");
   const int64_t sb = LocalPool::Layout(o).value().slot_bytes();

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,6 +68,27 @@ absl::StatusOr<StateLayout> StateLayout::Identity(const ModelGeometry& geometry,
     scale.assign(heads * geometry.d_v, 1.0f);
   }
   return Create(geometry, format, std::move(key_perm), std::move(order), std::move(scale));
+}
+
+absl::StatusOr<StateLayout> StateLayout::Layer(int layer) const {
+  if (layer < 0 || layer >= geometry_.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer: ", layer, " is outside [0, ", geometry_.layers, ")"));
+  }
+  if (IsStepQuantFormat(format_.format)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "format: one layer of a ", FormatSpecName(format_), " layout (per-head sizes)"));
+  }
+  ModelGeometry one = geometry_;
+  one.layers = 1;
+  const auto slice = [&](const auto& all, int64_t per_head) {
+    using V = typename std::decay_t<decltype(all)>::value_type;
+    if (all.empty()) return std::vector<V>();
+    const int64_t n = int64_t{geometry_.h_v} * per_head;
+    return std::vector<V>(all.begin() + layer * n, all.begin() + (layer + 1) * n);
+  };
+  return Create(one, format_, slice(key_perm_, geometry_.d_k), slice(value_order_, geometry_.d_v),
+                slice(value_scale_, geometry_.d_v));
 }
 
 absl::StatusOr<StateLayout> StateLayout::Create(const ModelGeometry& geometry,

@@ -66,6 +66,12 @@ class StateLayout {
                                                      std::vector<int8_t> row_bits,
                                                      std::vector<float> row_impact);
 
+  // Layer `layer` alone: a one-layer layout with that layer's maps (an
+  // engine that keeps each layer's states apart, e.g. vLLM's pages).
+  // kInvalidArgument naming "layer" outside [0, layers); kUnimplemented for
+  // the STEPQuant formats (their per-head sizes).
+  absl::StatusOr<StateLayout> Layer(int layer) const;
+
   const ModelGeometry& geometry() const { return geometry_; }
   const FormatSpec& format() const { return format_; }
   const PackedHeadLayout& head_layout() const { return head_layout_; }

@@ -68,7 +68,8 @@ void sc_close(ScAttached* a);
  * tensor), with no server: `geometry` = {arch (0 GDN, 1 KDA), layers, h_qk,
  * h_v, d_k, d_v}, `scale` the readout scale (0: 1/sqrt(d_k)), `format` a
  * format spec ("damp:16", "fp32", ...), `layout_path` a layout file or NULL /
- * "" for the identity layout. sc_local_slot_bytes gives one slot's bytes (to
+ * "" for the identity layout, `layout_layer` -1 or, for a one-layer pool,
+ * the layer of a many-layer file it takes (LocalPoolOptions::layout_layer). sc_local_slot_bytes gives one slot's bytes (to
  * size the memory); sc_local_pool makes a handle over `bytes` at `base`
  * (backend "cpu", "cuda" or "auto"; host memory on the CPU, device memory on
  * CUDA; 16-byte aligned), slot s at base + s * slot_stride (0: slot_bytes;
@@ -78,10 +79,11 @@ void sc_close(ScAttached* a);
  * sc_decode_update, sc_detach) return FAILED_PRECONDITION; sc_renew is a
  * no-op. Free it with sc_close (the memory stays the caller's). */
 int sc_local_slot_bytes(const int32_t* geometry, float scale, const char* format,
-                        const char* layout_path, int64_t* slot_bytes, char* err, int err_len);
+                        const char* layout_path, int layout_layer, int64_t* slot_bytes,
+                        char* err, int err_len);
 int sc_local_pool(const char* backend, const int32_t* geometry, float scale, const char* format,
-                  const char* layout_path, void* base, int64_t bytes, int64_t slot_stride,
-                  ScAttached** out, char* err, int err_len);
+                  const char* layout_path, int layout_layer, void* base, int64_t bytes,
+                  int64_t slot_stride, ScAttached** out, char* err, int err_len);
 
 /* ---- Engine ops (issue 25; kernels/backend/stream_ops.h) ----------------
  * Stream-ordered calls on the mapped pool: slot indices are int32 pool

@@ -19,7 +19,7 @@ using statecache::native::Fail;
 
 absl::StatusOr<LocalPoolOptions> Options(const char* backend, const int32_t* geometry,
                                          float scale, const char* format,
-                                         const char* layout_path) {
+                                         const char* layout_path, int layout_layer) {
   if (geometry == nullptr) return absl::InvalidArgumentError("geometry: null");
   if (geometry[0] != 0 && geometry[0] != 1) {
     return absl::InvalidArgumentError(
@@ -41,6 +41,7 @@ absl::StatusOr<LocalPoolOptions> Options(const char* backend, const int32_t* geo
   }
   o.format = *spec;
   if (layout_path != nullptr) o.layout_path = layout_path;
+  o.layout_layer = layout_layer;
   return o;
 }
 
@@ -49,11 +50,13 @@ absl::StatusOr<LocalPoolOptions> Options(const char* backend, const int32_t* geo
 extern "C" {
 
 int sc_local_slot_bytes(const int32_t* geometry, float scale, const char* format,
-                        const char* layout_path, int64_t* slot_bytes, char* err, int err_len) {
+                        const char* layout_path, int layout_layer, int64_t* slot_bytes,
+                        char* err, int err_len) {
   if (slot_bytes == nullptr) {
     return Fail(absl::InvalidArgumentError("slot_bytes: null"), err, err_len);
   }
-  absl::StatusOr<LocalPoolOptions> o = Options(nullptr, geometry, scale, format, layout_path);
+  absl::StatusOr<LocalPoolOptions> o =
+      Options(nullptr, geometry, scale, format, layout_path, layout_layer);
   if (!o.ok()) return Fail(o.status(), err, err_len);
   absl::StatusOr<statecache::StateLayout> layout = statecache::LocalPool::Layout(*o);
   if (!layout.ok()) return Fail(layout.status(), err, err_len);
@@ -62,11 +65,12 @@ int sc_local_slot_bytes(const int32_t* geometry, float scale, const char* format
 }
 
 int sc_local_pool(const char* backend, const int32_t* geometry, float scale, const char* format,
-                  const char* layout_path, void* base, int64_t bytes, int64_t slot_stride,
-                  ScAttached** out, char* err, int err_len) {
+                  const char* layout_path, int layout_layer, void* base, int64_t bytes,
+                  int64_t slot_stride, ScAttached** out, char* err, int err_len) {
   if (out == nullptr) return Fail(absl::InvalidArgumentError("out: null"), err, err_len);
   *out = nullptr;
-  absl::StatusOr<LocalPoolOptions> o = Options(backend, geometry, scale, format, layout_path);
+  absl::StatusOr<LocalPoolOptions> o =
+      Options(backend, geometry, scale, format, layout_path, layout_layer);
   if (!o.ok()) return Fail(o.status(), err, err_len);
   absl::StatusOr<std::unique_ptr<statecache::LocalPool>> pool =
       statecache::LocalPool::Create(*o, base, bytes, slot_stride);

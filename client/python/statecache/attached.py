@@ -102,11 +102,12 @@ def _load(path: str) -> ctypes.CDLL:
     lib.sc_close.argtypes = [p]
     lib.sc_close.restype = None
     i32p, cp = ctypes.POINTER(ctypes.c_int32), ctypes.c_char_p
-    lib.sc_local_slot_bytes.argtypes = [i32p, ctypes.c_float, cp, cp,
+    lib.sc_local_slot_bytes.argtypes = [i32p, ctypes.c_float, cp, cp, ctypes.c_int,
                                         ctypes.POINTER(ctypes.c_int64), cp, ctypes.c_int]
     lib.sc_local_slot_bytes.restype = ctypes.c_int
-    lib.sc_local_pool.argtypes = [cp, i32p, ctypes.c_float, cp, cp, p, ctypes.c_int64,
-                                  ctypes.c_int64, ctypes.POINTER(p), cp, ctypes.c_int]
+    lib.sc_local_pool.argtypes = [cp, i32p, ctypes.c_float, cp, cp, ctypes.c_int, p,
+                                  ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(p), cp,
+                                  ctypes.c_int]
     lib.sc_local_pool.restype = ctypes.c_int
     _loaded[path] = lib
     return lib
@@ -247,24 +248,33 @@ def _geometry_array(geometry: Geometry):
 
 
 def local_slot_bytes(geometry: Geometry, format: str, *, layout_path: Optional[str] = None,
-                     library: Optional[str] = None) -> int:
+                     layout_layer: Optional[int] = None, library: Optional[str] = None) -> int:
     """Bytes of one slot (every layer's states of one sequence) of `format`
-    for `geometry` (and a calibrated layout file): the unit a LocalSession's
-    memory is sized in. InvalidArgument naming the field for a bad geometry,
-    format or layout file."""
+    for `geometry` (and a calibrated layout file; `layout_layer`: a one-layer
+    geometry taking that layer of a file of more layers): the unit a
+    LocalSession's memory is sized in. InvalidArgument naming the field for
+    a bad geometry, format, layout file or layer."""
     lib = _load(find_library(library))
     err = ctypes.create_string_buffer(_ERR_LEN)
     out = ctypes.c_int64()
     rc = lib.sc_local_slot_bytes(_geometry_array(geometry), float(geometry.scale),
                                  str(format).encode(), (layout_path or "").encode(),
-                                 ctypes.byref(out), err, _ERR_LEN)
+                                 _layer_arg(layout_layer), ctypes.byref(out), err, _ERR_LEN)
     if rc != 0:
         raise error_from_code(rc, err.value.decode(errors="replace"), "local_slot_bytes")
     return int(out.value)
 
 
+def _layer_arg(layout_layer: Optional[int]) -> int:
+    if layout_layer is None:
+        return -1
+    if isinstance(layout_layer, bool) or not isinstance(layout_layer, int) or layout_layer < 0:
+        raise InvalidArgument(f"layout_layer: {layout_layer!r} is not a layer index >= 0")
+    return layout_layer
+
+
 def _local_memory_extent(memory, geometry: Geometry, format: str, layout_path: Optional[str],
-                         library: Optional[str]):
+                         layout_layer: Optional[int], library: Optional[str]):
     """(bytes from memory's first byte to its last slot's end, slot stride in
     bytes or 0 for packed) of a LocalSession's `memory`; InvalidArgument
     naming "memory" for a layout it cannot index."""
@@ -285,7 +295,8 @@ def _local_memory_extent(memory, geometry: Geometry, format: str, layout_path: O
     if stride < row_bytes:
         raise InvalidArgument(f"memory: rows of {row_bytes} bytes overlap (stride(0) is "
                               f"{stride} bytes)")
-    slot_bytes = local_slot_bytes(geometry, format, layout_path=layout_path, library=library)
+    slot_bytes = local_slot_bytes(geometry, format, layout_path=layout_path,
+                                  layout_layer=layout_layer, library=library)
     if row_bytes < slot_bytes:
         raise InvalidArgument(f"memory: a row of {row_bytes} bytes holds no slot of {slot_bytes} "
                               f"bytes ({format})")
@@ -304,13 +315,16 @@ class LocalSession(_NativeHandle):
         past slot_bytes are never touched; or
       - any other contiguous tensor: `memory.nbytes // local_slot_bytes(...)`
         slots, slot s at byte s * slot_bytes.
-    Slots are in the server's slot layout. The session keeps a reference to
-    `memory`; the caller keeps it unchanged in size and place while the
+    Slots are in the server's slot layout. `layout_path` / `layout_layer`:
+    a calibrated layout file, and for a one-layer geometry the file's layer
+    it takes (one pool per layer over a many-layer file). The session keeps
+    a reference to `memory`; the caller keeps it unchanged in size and place while the
     session is open. statecache.torch.EnginePool.local wraps it for the
     ops."""
 
     def __init__(self, memory, geometry: Geometry, format: str, *,
-                 layout_path: Optional[str] = None, library: Optional[str] = None):
+                 layout_path: Optional[str] = None, layout_layer: Optional[int] = None,
+                 library: Optional[str] = None):
         import torch  # local pools serve torch engines
         if not isinstance(memory, torch.Tensor):
             raise InvalidArgument(f"memory: want a torch.Tensor, got {type(memory).__name__}")
@@ -322,7 +336,8 @@ class LocalSession(_NativeHandle):
         if memory.is_cuda and torch.cuda.current_device() != 0:
             raise InvalidArgument(f"memory: the current CUDA device is "
                                   f"cuda:{torch.cuda.current_device()}; make cuda:0 current")
-        extent, stride = _local_memory_extent(memory, geometry, format, layout_path, library)
+        extent, stride = _local_memory_extent(memory, geometry, format, layout_path,
+                                              layout_layer, library)
         self._lib = _load(find_library(library))
         self._handle = ctypes.c_void_p()
         self._err = ctypes.create_string_buffer(_ERR_LEN)
@@ -330,8 +345,8 @@ class LocalSession(_NativeHandle):
         self.device = memory.device
         rc = self._lib.sc_local_pool(self.backend.encode(), _geometry_array(geometry),
                                      float(geometry.scale), str(format).encode(),
-                                     (layout_path or "").encode(), ctypes.c_void_p(
-                                         memory.data_ptr()), extent, stride,
+                                     (layout_path or "").encode(), _layer_arg(layout_layer),
+                                     ctypes.c_void_p(memory.data_ptr()), extent, stride,
                                      ctypes.byref(self._handle), self._err, _ERR_LEN)
         if rc != 0:
             self._handle = None

@@ -108,26 +108,32 @@ class EnginePool:
 
     @classmethod
     def local(cls, memory: torch.Tensor, geometry: Geometry, format: str = "damp:16", *,
-              layout_path: Optional[str] = None, library: Optional[str] = None) -> "EnginePool":
-        """The ops over `memory`, a contiguous tensor the engine owns (its
-        own cache allocation, e.g. vLLM's state pages), with no server: slot
-        s is bytes [s * slot_bytes(...), ...) of it, indexed by the engine
-        (there are no slot handles: slot_indices raises FailedPrecondition).
-        `format` and `layout_path` (a calibrated layout file, e.g. from
-        `statecachectl calibrate`) fix the packed layout. InvalidArgument
-        naming the field for a bad geometry, format, layout file or memory
-        (misaligned, smaller than one slot, not on the current device)."""
+              layout_path: Optional[str] = None, layout_layer: Optional[int] = None,
+              library: Optional[str] = None) -> "EnginePool":
+        """The ops over `memory`, engine-owned memory (its own cache
+        allocation), with no server: a contiguous tensor (slot s = bytes
+        [s * slot_bytes(...), ...)) or a [slots, row] view whose rows lie
+        apart (slot s = row s: the state part of vLLM's pages), indexed by the
+        engine (there are no slot handles: slot_indices raises
+        FailedPrecondition). `format` and `layout_path` (a calibrated layout
+        file, e.g. from `statecachectl calibrate`; with `layout_layer`, that
+        layer of it for a one-layer geometry) fix the packed layout.
+        InvalidArgument naming the field for a bad geometry, format, layout
+        file or memory (misaligned, smaller than one slot, not on the
+        current device). See statecache.attached.LocalSession."""
         pool = cls.__new__(cls)
         pool._open(LocalSession(memory, geometry, format, layout_path=layout_path,
-                                library=library), renew=False)
+                                layout_layer=layout_layer, library=library), renew=False)
         return pool
 
     @staticmethod
     def slot_bytes(geometry: Geometry, format: str = "damp:16", *,
-                   layout_path: Optional[str] = None, library: Optional[str] = None) -> int:
+                   layout_path: Optional[str] = None, layout_layer: Optional[int] = None,
+                   library: Optional[str] = None) -> int:
         """Bytes of one slot of `format` for `geometry`: what EnginePool.local
         needs per sequence."""
-        return local_slot_bytes(geometry, format, layout_path=layout_path, library=library)
+        return local_slot_bytes(geometry, format, layout_path=layout_path,
+                                layout_layer=layout_layer, library=library)
 
     def _open(self, session, renew: bool) -> None:
         self.session = session

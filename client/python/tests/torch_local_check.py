@@ -150,6 +150,10 @@ def test_argument_errors_name_the_argument(tmp_path):
         sct.EnginePool.slot_bytes(GEO, "stepquant-4")
     with pytest.raises(NotFound, match="missing"):
         sct.EnginePool.slot_bytes(GEO, "damp:16", layout_path=str(tmp_path / "missing"))
+    with pytest.raises(InvalidArgument, match="layout_layer: set without"):
+        sct.EnginePool.slot_bytes(GEO, "damp:16", layout_layer=0)
+    with pytest.raises(InvalidArgument, match="layout_layer: -1"):
+        sct.EnginePool.slot_bytes(GEO, "damp:16", layout_layer=-1)
     pool = sct.EnginePool.local(torch.zeros(2 * sb, dtype=torch.uint8), GEO, "fp32")
     with pytest.raises(FailedPrecondition, match="local pool"):
         pool.slot_indices([sc.SlotHandle(1, 1)])

@@ -27,8 +27,7 @@ Keys (all optional; unknown keys are an error naming the key):
                   "<model_id>.tp<T>.r<R>" (default "vllm-gdn")
   token           tenant token for a server with --tenants_file ("" = none)
   layout_file     calibrated layout file (statecachectl calibrate --out); its
-                  layers must be the pool's layers (see README: positions);
-                  "server" storage only for now
+                  layers must be the pool's layers (see README: positions)
   check_every     vLLM steps between checks of the device error record (>= 1)
   library         path of libstatecache_dataplane.so ("" = statecache's default lookup)
   lease_ms        attach lease (0 = the server's default)
@@ -166,9 +165,6 @@ def parse(raw: Mapping[str, Any]) -> PluginConfig:
     )
     if cfg.storage not in STORAGES:
         raise ConfigError(f"storage: {cfg.storage!r} is not one of {', '.join(STORAGES)}")
-    if cfg.storage == "pages" and cfg.layout_file:
-        raise ConfigError("layout_file: a calibrated layout needs storage 'server' (per-position "
-                          "pools over vLLM's pages take the identity layout for now)")
     if cfg.check_every < 1:
         raise ConfigError(f"check_every: {cfg.check_every} must be >= 1")
     if cfg.lease_ms < 0:

@@ -286,8 +286,9 @@ class PagePools:
     def open(cls, cfg: PluginConfig, *, geometry: RankGeometry, tensors: Sequence[torch.Tensor],
              device: torch.device) -> "PagePools":
         """One local pool of one layer per state tensor (position j =
-        tensors[j]: uint8 [num_blocks, state bytes], rows inside vLLM's pages).
-        PoolError naming the tensor on any failure (nothing is left open)."""
+        tensors[j]: uint8 [num_blocks, state bytes], rows inside vLLM's pages;
+        with cfg.layout_file, layer j of that file). PoolError naming the
+        tensor on any failure (nothing is left open)."""
         if not tensors:
             raise PoolError("tensors: no GDN state tensor")
         hb = head_bytes(cfg.format, geometry.d_k, geometry.d_v)
@@ -304,8 +305,10 @@ class PagePools:
                     raise PoolError(f"tensors[{j}]: {t.shape[0]} blocks, tensors[0] has "
                                     f"{num_blocks}")
                 try:
-                    pool = sct.EnginePool.local(t, geo, cfg.format.text,
-                                                library=cfg.library or None)
+                    pool = sct.EnginePool.local(
+                        t, geo, cfg.format.text, layout_path=cfg.layout_file or None,
+                        layout_layer=j if cfg.layout_file else None,
+                        library=cfg.library or None)
                 except sc.StateCacheError as e:
                     raise PoolError(f"tensors[{j}]: statecache cannot index vLLM's pages "
                                     f"(shape {tuple(t.shape)}, strides {t.stride()}): "

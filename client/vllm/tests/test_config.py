@@ -55,7 +55,6 @@ def test_formats(text, want):
     ({"spawn_args": "--x"}, "spawn_args: '--x' is not a list"),
     ({"statecached": "", "storage": "server"}, "statecached: empty"),
     ({"storage": "disk"}, "storage: 'disk' is not one of pages, server"),
-    ({"layout_file": "/l.bin"}, "layout_file: a calibrated layout needs storage 'server'"),
     ({"fromat": "damp"}, "fromat: unknown setting"),
 ])
 def test_errors_name_the_key(raw, needle):

@@ -260,3 +260,55 @@ def test_page_pools_index_vllm_pages(paths):
     with pytest.raises(PoolError, match=r"tensors\[0\]: on cpu"):
         PagePools.open(cfg, geometry=GEO, tensors=[pages[0][:, :state]],
                        device=torch.device("cuda", 0))
+
+
+def test_page_pools_take_their_layer_of_a_calibrated_layout(paths, tmp_path):
+    """layout_file with "pages": position j's pool takes layer j of the file,
+    so it decodes exactly as layer j of a server pool registered with it."""
+    from statecache.integrations._slots import TrajectoryRecorder
+    geo2 = sc.Geometry("gdn", layers=2, h_qk=GEO.h_qk, h_v=GEO.h_v, d_k=GEO.d_k, d_v=GEO.d_v)
+    rec = TrajectoryRecorder(geo2, "test")
+    gen = torch.Generator().manual_seed(9)
+    for layer in range(2):
+        q = torch.randn(1, 96, GEO.h_qk, GEO.d_k, generator=gen)
+        k = torch.nn.functional.normalize(torch.randn(1, 96, GEO.h_qk, GEO.d_k, generator=gen),
+                                          dim=-1)
+        v = torch.randn(1, 96, GEO.h_v, GEO.d_v, generator=gen) * (1 + layer)
+        g = -0.3 * torch.rand(1, 96, GEO.h_v, generator=gen)
+        beta = 0.2 + 0.6 * torch.rand(1, 96, GEO.h_v, generator=gen)
+        rec.add(layer, q, k, v, g, beta)
+    traj = str(tmp_path / "doc.safetensors")
+    rec.write(traj, "test")
+    server = _open(paths, fmt="damp:16", num_blocks=3, layers=2)
+    try:
+        result = server.client.calibrate(geo2, "damp:16", [traj])
+        layout = tmp_path / "l.layout"
+        layout.write_bytes(result.layout_file)
+    finally:
+        server.close()
+    cfg = {"format": "damp:16", "layout_file": str(layout)}
+    server = _open(paths, fmt="damp:16", num_blocks=3, layers=2, layout_file=str(layout))
+    state = GEO.h_v * head_bytes(parse_format("damp:16"), GEO.d_k, GEO.d_v)
+    pages = [torch.zeros(3, state, dtype=torch.uint8) for _ in range(2)]
+    store = PagePools.open(parse(cfg), geometry=GEO, tensors=pages, device=CPU)
+    identity = PagePools.open(parse({"format": "damp:16"}), geometry=GEO,
+                              tensors=[torch.zeros(3, state, dtype=torch.uint8)], device=CPU)
+    try:
+        outs = {}
+        for name, (pool, layer, record) in {
+                "server": (server.pool, 1, server.record),
+                "pages": store.bind(1)[:3],
+                "identity": identity.bind(0)[:3]}.items():
+            slots = torch.tensor([1, 2], dtype=torch.int32) if name != "server" else \
+                server.lookup(torch.tensor([1, 2]))
+            for t in range(4):
+                q, k, v, g, beta = _inputs(2, seed=40 + t)
+                outs[name] = step.decode(pool, layer, slots, q, k, v, g, beta, record=record)
+        store.check()
+        server.check()
+        assert torch.equal(outs["pages"], outs["server"])        # layer 1's maps, both sides
+        assert not torch.equal(outs["pages"], outs["identity"])  # and they are not the identity
+    finally:
+        store.close()
+        identity.close()
+        server.close()
