@@ -37,7 +37,7 @@
 namespace statecache {
 
 struct LocalPoolOptions {
-  std::string backend = "auto";  // "cpu", "cuda" or "auto" (create_backend.h)
+  std::string backend = "auto";  // "cpu", "cuda", "cuda:<n>" or "auto" (create_backend.h)
   ModelGeometry geometry;
   FormatSpec format;
   // A layout file (calibrated key permutation / value maps; its geometry
@@ -61,8 +61,9 @@ class LocalPool {
   static absl::StatusOr<StateLayout> Layout(const LocalPoolOptions& options);
 
   // A pool over `bytes` of backend memory at `base` (host memory on the CPU
-  // backend, device memory of device 0 on CUDA: the CUDA backend makes
-  // device 0 current for the calling thread), slot s at base + s *
+  // backend, device memory of the backend's device on CUDA - device 0, or n
+  // for "cuda:<n>" - which the CUDA backend makes current for the calling
+  // thread), slot s at base + s *
   // slot_stride (0: slot_bytes, packed): as many slots as fit, the last one
   // needing only slot_bytes; the rest unused. Errors as Layout, plus
   // kInvalidArgument naming "base" (null or misaligned), "bytes" (less than

@@ -231,6 +231,11 @@ TEST(LocalPoolTest, BadOptionsAndMemoryNameTheField) {
   nobackend.backend = "tpu";
   expect(LocalPool::Create(nobackend, mem.data, mem.bytes).status(),
          absl::StatusCode::kInvalidArgument, "tpu");
+  for (const char* name : {"cuda:x", "cuda:-1", "cuda:"}) {
+    nobackend.backend = name;
+    expect(LocalPool::Create(nobackend, mem.data, mem.bytes).status(),
+           absl::StatusCode::kInvalidArgument, "does not name a device");
+  }
 }
 
 }  // namespace

@@ -16,8 +16,10 @@
 
 namespace statecache {
 
-// "cpu", "cuda" or "auto" (CUDA when a GPU is usable, else CPU).
-// kInvalidArgument for other names; kUnavailable for "cuda" without a GPU.
+// "cpu", "cuda" (device 0, or cuda_launch.device), "cuda:<n>" (device n)
+// or "auto" (CUDA when a GPU is usable, else CPU). kInvalidArgument for
+// other names and devices that do not exist; kUnavailable for "cuda"
+// without a GPU.
 // A CUDA backend launches its kernels with `cuda_launch` (the defaults are
 // the production paths; a process edge may read LaunchOptionsFromEnvironment).
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(absl::string_view name,

@@ -97,14 +97,19 @@ class CudaBackend : public Backend {
     if (ci::GetDeviceCount(&count) != 0 || count == 0) {
       return absl::UnavailableError("cuda: no CUDA device is usable");
     }
+    const int device = options.device;
+    if (device < 0 || device >= count) {
+      return absl::InvalidArgumentError(absl::StrCat("device: cuda:", device, " is not one of the ",
+                                                     count, " CUDA devices"));
+    }
     ci::DeviceInfo info;
-    RETURN_IF_ERROR(CudaStatus(ci::GetDeviceInfo(0, &info), "device properties"));
+    RETURN_IF_ERROR(CudaStatus(ci::GetDeviceInfo(device, &info), "device properties"));
     if (info.cc_major != 9 || info.cc_minor != 0) {
-      return absl::UnavailableError(absl::StrCat("cuda: device 0 (", info.name,
+      return absl::UnavailableError(absl::StrCat("cuda: device ", device, " (", info.name,
                                                  ") has compute capability ", info.cc_major, ".",
                                                  info.cc_minor, "; kernels are built for 9.0"));
     }
-    RETURN_IF_ERROR(CudaStatus(ci::SetDevice(0), "set device"));
+    RETURN_IF_ERROR(CudaStatus(ci::SetDevice(device), "set device"));
     std::unique_ptr<CudaBackend> b(new CudaBackend(info, options));
     RETURN_IF_ERROR(CudaStatus(ci::StreamCreate(&b->stream_), "create stream"));
     return b;

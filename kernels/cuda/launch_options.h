@@ -48,6 +48,13 @@ struct LaunchOptions {
   // later, which a worker waiting on the done word on the device does not
   // see. Environment: STATECACHE_QUEUE_BLOCKING_SYNC=1 -> true.
   bool queue_blocking_sync = false;
+  // The CUDA device the backend drives. Create makes it current for the
+  // calling thread; every later call into the backend must come from a
+  // thread whose current device it is (the kernels' one-time device queries
+  // read the current device: one device per process, as a tensor-parallel
+  // engine's rank on its GPU). CreateBackend("cuda:<n>") sets it; not read
+  // from the environment.
+  int device = 0;
 };
 
 // The options the environment variables above select (unset or empty: the

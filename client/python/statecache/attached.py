@@ -306,8 +306,8 @@ def _local_memory_extent(memory, geometry: Geometry, format: str, layout_path: O
 class LocalSession(_NativeHandle):
     """The engine ops' pool over memory the caller owns, with no server
     (client/cpp/local_pool.h). `memory` (CPU: the CPU backend; CUDA: the
-    CUDA backend, which runs on cuda:0, so the tensor must be there and
-    cuda:0 current) is either
+    CUDA backend on the tensor's device, which must be the current one; one
+    CUDA device per process) is either
       - a 2-D tensor [n, row] whose rows are contiguous (stride(1) == 1) and
         may lie apart (stride(0) > row: the state part of an engine's bigger
         per-sequence records, e.g. vLLM's mamba pages): n slots, slot s at
@@ -330,12 +330,10 @@ class LocalSession(_NativeHandle):
             raise InvalidArgument(f"memory: want a torch.Tensor, got {type(memory).__name__}")
         if memory.device.type not in ("cpu", "cuda"):
             raise InvalidArgument(f"memory: on {memory.device}; want a cpu or cuda tensor")
-        if memory.is_cuda and memory.device.index != 0:
-            raise InvalidArgument(f"memory: on {memory.device}; a local pool runs on cuda:0 "
-                                  "(the CUDA backend's device)")
-        if memory.is_cuda and torch.cuda.current_device() != 0:
-            raise InvalidArgument(f"memory: the current CUDA device is "
-                                  f"cuda:{torch.cuda.current_device()}; make cuda:0 current")
+        if memory.is_cuda and torch.cuda.current_device() != memory.device.index:
+            raise InvalidArgument(f"memory: on {memory.device}, the current CUDA device is "
+                                  f"cuda:{torch.cuda.current_device()}; make {memory.device} "
+                                  "current (the ops run on the current device's streams)")
         extent, stride = _local_memory_extent(memory, geometry, format, layout_path,
                                               layout_layer, library)
         self._lib = _load(find_library(library))
@@ -343,7 +341,8 @@ class LocalSession(_NativeHandle):
         self._err = ctypes.create_string_buffer(_ERR_LEN)
         self.backend = "cuda" if memory.is_cuda else "cpu"
         self.device = memory.device
-        rc = self._lib.sc_local_pool(self.backend.encode(), _geometry_array(geometry),
+        backend = f"cuda:{memory.device.index}" if memory.is_cuda else "cpu"
+        rc = self._lib.sc_local_pool(backend.encode(), _geometry_array(geometry),
                                      float(geometry.scale), str(format).encode(),
                                      (layout_path or "").encode(), _layer_arg(layout_layer),
                                      ctypes.c_void_p(memory.data_ptr()), extent, stride,
