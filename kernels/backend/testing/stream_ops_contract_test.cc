@@ -77,6 +77,20 @@ struct StagedInputs {
     in.o = reinterpret_cast<float*>(o->data());
     return in;
   }
+  // `tokens` tokens per item (the inputs hold batch * tokens rows), o to `out`.
+  PrefillInputs Prefill(int batch, int tokens, float* out) const {
+    PrefillInputs p;
+    p.batch = batch;
+    p.tokens = tokens;
+    p.slots = reinterpret_cast<const int32_t*>(slots->data());
+    p.q = q->data();
+    p.k = k->data();
+    p.v = v->data();
+    p.g = reinterpret_cast<const float*>(g->data());
+    p.beta = reinterpret_cast<const float*>(beta->data());
+    p.o = out;
+    return p;
+  }
 };
 StagedInputs StageInputs(Backend& b, const TokenBatch& t, const std::vector<int32_t>& slots,
                          const ModelGeometry& g) {
@@ -173,19 +187,10 @@ TEST_P(StreamOpsContract, PrefillPackUnpackEqualTheValidatedBindings) {
   StagedInputs in = StageInputs(B(), t, slots, g);
   auto oa = Stage(B(), std::vector<float>(3 * tokens * g.h_v * g.d_v, 0.0f));
   auto ob = Stage(B(), std::vector<float>(3 * tokens * g.h_v * g.d_v, 0.0f));
-  PrefillInputs p;
-  p.batch = 3;
-  p.tokens = tokens;
-  p.slots = sl_p;
-  p.q = in.q->data();
-  p.k = in.k->data();
-  p.v = in.v->data();
-  p.g = (const float*)in.g->data();
-  p.beta = (const float*)in.beta->data();
-  p.o = (float*)oa->data();
-  ASSERT_TRUE(B().Prefill(*a.model, a.view, 1, p).ok());
-  p.o = (float*)ob->data();
-  ASSERT_TRUE(ops.EnqueuePrefill(*b.model, b.view, 1, p, r.rec, nullptr).ok());
+  ASSERT_TRUE(B().Prefill(*a.model, a.view, 1, in.Prefill(3, tokens, (float*)oa->data())).ok());
+  ASSERT_TRUE(ops.EnqueuePrefill(*b.model, b.view, 1, in.Prefill(3, tokens, (float*)ob->data()),
+                                 r.rec, nullptr)
+                  .ok());
   ASSERT_TRUE(ops.CheckRecord(r.rec, nullptr, true).ok());
   ASSERT_EQ(a.Bytes(), b.Bytes());
   const size_t on = 3 * tokens * g.h_v * g.d_v;
@@ -271,26 +276,17 @@ TEST_P(StreamOpsContract, StridedPoolEqualsAPackedPoolAndLeavesTheGapsAlone) {
       }
     }
     const int tokens = 3;
-    const std::vector<int32_t> pslots = {1, 5, -1};
-    auto psl = Stage(B(), pslots);
     const TokenBatch t = RandomTokenBatch(g, 3 * tokens, 40);
-    StagedInputs in = StageInputs(B(), t, pslots, g);
+    StagedInputs in = StageInputs(B(), t, {1, 5, -1}, g);
     const size_t pon = 3 * tokens * g.h_v * g.d_v;
     auto oa = Stage(B(), std::vector<float>(pon, 0.0f));
     auto ob = Stage(B(), std::vector<float>(pon, 0.0f));
-    PrefillInputs p;
-    p.batch = 3;
-    p.tokens = tokens;
-    p.slots = reinterpret_cast<const int32_t*>(psl->data());
-    p.q = in.q->data();
-    p.k = in.k->data();
-    p.v = in.v->data();
-    p.g = (const float*)in.g->data();
-    p.beta = (const float*)in.beta->data();
-    p.o = (float*)oa->data();
-    ASSERT_TRUE(ops.EnqueuePrefill(*a.model, a.view, 1, p, r.rec, nullptr).ok());
-    p.o = (float*)ob->data();
-    ASSERT_TRUE(ops.EnqueuePrefill(*a.model, b, 1, p, r.rec, nullptr).ok());
+    ASSERT_TRUE(ops.EnqueuePrefill(*a.model, a.view, 1, in.Prefill(3, tokens, (float*)oa->data()),
+                                   r.rec, nullptr)
+                    .ok());
+    ASSERT_TRUE(
+        ops.EnqueuePrefill(*a.model, b, 1, in.Prefill(3, tokens, (float*)ob->data()), r.rec, nullptr)
+            .ok());
     auto src = Stage(B(), std::vector<int32_t>{0, -1});
     auto dst = Stage(B(), std::vector<int32_t>{3, 2});
     for (const PoolView* v : both) {
