@@ -360,3 +360,27 @@ def test_pool_reopens_when_vllm_rebinds_the_kv_cache(plugin, paths):
     builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
     builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
     assert plugin.gdn._REGISTRY.pm is second   # same binding: same pool
+
+
+def test_pages_follow_a_rebinding_and_close_the_old_pools(plugin):
+    """"pages" storage over a KV cache vLLM binds twice: the pools move to the
+    new tensors, the old pools are closed, and no server is started."""
+    cfg = vllm_config({"format": "fp32"})
+    name = "model.layers.0.linear_attn"
+    layer = plugin.gdn.StatecacheGDNAttention(HF, cfg, name)
+    cfg.compilation_config.static_forward_context[name] = layer
+    packed = layer.get_state_shape()[1][0]
+
+    def bind(num_blocks):
+        layer.kv_cache = [torch.zeros(num_blocks, 3, CONV_DIM),
+                          torch.zeros(num_blocks, packed, dtype=torch.uint8)]
+        builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
+        builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
+        return plugin.gdn._REGISTRY.pm
+
+    first = bind(3)
+    assert first.server is None and first.shape.slots == 3
+    assert layer._sc_rows.data_ptr() == layer.kv_cache[1].data_ptr()
+    second = bind(6)
+    assert second is not first and first._closed and second.shape.slots == 6
+    assert layer._sc_pool is second.pools[0] and layer._sc_record is second.record
