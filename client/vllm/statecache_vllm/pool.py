@@ -348,8 +348,10 @@ class PagePools:
         self.pools[0].check(self.record)
 
     def close(self) -> None:
-        """Closes the pools (their fence stops later ops and graph replays);
-        vLLM's pages are untouched. Later calls do nothing."""
+        """Closes the pools; vLLM's pages are untouched. Destroy CUDA graphs
+        that captured their ops first: local pools have no fence, and a
+        replay after close would read the freed layout maps (vLLM drops its
+        graphs before it rebinds the KV cache). Later calls do nothing."""
         if self._closed:
             return
         self._closed = True
