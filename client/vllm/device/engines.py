@@ -23,7 +23,9 @@ tokenizer: prompts are token ids, skip_tokenizer_init):
          sizing vLLM reports (blocks, block size, concurrency for 320 tokens).
 Both: stock = vLLM's own GDN with mamba_ssm_cache_dtype=float32; plugin =
 additional_config["statecache"] with --storage pages (statecache's ops over
-vLLM's own pages) or server (a spawned statecached). Prefix caching off,
+vLLM's own pages) or server (a spawned statecached), --prefill statecache
+(statecache's prefill op) or runtime (vLLM's chunk kernel between unpack and
+pack). Prefix caching off,
 gdn_prefill_backend triton (no FlashInfer here). Prints one JSON line
 "RESULT {...}" and writes it to --out.
 """
@@ -101,7 +103,7 @@ def engine(args, model_dir: str, *, max_len: int, kv_bytes: int, capture_sizes):
     kw = {}
     if args.mode == "plugin":
         extra["statecache"] = {"format": args.format, "storage": args.storage,
-                               "check_every": args.check_every}
+                               "prefill": args.prefill, "check_every": args.check_every}
         if args.storage == "server":
             extra["statecache"]["statecached"] = args.statecached
     else:
@@ -137,7 +139,7 @@ def run_tiny(args, workdir):
     outs = llm.generate(prompts, sp, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     return {"kind": "tiny", "mode": args.mode, "format": args.format, "storage": args.storage,
-            "redrawn": redrawn,
+            "prefill": args.prefill, "redrawn": redrawn,
             "tokens": tokens, "generate_s": round(time.time() - t0, 3), **kv_sizing(llm)}
 
 
@@ -151,7 +153,7 @@ def run_bench(args, workdir):
     llm.apply_model(lambda m: redraw_weights(m, on_device=True))   # dummy weights give NaN
     gen = torch.Generator().manual_seed(0)
     res = {"kind": "bench", "mode": args.mode, "format": args.format, "storage": args.storage,
-           "tpot_ms": {},
+           "prefill": args.prefill, "tpot_ms": {},
            "cudagraph": args.cudagraph, "kv_cache_memory_bytes": args.kv_gib << 30,
            **kv_sizing(llm)}
 
@@ -192,6 +194,7 @@ def main():
     p.add_argument("--mode", choices=["stock", "plugin"], required=True)
     p.add_argument("--format", default="fp32")
     p.add_argument("--storage", choices=["pages", "server"], default="pages")
+    p.add_argument("--prefill", choices=["statecache", "runtime"], default="statecache")
     p.add_argument("--statecached", default="/tmp/sc_vllm/sc/statecached")
     p.add_argument("--check_every", type=int, default=16)
     p.add_argument("--cudagraph", choices=["default", "full-decode", "eager"], default="default")

@@ -7,7 +7,8 @@
 #            check that vllm 0.26.0, statecache and the plugin's entry point import
 #   tiny     install, then the tiny Qwen3-Next three times (stock fp32 states,
 #            plugin fp32, plugin damp:16): greedy tokens compared
-# STORAGE=pages (default) | server picks the plugin's storage.
+# STORAGE=pages (default) | server picks the plugin's storage, PREFILL=statecache
+# (default) | runtime its prefill path.
 #   bench    install, then Qwen3.6-35B-A3B geometry: TPOT at B = 1..256 and KV
 #            sizing, plugin damp:16 then stock fp32 (bench_plugin / bench_stock:
 #            one of the two; the comparison uses whatever runs are there)
@@ -94,9 +95,9 @@ engine() {
 tiny() {
   engine tiny_stock_fp32 240 tiny --mode stock
   engine tiny_plugin_fp32 200 tiny --mode plugin --format fp32 --check_every 1 \
-    --storage "${STORAGE:-pages}"
+    --storage "${STORAGE:-pages}" --prefill "${PREFILL:-statecache}"
   engine tiny_plugin_damp16 200 tiny --mode plugin --format damp:16 --check_every 1 \
-    --storage "${STORAGE:-pages}"
+    --storage "${STORAGE:-pages}" --prefill "${PREFILL:-statecache}"
   python3 - "$ROOT" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
 import json, os, sys
 root = sys.argv[1]
@@ -121,7 +122,8 @@ EOF
 
 bench_plugin() {
   engine bench_plugin_damp16 540 bench --mode plugin --format damp:16 \
-    --storage "${STORAGE:-pages}" --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" ${BENCH_ARGS:-}
+    --storage "${STORAGE:-pages}" --prefill "${PREFILL:-statecache}" \
+    --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" ${BENCH_ARGS:-}
 }
 bench_stock() {
   engine bench_stock_fp32 540 bench --mode stock --cudagraph "${BENCH_CUDAGRAPH:-full-decode}" \

@@ -17,6 +17,10 @@ Keys (all optional; unknown keys are an error naming the key):
                   states in a statecached pool (target / spawn below), vLLM's
                   pages unused. The keys target .. lease_ms and drop_existing
                   apply to "server" only
+  prefill         "statecache" (default): prefill chunks through statecache's
+                  prefill op from the stored state, quantized once; "runtime":
+                  through vLLM's own chunk kernel (chunk_gated_delta_rule, the
+                  stock arithmetic) between unpack and pack ("pages" storage)
   target          gRPC target of a running statecached ("unix:/run/sc.sock",
                   "127.0.0.1:50051"); "{rank}" is replaced by the TP rank.
                   Empty: the plugin starts its own statecached (spawn)
@@ -48,6 +52,7 @@ _UNIFORM = ("fp32", "fp16", "bf16", "int8", "int8-hadamard", "int4", "int4-hadam
             "fp8-e4m3", "nvfp4")
 _MIXED = ("damp", "damp-sr")
 STORAGES = ("pages", "server")
+PREFILLS = ("statecache", "runtime")
 DEFAULT_K_HI = 16
 
 
@@ -92,6 +97,7 @@ def parse_format(text: Any, key: str = "format") -> FormatSpec:
 class PluginConfig:
     format: FormatSpec = field(default_factory=lambda: FormatSpec("damp", DEFAULT_K_HI))
     storage: str = "pages"
+    prefill: str = "statecache"
     target: str = ""
     statecached: str = "statecached"
     spawn_args: Tuple[str, ...] = ()
@@ -152,6 +158,7 @@ def parse(raw: Mapping[str, Any]) -> PluginConfig:
     cfg = PluginConfig(
         format=parse_format(raw["format"]) if "format" in raw else d.format,
         storage=_typed(raw, "storage", str, d.storage),
+        prefill=_typed(raw, "prefill", str, d.prefill),
         target=_typed(raw, "target", str, d.target).strip(),
         statecached=_typed(raw, "statecached", str, d.statecached),
         spawn_args=tuple(spawn_args),
@@ -165,6 +172,11 @@ def parse(raw: Mapping[str, Any]) -> PluginConfig:
     )
     if cfg.storage not in STORAGES:
         raise ConfigError(f"storage: {cfg.storage!r} is not one of {', '.join(STORAGES)}")
+    if cfg.prefill not in PREFILLS:
+        raise ConfigError(f"prefill: {cfg.prefill!r} is not one of {', '.join(PREFILLS)}")
+    if cfg.prefill == "runtime" and cfg.storage != "pages":
+        raise ConfigError("prefill: 'runtime' needs storage 'pages' (one layer per pool: the "
+                          "pack after vLLM's chunk kernel rewrites whole slots)")
     if cfg.check_every < 1:
         raise ConfigError(f"check_every: {cfg.check_every} must be >= 1")
     if cfg.lease_ms < 0:

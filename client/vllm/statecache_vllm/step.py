@@ -4,7 +4,8 @@
 Decode rows: one token each, statecache.torch.decode (the fused kernel).
 Prefill rows: vLLM's flat varlen tokens are laid out as [P, T] (T = longest
 chunk of the step) and run by statecache.torch.prefill from the stored
-states, quantized once. Padding tokens carry q = k = v = 0, g = 0, beta = 0:
+states, quantized once (prefill); or, with a one-layer pool, by the engine's
+own chunk kernel between statecache.torch.unpack and pack (prefill_with). Padding tokens carry q = k = v = 0, g = 0, beta = 0:
 exp(0) = 1 and beta = 0 leave S unchanged exactly. A sequence without an
 initial state (its first chunk) gets g = RESET_G on its first token:
 exp(RESET_G) == 0 in fp32, so S_bar = 0 * S_old = 0 and the chunk starts from
@@ -95,3 +96,30 @@ def prefill(pool: "sct.EnginePool", layer: int, slots: torch.Tensor, plan: Prefi
         gg[:, 0] = torch.where(fresh.view(-1, 1), torch.full_like(gg[:, 0], RESET_G), gg[:, 0])
     o = sct.prefill(pool, layer, slots, qg, kg, vg, gg, bg, record=record)
     return o.view((plan.rows * plan.tokens,) + tuple(o.shape[2:])).index_select(0, pos)
+
+
+def prefill_with(kernel, pool: "sct.EnginePool", slots: torch.Tensor,
+                 fresh: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, record: torch.Tensor,
+                 **kernel_args) -> torch.Tensor:
+    """The step's prefill tokens through the engine's chunk kernel (vLLM's
+    chunk_gated_delta_rule: varlen over cu_seqlens in kernel_args, states
+    value-first [P, h_v, d_v, d_k]) instead of statecache's prefill op: the
+    rows' states are unpacked from one-layer `pool` (fresh rows start from
+    zero), the kernel runs from them, its final states are packed back (each
+    slot fully rewritten; padding rows skipped). q, k (L2-normalized), v flat
+    [N, heads, dim], g, beta [N, h_v]; slots int32 [P]; fresh bool [P] or
+    None. Returns o [N, h_v, d_v] in the kernel's dtype. ValueError when the
+    pool holds more than one layer (pack rewrites whole slots)."""
+    if pool.geometry.layers != 1:
+        raise ValueError(f"pool: {pool.geometry.layers} layers; prefill_with needs one layer per "
+                         "pool (pack rewrites whole slots)")
+    init = sct.unpack(pool, slots, record=record)[:, 0].transpose(-1, -2)
+    if fresh is not None:
+        init = init.masked_fill(fresh.view(-1, 1, 1, 1), 0.0)
+    o, final = kernel(q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), g=g.unsqueeze(0),
+                      beta=beta.unsqueeze(0), initial_state=init.contiguous(),
+                      output_final_state=True, use_qk_l2norm_in_kernel=False, **kernel_args)
+    sct.pack(pool, slots, final.float().transpose(-1, -2).unsqueeze(1).contiguous(),
+             record=record)
+    return o.squeeze(0)

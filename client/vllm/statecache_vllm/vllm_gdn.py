@@ -158,11 +158,21 @@ class StatecacheGDNAttention(QwenGatedDeltaNetAttention):
                 conv_output=x[ndt:n_tok], a=a[ndt:n_tok], b=b[ndt:n_tok], A_log=self.A_log,
                 dt_bias=self.dt_bias, num_k_heads=geo.h_qk, head_k_dim=geo.d_k,
                 head_v_dim=geo.d_v, apply_l2norm=True, output_g_exp=False)
-            slots = md.sc_slots[nd:nd + npf]
-            if self._sc_rows is not None:
-                zero_fresh_rows(self._sc_rows, slots, md.sc_fresh, geo.h_v)
-            o = step.prefill(self._sc_pool, self._sc_layer, slots, md.sc_plan, md.sc_pos,
-                             md.sc_fresh, q, k, v, g, beta, record=self._sc_record)
+            if self._sc_cfg.prefill == "runtime":   # vLLM's chunk kernel, unpack / pack around it
+                # Its rows: every non-decode row of prefill_query_start_loc (vLLM's
+                # zero-length padding rows included, as stock vLLM runs them).
+                rows = md.prefill_query_start_loc.numel() - 1
+                o = step.prefill_with(
+                    self.chunk_gated_delta_rule, self._sc_pool, md.sc_slots[nd:nd + rows],
+                    ~md.prefill_has_initial_state, q, k, v, g, beta, record=self._sc_record,
+                    cu_seqlens=md.prefill_query_start_loc, chunk_indices=md.chunk_indices,
+                    chunk_offsets=md.chunk_offsets)
+            else:
+                slots = md.sc_slots[nd:nd + npf]
+                if self._sc_rows is not None:
+                    zero_fresh_rows(self._sc_rows, slots, md.sc_fresh, geo.h_v)
+                o = step.prefill(self._sc_pool, self._sc_layer, slots, md.sc_plan, md.sc_pos,
+                                 md.sc_fresh, q, k, v, g, beta, record=self._sc_record)
             core_attn_out[ndt:n_tok] = o.to(core_attn_out.dtype)
 
 

@@ -11,7 +11,7 @@ def test_defaults():
     cfg = parse({})
     assert cfg == PluginConfig()
     assert cfg.format == FormatSpec("damp", 16) and cfg.format.text == "damp:16"
-    assert cfg.storage == "pages" and not cfg.spawn
+    assert cfg.storage == "pages" and cfg.prefill == "statecache" and not cfg.spawn
     assert cfg.check_every == 16 and cfg.model_id == "vllm-gdn"
     assert parse({"storage": "server"}).spawn   # no target: the plugin starts statecached
 
@@ -55,6 +55,8 @@ def test_formats(text, want):
     ({"spawn_args": "--x"}, "spawn_args: '--x' is not a list"),
     ({"statecached": "", "storage": "server"}, "statecached: empty"),
     ({"storage": "disk"}, "storage: 'disk' is not one of pages, server"),
+    ({"prefill": "fla"}, "prefill: 'fla' is not one of statecache, runtime"),
+    ({"prefill": "runtime", "storage": "server"}, "prefill: 'runtime' needs storage 'pages'"),
     ({"fromat": "damp"}, "fromat: unknown setting"),
 ])
 def test_errors_name_the_key(raw, needle):

@@ -312,3 +312,17 @@ def test_page_pools_take_their_layer_of_a_calibrated_layout(paths, tmp_path):
         store.close()
         identity.close()
         server.close()
+
+
+def test_prefill_with_needs_one_layer_pools(paths):
+    """The runtime-kernel prefill packs whole slots: a pool of several layers
+    is refused before anything runs."""
+    pm = _open(paths, num_blocks=3, layers=2)
+    try:
+        q, k, v, g, beta = _inputs(2)
+        with pytest.raises(ValueError, match="pool: 2 layers; prefill_with needs one layer"):
+            step.prefill_with(lambda **kw: pytest.fail("the kernel ran"), pm.pool,
+                              pm.lookup(torch.tensor([1])), None, q, k, v, g, beta,
+                              record=pm.record)
+    finally:
+        pm.close()

@@ -42,6 +42,23 @@ class FakeGDN(torch.nn.Module):
     def get_state_shape(self):
         return (3, CONV_DIM), (H_V, D, D)
 
+    @staticmethod
+    def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, output_final_state,
+                               use_qk_l2norm_in_kernel, cu_seqlens, chunk_indices,
+                               chunk_offsets):
+        """vLLM's ChunkGatedDeltaRule as the float64 reference: varlen rows of
+        cu_seqlens, value-first states [P, h_v, d_v, d_k], q / k normalized."""
+        assert output_final_state and not use_qk_l2norm_in_kernel
+        o = torch.zeros(v.shape, dtype=torch.float32)
+        final = torch.empty(initial_state.shape, dtype=torch.float32)
+        for r in range(cu_seqlens.numel() - 1):
+            S = initial_state[r].double().transpose(-1, -2)
+            for t in range(int(cu_seqlens[r]), int(cu_seqlens[r + 1])):
+                out, S = token(S, q[0, t], k[0, t], v[0, t], g[0, t], beta[0, t])
+                o[0, t] = out.float()
+            final[r] = S.transpose(-1, -2).float()
+        return o, final
+
     def get_state_dtype(self):
         return torch.bfloat16, torch.float32
 
@@ -230,15 +247,18 @@ def _metadata(nd, qsl, blocks, computed, has_init):
         non_spec_state_indices_tensor=torch.tensor(blocks, dtype=torch.int32),
         has_initial_state=torch.tensor(has_init) if npf else None,
         prefill_has_initial_state=torch.tensor(has_init[nd:]) if npf else None,
+        prefill_query_start_loc=(qsl[nd:] - qsl[nd]) if npf else None,
+        chunk_indices=None, chunk_offsets=None,
         non_spec_query_start_loc=qsl)
     return types.SimpleNamespace(query_start_loc_cpu=qsl, stock=stock,
                                  compute_num_computed_tokens=lambda: torch.tensor(computed))
 
 
-@pytest.mark.parametrize("storage", ["pages", "server"])
-def test_two_groups_two_steps_against_reference(plugin, paths, storage):
-    sc_cfg = {"format": "fp32", "storage": storage, "statecached": paths["statecached"],
-              "check_every": 1}
+@pytest.mark.parametrize("storage,prefill", [("pages", "statecache"), ("server", "statecache"),
+                                             ("pages", "runtime")])
+def test_two_groups_two_steps_against_reference(plugin, paths, storage, prefill):
+    sc_cfg = {"format": "fp32", "storage": storage, "prefill": prefill,
+              "statecached": paths["statecached"], "check_every": 1}
     cfg = vllm_config(sc_cfg)
     names = [f"model.layers.{i}.linear_attn" for i in range(4)]
     layers = [plugin.gdn.StatecacheGDNAttention(HF, cfg, n) for n in names]
