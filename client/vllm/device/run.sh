@@ -5,8 +5,9 @@
 #   install  check and unpack the parts (/tmp/sc_vllm/parts) into /tmp/sc_vllm,
 #            pip-install the dependency wheels there (--no-index --no-deps),
 #            check that vllm 0.26.0, statecache and the plugin's entry point import
-#   tiny     install, then the tiny Qwen3-Next three times (stock fp32 states,
-#            plugin fp32, plugin damp:16): greedy tokens compared
+#   tiny     install, then the tiny Qwen3-Next (stock fp32 states, plugin fp32,
+#            plugin damp:16, plugin fp32 with prefill "runtime" on pages):
+#            greedy tokens compared
 # STORAGE=pages (default) | server picks the plugin's storage, PREFILL=statecache
 # (default) | runtime its prefill path.
 #   bench    install, then Qwen3.6-35B-A3B geometry: TPOT at B = 1..256 and KV
@@ -98,6 +99,9 @@ tiny() {
     --storage "${STORAGE:-pages}" --prefill "${PREFILL:-statecache}"
   engine tiny_plugin_damp16 200 tiny --mode plugin --format damp:16 --check_every 1 \
     --storage "${STORAGE:-pages}" --prefill "${PREFILL:-statecache}"
+  # fp32 with vLLM's own chunk kernel for prefill (pages storage only)
+  [ "${STORAGE:-pages}" = pages ] && engine tiny_plugin_fp32_runtime 200 tiny --mode plugin \
+    --format fp32 --check_every 1 --storage pages --prefill runtime
   python3 - "$ROOT" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
 import json, os, sys
 root = sys.argv[1]
@@ -105,7 +109,7 @@ def load(n):
     p = os.path.join(root, n + ".json")
     return json.load(open(p))["tokens"] if os.path.exists(p) else None
 ref = load("tiny_stock_fp32")
-for name in ("tiny_plugin_fp32", "tiny_plugin_damp16"):
+for name in ("tiny_plugin_fp32", "tiny_plugin_damp16", "tiny_plugin_fp32_runtime"):
     got = load(name)
     if ref is None or got is None:
         print(f"TINY {name}: not compared (missing run)"); continue
@@ -113,7 +117,7 @@ for name in ("tiny_plugin_fp32", "tiny_plugin_damp16"):
     tok = sum(x == y for a, b in zip(ref, got) for x, y in zip(a, b))
     first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(ref, got)]
     n = sum(len(a) for a in ref)
-    verdict = ("PASS" if same == len(ref) else "FAIL") if name.endswith("fp32") else "INFO"
+    verdict = ("PASS" if same == len(ref) else "FAIL") if "fp32" in name else "INFO"
     print(f"TINY {verdict} {name} vs stock fp32: identical sequences {same}/{len(ref)}, "
           f"tokens agreeing {tok}/{n} ({100 * tok / n:.2f}%), mean first divergence at "
           f"{sum(first) / len(first):.1f} of {len(ref[0])}")
