@@ -56,11 +56,20 @@ logger = init_logger("vllm.statecache_vllm")
 def check_supported(cfg: PluginConfig, vllm_config) -> None:
     """ConfigError for engine settings the plugin does not handle yet."""
     cache = vllm_config.cache_config
-    if cache.mamba_cache_mode != "none" or cache.enable_prefix_caching:
-        raise ConfigError("enable_prefix_caching: the statecache plugin needs it off for hybrid "
+    mode = cache.mamba_cache_mode
+    if cfg.storage == "pages":
+        # vLLM's 'align' mode copies a request's state bytes from block to block
+        # with its own memcpy on its own tensors: on "pages" those bytes are the
+        # packed states, so the copies are exact. 'all' keeps a state at every
+        # block boundary inside a chunk, which the prefill paths do not write.
+        if mode not in ("none", "align"):
+            raise ConfigError(f"mamba_cache_mode: '{mode}' is not supported by the statecache "
+                              "plugin ('none', or 'align' for prefix caching)")
+    elif mode != "none" or cache.enable_prefix_caching:
+        raise ConfigError("enable_prefix_caching: storage 'server' needs it off for hybrid "
                           "models (mamba_cache_mode 'none'); 'align' mode copies states "
-                          "through vLLM's own copy kernels, not the pool (README: prefix "
-                          "caching)")
+                          "through vLLM's own copy kernels, which the 'pages' storage "
+                          "serves (README: prefix caching)")
     if vllm_config.speculative_config is not None:
         raise ConfigError("speculative_config: speculative decoding is not supported by the "
                           "statecache plugin yet")

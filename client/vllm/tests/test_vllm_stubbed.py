@@ -225,12 +225,18 @@ def test_packed_state_declared(plugin):
         assert cls.get_mamba_state_dtype_from_config(cfg) == layer.get_state_dtype()
 
 
-@pytest.mark.parametrize("cache,needle", [({"enable_prefix_caching": True}, "enable_prefix"),
-                                          ({"mamba_cache_mode": "align"}, "enable_prefix")])
-def test_unsupported_settings(plugin, cache, needle):
+@pytest.mark.parametrize("sc,cache,needle", [
+    ({"storage": "server"}, {"enable_prefix_caching": True}, "enable_prefix"),
+    ({"storage": "server"}, {"mamba_cache_mode": "align"}, "enable_prefix"),
+    ({}, {"enable_prefix_caching": True, "mamba_cache_mode": "all"}, "mamba_cache_mode: 'all'")])
+def test_unsupported_settings(plugin, sc, cache, needle):
     from statecache_vllm.config import ConfigError
     with pytest.raises(ConfigError, match=needle):
-        plugin.gdn.StatecacheGDNAttention(HF, vllm_config({}, **cache), "model.layers.0.x")
+        plugin.gdn.StatecacheGDNAttention(HF, vllm_config(sc, **cache), "model.layers.0.x")
+    # "pages" serves prefix caching in 'align' mode
+    plugin.gdn.StatecacheGDNAttention(
+        HF, vllm_config({}, enable_prefix_caching=True, mamba_cache_mode="align"),
+        "model.layers.0.x")
     cfg = vllm_config({})
     cfg.speculative_config = object()
     with pytest.raises(ConfigError, match="speculative_config"):
@@ -404,3 +410,64 @@ def test_pages_follow_a_rebinding_and_close_the_old_pools(plugin):
     second = bind(6)
     assert second is not first and first._closed and second.shape.slots == 6
     assert layer._sc_pool is second.pools[0] and layer._sc_record is second.record
+
+
+def test_pages_serve_align_mode_block_copies(plugin):
+    """Prefix caching ('align'): between steps vLLM copies a request's state
+    bytes from its last block to its next one (batch_memcpy of state[block]);
+    on "pages" those bytes are the packed state, so the request continues
+    exactly from there, and the earlier block keeps the prefix's state."""
+    cfg = vllm_config({"format": "damp:16", "check_every": 1}, enable_prefix_caching=True,
+                      mamba_cache_mode="align")
+    name = "model.layers.0.linear_attn"
+    layer = plugin.gdn.StatecacheGDNAttention(HF, cfg, name)
+    cfg.compilation_config.static_forward_context[name] = layer
+    packed = layer.get_state_shape()[1][0]
+    state = torch.zeros(8, packed, dtype=torch.uint8)
+    layer.kv_cache = [torch.zeros(8, 3, CONV_DIM), state]
+    builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
+    gen = torch.Generator().manual_seed(5)
+
+    def run(block, n_tok, computed):
+        md = builder.build(0, _metadata(0 if n_tok > 1 else 1, [0, n_tok], [block], [computed],
+                                        [computed > 0]))
+        FORWARD.attn_metadata = {name: md}
+        mixed = torch.randn(n_tok, CONV_DIM, generator=gen)
+        a, b = torch.randn(n_tok, H_V, generator=gen), torch.randn(n_tok, H_V, generator=gen)
+        out = torch.zeros(n_tok, H_V, D)
+        layer._forward_core(mixed, b, a, out)
+        FORWARD.attn_metadata = None
+        return mixed, a, b, out
+
+    def reference(S, mixed, a, b):
+        g_all = -torch.exp(layer.A_log) * F.softplus(a + layer.dt_bias)
+        outs = []
+        for t in range(mixed.shape[0]):
+            x = mixed[t]
+            o, S = token(S, l2n(x[:H_QK * D].view(H_QK, D)),
+                         l2n(x[H_QK * D:2 * H_QK * D].view(H_QK, D)),
+                         x[2 * H_QK * D:].view(H_V, D), g_all[t], torch.sigmoid(b[t]))
+            outs.append(o)
+        return torch.stack(outs), S
+
+    mixed, a, b, out = run(3, 4, 0)                  # prefill 4 tokens into block 3
+    want, S = reference(torch.zeros(H_V, D, D, dtype=torch.float64), mixed, a, b)
+    torch.testing.assert_close(out.double(), want, rtol=0.05, atol=0.02)   # damp:16
+    state[5].copy_(state[3])                         # vLLM's align-mode copy to the next block
+    prefix = state[3].clone()
+    # Continue from block 5: the same as continuing block 3 in place.
+    mixed, a, b, out = run(5, 1, 4)
+    in_place = torch.zeros(8, packed, dtype=torch.uint8)
+    in_place[3] = prefix
+    layer.kv_cache = [torch.zeros(8, 3, CONV_DIM), in_place]
+    builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
+    md = builder.build(0, _metadata(1, [0, 1], [3], [4], [True]))
+    FORWARD.attn_metadata = {name: md}
+    again = torch.zeros(1, H_V, D)
+    layer._forward_core(mixed, b, a, again)
+    FORWARD.attn_metadata = None
+    assert torch.equal(out, again)                   # bit for bit
+    assert torch.equal(state[5], in_place[3])        # the same state bytes written
+    assert torch.equal(state[3], prefix)             # the cached prefix block is untouched
+    want1, _ = reference(S, mixed, a, b)
+    torch.testing.assert_close(out.double(), want1, rtol=0.05, atol=0.02)
