@@ -8,7 +8,8 @@
 #   (b) cuda_backend_test (the validated binding; regression);
 #   (c) torch_ops_check.py: statecache.torch from a PyTorch worker (CUDA graph
 #       capture + replay with new inputs and indices, errors, torch.compile,
-#       fence after detach);
+#       fence after detach); strided_pool_bench.py: the decode op on a packed
+#       vs a page-strided local pool and the vLLM plugin's decode_prep;
 #   (d) decode_bench: the op in a CUDA graph beside the raw kernel (OP /
 #       OPSTEP / OPCOPY / OPPACK / OPUNPACK / OPPREFILL lines), Qwen3.6
 #       head geometry;
@@ -34,6 +35,10 @@ timeout 120 $U/cuda_backend_test --gtest_brief=1 > "$OUT/cuda_backend_test.log" 
 summary "cuda_backend_test exit=$?  $(grep -E 'PASSED|FAILED' "$OUT/cuda_backend_test.log" | head -5 | tr '\n' ' ')"
 timeout 240 python3 tests/dataplane/torch_ops_check.py --dir "$U" > "$OUT/torch_ops_check.log" 2>&1
 summary "torch_ops_check exit=$?  $(grep -E '^RESULT' "$OUT/torch_ops_check.log")"
+PYTHONPATH=$U/python:client/vllm STATECACHE_DATAPLANE_LIB=$U/lib/libstatecache_dataplane.so \
+  timeout 120 python3 tests/dataplane/strided_pool_bench.py > "$OUT/strided_pool_bench.log" 2>&1
+summary "strided_pool_bench exit=$?"
+grep -E '^STRIDED ' "$OUT/strided_pool_bench.log" >> "$OUT/summary.txt"
 timeout ${BENCH_S:-200} $U/decode_bench ${BENCH_ARGS:---batches=1,8,32,64,128,256,512 --formats=damp,int8-hadamard,bf16,fp32 --reps=5} \
   > "$OUT/decode_bench.log" 2>&1
 summary "decode_bench exit=$?"
