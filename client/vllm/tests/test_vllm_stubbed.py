@@ -361,10 +361,12 @@ def test_pool_refuses_a_stock_sized_state(plugin, paths):
         builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
 
 
-def test_pool_reopens_when_vllm_rebinds_the_kv_cache(plugin, paths):
+@pytest.mark.parametrize("storage", ["server", "pages"])
+def test_storage_follows_when_vllm_rebinds_the_kv_cache(plugin, paths, storage):
     """vLLM 0.26 binds a minimal KV cache to profile CUDA graph memory, then the
-    real one: the pool follows the binding."""
-    cfg = vllm_config({"format": "fp32", "storage": "server",
+    real one: the storage follows the binding and closes the old one (the
+    spawned server stops; pages pools move to the new tensors)."""
+    cfg = vllm_config({"format": "fp32", "storage": storage,
                        "statecached": paths["statecached"]})
     name = "model.layers.0.linear_attn"
     layer = plugin.gdn.StatecacheGDNAttention(HF, cfg, name)
@@ -378,38 +380,21 @@ def test_pool_reopens_when_vllm_rebinds_the_kv_cache(plugin, paths):
         builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
         return plugin.gdn._REGISTRY.pm
 
+    spare = 1 if storage == "server" else 0   # server: no slot for the null block
     first = bind(3)
-    assert first.shape.slots == 2
+    assert first.shape.slots == 3 - spare
     second = bind(6)
-    assert second is not first and second.shape.slots == 5 and first._closed
-    assert first.server.proc.poll() is not None and layer._sc_pm is second
+    assert second is not first and second.shape.slots == 6 - spare and first._closed
+    assert layer._sc_pm is second
+    if storage == "server":
+        assert first.server.proc.poll() is not None
+    else:
+        assert first.server is None and layer._sc_pool is second.pools[0]
+        assert layer._sc_rows.data_ptr() == layer.kv_cache[1].data_ptr()
+        assert layer._sc_record is second.record
     builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
     builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
-    assert plugin.gdn._REGISTRY.pm is second   # same binding: same pool
-
-
-def test_pages_follow_a_rebinding_and_close_the_old_pools(plugin):
-    """"pages" storage over a KV cache vLLM binds twice: the pools move to the
-    new tensors, the old pools are closed, and no server is started."""
-    cfg = vllm_config({"format": "fp32"})
-    name = "model.layers.0.linear_attn"
-    layer = plugin.gdn.StatecacheGDNAttention(HF, cfg, name)
-    cfg.compilation_config.static_forward_context[name] = layer
-    packed = layer.get_state_shape()[1][0]
-
-    def bind(num_blocks):
-        layer.kv_cache = [torch.zeros(num_blocks, 3, CONV_DIM),
-                          torch.zeros(num_blocks, packed, dtype=torch.uint8)]
-        builder = plugin.gdn.StatecacheGDNMetadataBuilder(None, [name], cfg, "cpu")
-        builder.build(0, _metadata(1, [0, 1], [1], [1], [True]))
-        return plugin.gdn._REGISTRY.pm
-
-    first = bind(3)
-    assert first.server is None and first.shape.slots == 3
-    assert layer._sc_rows.data_ptr() == layer.kv_cache[1].data_ptr()
-    second = bind(6)
-    assert second is not first and first._closed and second.shape.slots == 6
-    assert layer._sc_pool is second.pools[0] and layer._sc_record is second.record
+    assert plugin.gdn._REGISTRY.pm is second   # same binding: same storage
 
 
 def test_pages_serve_align_mode_block_copies(plugin):
