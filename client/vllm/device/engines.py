@@ -2,6 +2,7 @@
 process (run.sh starts one per line):
 
     python3 engines.py tiny  --mode stock|plugin [--format fp32] --out tokens.json
+    python3 engines.py prefix --mode stock|plugin [--format fp32] --out tokens.json
     python3 engines.py bench --mode stock|plugin [--format damp:16] --out bench.json
 
 Models are built from a config.json written here (no download, no
@@ -12,6 +13,8 @@ tokenizer: prompts are token ids, skip_tokenizer_init):
          A_log = log U(1, 16), dt_bias 1) so logits are far from ties and both
          modes see the same weights. 32 prompts of 16..47 tokens, greedy,
          48 new tokens; writes the token ids.
+  prefix the tiny model with prefix caching on (vLLM's align mode): 8 prompts
+         sharing a 1,200-token prefix, generated twice; writes both passes.
   bench  Qwen3.6-35B-A3B geometry on the Qwen3-Next architecture: hidden
          2048, 40 layers (30 GDN + 10 full attention, every 4th), GDN 16 key /
          32 value heads of 128 x 128, attention 16 q / 2 kv heads of 256, MoE
@@ -97,7 +100,8 @@ def redraw_weights(model, on_device: bool = False) -> int:
     return n
 
 
-def engine(args, model_dir: str, *, max_len: int, kv_bytes: int, capture_sizes):
+def engine(args, model_dir: str, *, max_len: int, kv_bytes: int, capture_sizes,
+           prefix_caching: bool = False):
     from vllm import LLM
     extra = {"gdn_prefill_backend": "triton"}
     kw = {}
@@ -113,8 +117,10 @@ def engine(args, model_dir: str, *, max_len: int, kv_bytes: int, capture_sizes):
         comp.update(mode=0, cudagraph_mode="FULL_DECODE_ONLY")
     elif args.cudagraph == "eager":
         kw["enforce_eager"] = True
+    if prefix_caching:   # vLLM's default with prefix caching is "all"; the plugin serves "align"
+        kw["mamba_cache_mode"] = "align"
     return LLM(model=model_dir, skip_tokenizer_init=True, load_format="dummy",
-               dtype="bfloat16", enable_prefix_caching=False, max_model_len=max_len,
+               dtype="bfloat16", enable_prefix_caching=prefix_caching, max_model_len=max_len,
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.batched_tokens,
                kv_cache_memory_bytes=kv_bytes, compilation_config=comp,
                additional_config=extra, seed=0, **kw)
@@ -141,6 +147,29 @@ def run_tiny(args, workdir):
     return {"kind": "tiny", "mode": args.mode, "format": args.format, "storage": args.storage,
             "prefill": args.prefill, "redrawn": redrawn,
             "tokens": tokens, "generate_s": round(time.time() - t0, 3), **kv_sizing(llm)}
+
+
+def run_prefix(args, workdir):
+    """Prefix caching (vLLM's align mode): 8 prompts sharing a 1,200-token
+    prefix, each with its own 16-token suffix, generated twice (greedy, 16
+    new tokens); the second pass finds the prefix's states cached in vLLM's
+    blocks. Writes both passes' tokens."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    model = write_model(os.path.join(workdir, "tiny"), TINY)
+    llm = engine(args, model, max_len=2048, kv_bytes=512 << 20, capture_sizes=[1, 2, 4, 8],
+                 prefix_caching=True)
+    llm.apply_model(redraw_weights)
+    prefix = [(11 * j + 5) % 251 + 3 for j in range(1200)]
+    prompts = [TokensPrompt(prompt_token_ids=prefix + [(3 * i + 7 * j) % 251 + 3
+                                                       for j in range(16)]) for i in range(8)]
+    sp = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, detokenize=False)
+    passes = []
+    for _ in range(2):
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        passes.append([list(o.outputs[0].token_ids) for o in outs])
+    return {"kind": "prefix", "mode": args.mode, "format": args.format, "storage": args.storage,
+            "tokens": passes[1], "first_pass": passes[0], **kv_sizing(llm)}
 
 
 def run_bench(args, workdir):
@@ -190,7 +219,7 @@ def run_bench(args, workdir):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("kind", choices=["tiny", "bench"])
+    p.add_argument("kind", choices=["tiny", "prefix", "bench"])
     p.add_argument("--mode", choices=["stock", "plugin"], required=True)
     p.add_argument("--format", default="fp32")
     p.add_argument("--storage", choices=["pages", "server"], default="pages")
@@ -210,7 +239,7 @@ def main():
     args = p.parse_args()
     workdir = tempfile.mkdtemp(prefix="sc-vllm-")
     t0 = time.time()
-    res = (run_tiny if args.kind == "tiny" else run_bench)(args, workdir)
+    res = {"tiny": run_tiny, "prefix": run_prefix, "bench": run_bench}[args.kind](args, workdir)
     res["wall_s"] = round(time.time() - t0, 1)
     with open(args.out, "w") as f:
         json.dump(res, f)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 28's GPU run, on the device machine from the repository root, after
 # the staged parts came over (client/vllm/device/README.md):
-#   bash client/vllm/device/run.sh PHASE     PHASE: install | tiny | bench | all
+#   bash client/vllm/device/run.sh PHASE     PHASE: install | tiny | prefix | bench | all
 #   install  check and unpack the parts (/tmp/sc_vllm/parts) into /tmp/sc_vllm,
 #            pip-install the dependency wheels there (--no-index --no-deps),
 #            check that vllm 0.26.0, statecache and the plugin's entry point import
@@ -10,6 +10,8 @@
 #            greedy tokens compared
 # STORAGE=pages (default) | server picks the plugin's storage, PREFILL=statecache
 # (default) | runtime its prefill path.
+#   prefix   install, then prefix caching (align mode) on the tiny model: stock fp32
+#            and plugin fp32 on pages, each pass with cached prefixes vs the first
 #   bench    install, then Qwen3.6-35B-A3B geometry: TPOT at B = 1..256 and KV
 #            sizing, plugin damp:16 then stock fp32 (bench_plugin / bench_stock:
 #            one of the two; the comparison uses whatever runs are there)
@@ -124,6 +126,30 @@ for name in ("tiny_plugin_fp32", "tiny_plugin_damp16", "tiny_plugin_fp32_runtime
 EOF
 }
 
+prefix() {  # prefix caching (align mode): stock fp32 vs plugin fp32 on pages
+  engine prefix_stock_fp32 240 prefix --mode stock
+  engine prefix_plugin_fp32 200 prefix --mode plugin --format fp32 --check_every 1 --storage pages
+  python3 - "$ROOT" <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
+import json, os, sys
+root = sys.argv[1]
+def load(n):
+    p = os.path.join(root, n + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+runs = {n: load(n) for n in ("prefix_stock_fp32", "prefix_plugin_fp32")}
+for n, r in runs.items():
+    if r is None:
+        print(f"PREFIX {n}: not run"); continue
+    same = sum(a == b for a, b in zip(r["first_pass"], r["tokens"]))
+    print(f"PREFIX {'PASS' if same == len(r['tokens']) else 'FAIL'} {n}: cached pass equals the "
+          f"first pass on {same}/{len(r['tokens'])} prompts")
+s, p = runs["prefix_stock_fp32"], runs["prefix_plugin_fp32"]
+if s and p:
+    tok = sum(x == y for a, b in zip(s["tokens"], p["tokens"]) for x, y in zip(a, b))
+    n = sum(len(a) for a in s["tokens"])
+    print(f"PREFIX INFO plugin vs stock (cached pass): tokens agreeing {tok}/{n}")
+EOF
+}
+
 bench_plugin() {
   engine bench_plugin_damp16 540 bench --mode plugin --format damp:16 \
     --storage "${STORAGE:-pages}" --prefill "${PREFILL:-statecache}" \
@@ -196,6 +222,7 @@ import_check || { summary "import: FAIL"; exit 1; }
 case "$PHASE" in
   install) ;;
   tiny) tiny ;;
+  prefix) prefix ;;
   bench) bench_plugin; bench_stock; bench_compare ;;
   bench_plugin) bench_plugin; bench_compare ;;
   bench_stock) bench_stock; bench_compare ;;

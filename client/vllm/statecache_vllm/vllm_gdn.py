@@ -64,7 +64,8 @@ def check_supported(cfg: PluginConfig, vllm_config) -> None:
         # block boundary inside a chunk, which the prefill paths do not write.
         if mode not in ("none", "align"):
             raise ConfigError(f"mamba_cache_mode: '{mode}' is not supported by the statecache "
-                              "plugin ('none', or 'align' for prefix caching)")
+                              "plugin ('none', or 'align' for prefix caching: "
+                              "mamba_cache_mode='align' / --mamba-cache-mode align)")
     elif mode != "none" or cache.enable_prefix_caching:
         raise ConfigError("enable_prefix_caching: storage 'server' needs it off for hybrid "
                           "models (mamba_cache_mode 'none'); 'align' mode copies states "
