@@ -22,6 +22,7 @@
 #include "server/pool/host_tier.h"
 #include "server/pool/prefix_key.h"
 #include "server/pool/slot_pool.h"
+#include "server/pool/testing/restore_check.h"
 #include "server/pool/testing/test_keys.h"
 
 namespace statecache {
@@ -107,23 +108,10 @@ class TiersTest : public ::testing::Test {
   }
   static std::string Aux(int n) { return "ax" + std::to_string(n + 10); }  // 4 bytes
 
-  // Lookup + Restore into slot b; checks bytes and aux; returns the tier.
+  // Lookup + Restore into slot b; checks bytes, aux and tokens; returns the tier.
   StoreTier ExpectRestores(int n) {
-    std::memset(pool_->view().slot(b_), 0, slot_bytes_);
-    auto hit = store_->Lookup({Key(n)}, absl::ZeroDuration());
-    EXPECT_TRUE(hit.ok() && hit->hit) << n;
-    if (!hit.ok() || !hit->hit) return StoreTier::kDevice;
-    auto restored = store_->Restore(hit->key, hit->lease_id, pool_->view(), b_);
-    EXPECT_TRUE(restored.ok()) << restored.status();
-    const std::string want = PatternBytes(n, slot_bytes_);
-    EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool_->view().slot(b_)), slot_bytes_),
-              want)
-        << "restored slot of prefix " << n << " differs";
-    if (restored.ok()) {
-      EXPECT_THAT(restored->aux, ElementsAre(Aux(n)));
-      EXPECT_EQ(restored->num_tokens, n);
-    }
-    return hit->tier;
+    return statecache::ExpectRestores(*store_, pool_->view(), b_, Key(n),
+                                      PatternBytes(n, slot_bytes_), {Aux(n)}, n);
   }
 
   bool Misses(int n) {

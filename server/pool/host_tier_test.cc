@@ -17,6 +17,7 @@
 #include "server/pool/prefix_key.h"
 #include "server/pool/slot_pool.h"
 #include "server/pool/testing/fake_backend.h"
+#include "server/pool/testing/restore_check.h"
 #include "server/pool/testing/test_keys.h"
 
 namespace statecache {
@@ -165,15 +166,10 @@ TEST(HostTierMemoryTest, DemoteAndPromoteReuseChunksThroughTheStore) {
       ASSERT_TRUE(store->Put(Key(n), pool->view(), a, {"a" + std::to_string(n)}).ok());
     }
     for (int n : {2, 1, 3}) {
-      auto hit = store->Lookup({Key(n)}, absl::ZeroDuration()).value();
-      ASSERT_TRUE(hit.hit) << n;
-      EXPECT_EQ(hit.tier, StoreTier::kHost);
-      std::memset(pool->view().slot(b), 0, slot_bytes);
-      auto restored = store->Restore(hit.key, hit.lease_id, pool->view(), b);
-      ASSERT_TRUE(restored.ok()) << restored.status();
-      EXPECT_THAT(restored->aux, ElementsAre("a" + std::to_string(n)));
-      EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool->view().slot(b)), slot_bytes),
-                PatternBytes(100 * round + n, slot_bytes))
+      ASSERT_EQ(ExpectRestores(*store, pool->view(), b, Key(n),
+                               PatternBytes(100 * round + n, slot_bytes),
+                               {"a" + std::to_string(n)}),
+                StoreTier::kHost)
           << "round " << round << " prefix " << n;
     }
     ASSERT_TRUE(store->CheckInvariants().ok()) << store->CheckInvariants();
@@ -217,19 +213,8 @@ class InclusiveHostTest : public ::testing::Test {
   }
   // Lookup + Restore of n into slot b: the tier, after checking bytes and aux.
   StoreTier Restores(int n) {
-    std::memset(pool_->view().slot(b_), 0, slot_bytes_);
-    auto hit = store_->Lookup({Key(n)}, absl::ZeroDuration());
-    EXPECT_TRUE(hit.ok() && hit->hit) << n;
-    if (!hit.ok() || !hit->hit) return StoreTier::kDevice;
-    auto restored = store_->Restore(hit->key, hit->lease_id, pool_->view(), b_);
-    EXPECT_TRUE(restored.ok()) << restored.status();
-    EXPECT_EQ(std::string(reinterpret_cast<const char*>(pool_->view().slot(b_)), slot_bytes_),
-              PatternBytes(n, slot_bytes_))
-        << "restored slot of prefix " << n;
-    if (restored.ok()) {
-      EXPECT_THAT(restored->aux, ElementsAre("a" + std::to_string(n)));
-    }
-    return hit->tier;
+    return ExpectRestores(*store_, pool_->view(), b_, Key(n), PatternBytes(n, slot_bytes_),
+                          {"a" + std::to_string(n)});
   }
 
   testing::FakeBackend backend_;
